@@ -1,0 +1,105 @@
+// Tensor (owning, contiguous, 64-byte aligned) and TensorView (non-owning, strided).
+//
+// Views do not carry constness: a function documents which views it writes.
+#ifndef MOETRAIN_ENGINE_CORE_TENSOR_H_
+#define MOETRAIN_ENGINE_CORE_TENSOR_H_
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "engine/core/dtype.h"
+
+namespace moetrain {
+
+inline constexpr int kMaxRank = 4;
+
+class TensorView {
+ public:
+  TensorView() = default;
+  // A contiguous (row-major) view.
+  TensorView(void* data, DType dtype, absl::Span<const int64_t> shape);
+  // A strided view; strides are in elements.
+  TensorView(void* data, DType dtype, absl::Span<const int64_t> shape,
+             absl::Span<const int64_t> strides);
+
+  DType dtype() const { return dtype_; }
+  int rank() const { return rank_; }
+  int64_t dim(int i) const { return shape_[i]; }
+  int64_t stride(int i) const { return strides_[i]; }
+  absl::Span<const int64_t> shape() const { return {shape_, static_cast<size_t>(rank_)}; }
+  int64_t numel() const;
+  // A view with no data (the default): optional tensors that are absent.
+  bool empty() const { return data_ == nullptr; }
+  bool is_contiguous() const;
+
+  void* raw() const { return data_; }
+  template <typename T>
+  T* data() const {
+    return static_cast<T*>(data_);
+  }
+
+  // Rows [begin, end) of dimension 0.
+  TensorView Slice(int64_t begin, int64_t end) const;
+  // Element i of dimension 0, with that dimension dropped.
+  TensorView Select(int64_t i) const;
+  // The same contiguous data with another shape of equal element count.
+  TensorView Reshape(absl::Span<const int64_t> shape) const;
+
+  // "(4, 8) bf16".
+  std::string DebugString() const;
+
+ private:
+  void* data_ = nullptr;
+  DType dtype_ = DType::kF32;
+  int rank_ = 0;
+  int64_t shape_[kMaxRank] = {};
+  int64_t strides_[kMaxRank] = {};
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // Uninitialised contents.
+  static Tensor Empty(DType dtype, absl::Span<const int64_t> shape);
+  static Tensor Zeros(DType dtype, absl::Span<const int64_t> shape);
+
+  // A moved-from tensor is empty() (a defaulted move would leave it a view of freed memory).
+  Tensor(Tensor&& other) noexcept;
+  Tensor& operator=(Tensor&& other) noexcept;
+  Tensor(const Tensor&) = delete;
+  Tensor& operator=(const Tensor&) = delete;
+
+  const TensorView& view() const { return view_; }
+  operator TensorView() const { return view_; }  // NOLINT: a tensor is usable wherever a view is.
+
+  DType dtype() const { return view_.dtype(); }
+  int rank() const { return view_.rank(); }
+  int64_t dim(int i) const { return view_.dim(i); }
+  int64_t numel() const { return view_.numel(); }
+  bool empty() const { return view_.empty(); }
+  template <typename T>
+  T* data() const {
+    return view_.data<T>();
+  }
+
+ private:
+  struct Free {
+    void operator()(void* p) const;
+  };
+  std::unique_ptr<void, Free> storage_;
+  TensorView view_;
+};
+
+// OK when `t` has `dtype` and `shape` (-1 matches any extent), else InvalidArgument naming `name`:
+// "x: expected (-1, 512) f32, got (4, 256) f32".
+absl::Status CheckTensor(const TensorView& t, std::string_view name, DType dtype,
+                         std::initializer_list<int64_t> shape);
+
+}  // namespace moetrain
+
+#endif  // MOETRAIN_ENGINE_CORE_TENSOR_H_

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs the Debian packages moetrain needs to build and test. Idempotent: packages already
+# installed are skipped, and nothing is printed unless something has to be installed or fails.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libabsl-dev libdnnl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -eq 0 ]; then
+  sudo=()
+elif command -v sudo >/dev/null 2>&1; then
+  sudo=(sudo)
+else
+  echo "setup.sh: missing packages (${missing[*]}) and not root, no sudo: install them first" >&2
+  exit 1
+fi
+
+echo "setup.sh: installing ${missing[*]}"
+log=$(mktemp)
+if ! { "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q &&
+       "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
+  cat "$log" >&2
+  echo "setup.sh: apt-get failed" >&2
+  rm -f "$log"
+  exit 1
+fi
+rm -f "$log"
