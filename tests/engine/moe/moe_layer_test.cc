@@ -98,7 +98,7 @@ double RelativeError(const std::vector<double>& actual, const std::vector<double
 bool NamesWord(const absl::Status& status, std::string_view name) {
   const std::string text(status.message());
   auto is_word = [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_'; };
-  for (size_t at = text.find(name); at != std::string_view::npos; at = text.find(name, at + 1)) {
+  for (size_t at = text.find(name); at != std::string::npos; at = text.find(name, at + 1)) {
     const bool starts = at == 0 || !is_word(text[at - 1]);
     const bool ends = at + name.size() == text.size() || !is_word(text[at + name.size()]);
     if (starts && ends) return true;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "engine/core/dtype.h"
 #include "engine/core/tensor.h"
 #include "engine/moe/moe_config.h"
@@ -231,17 +232,14 @@ TEST_P(DroplessPermutationTest, UnpermuteOfPermuteIsIdentity) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, DroplessPermutationTest,
-                         ::testing::Values(Shape{37, 8, 2, 8}, Shape{1, 8, 2, 8},
-                                           Shape{37, 4, 4, 4}, Shape{37, 1, 1, 1},
-                                           Shape{101, 16, 3, 13}, Shape{5, 32, 8, 32},
-                                           Shape{512, 16, 4, 16}),
-                         [](const ::testing::TestParamInfo<Shape>& info) {
-                           const Shape& s = info.param;
-                           return "T" + std::to_string(s.tokens) + "E" +
-                                  std::to_string(s.num_experts) + "K" + std::to_string(s.top_k) +
-                                  "Used" + std::to_string(s.used_experts);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, DroplessPermutationTest,
+    ::testing::Values(Shape{37, 8, 2, 8}, Shape{1, 8, 2, 8}, Shape{37, 4, 4, 4}, Shape{37, 1, 1, 1},
+                      Shape{101, 16, 3, 13}, Shape{5, 32, 8, 32}, Shape{512, 16, 4, 16}),
+    [](const ::testing::TestParamInfo<Shape>& info) {
+      const Shape& s = info.param;
+      return absl::StrCat("T", s.tokens, "E", s.num_experts, "K", s.top_k, "Used", s.used_experts);
+    });
 
 TEST(CapacityPermutationTest, ByProbabilityKeepsTheLargestWeights) {
   // C = ⌈0.5·37·2/8⌉ = 5 of ~9 pairs per expert.

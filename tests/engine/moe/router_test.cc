@@ -9,6 +9,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -344,6 +345,8 @@ struct Case {
   int64_t tokens;
   int64_t tokens_per_sequence = 0;
 };
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 MoeConfig Softmax(int64_t experts, int64_t k) {
   MoeConfig c;
