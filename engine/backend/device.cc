@@ -22,11 +22,11 @@ DeviceReport QueryDevices() {
 std::string DescribeDevices(const DeviceReport& report) {
   if (report.gpus.empty()) return absl::StrCat("no GPU (", report.no_gpu_reason, ")");
   std::string text = absl::StrCat(report.gpus.size(), report.gpus.size() == 1 ? " GPU:" : " GPUs:");
-  for (const GpuInfo& gpu : report.gpus) {
-    absl::StrAppendFormat(&text, "%s %s (sm_%d%d, %d SMs, %.1f GiB)",
-                          gpu.index == 0 ? "" : ",", gpu.name, gpu.compute_capability_major,
-                          gpu.compute_capability_minor, gpu.multiprocessors,
-                          gpu.memory_bytes / (1024.0 * 1024.0 * 1024.0));
+  for (size_t i = 0; i < report.gpus.size(); ++i) {
+    const GpuInfo& gpu = report.gpus[i];
+    absl::StrAppendFormat(&text, "%s %s (sm_%d%d, %d SMs, %.1f GiB)", i == 0 ? "" : ",", gpu.name,
+                          gpu.compute_capability_major, gpu.compute_capability_minor,
+                          gpu.multiprocessors, gpu.memory_bytes / (1024.0 * 1024.0 * 1024.0));
   }
   return text;
 }

@@ -1,14 +1,13 @@
 #include "engine/core/thread_pool.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
 
-#include <omp.h>
-
 #include "absl/strings/numbers.h"
-
 
 namespace moetrain {
 namespace {
@@ -60,7 +59,7 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
     t_inside_parallel_for = was_inside;
     return;
   }
-#pragma omp parallel num_threads(static_cast<int>(num_chunks))
+#pragma omp parallel num_threads(static_cast <int>(num_chunks))
   {
     t_inside_parallel_for = true;
     const int64_t team = omp_get_num_threads();

@@ -17,8 +17,9 @@ absl::StatusOr<MoeLayer> MoeLayer::Create(const MoeConfig& config, int64_t hidde
         absl::StrCat("model.hidden_size = ", hidden_size, " must be at least 1"));
   }
   if (compute_dtype != DType::kF32 && compute_dtype != DType::kBF16) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "compute dtype ", std::string(DTypeName(compute_dtype)), " is not supported by the MoE layer (f32, bf16)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("compute dtype ", std::string(DTypeName(compute_dtype)),
+                     " is not supported by the MoE layer (f32, bf16)"));
   }
   return MoeLayer(config, hidden_size, compute_dtype);
 }
@@ -57,21 +58,19 @@ absl::Status CheckGrads(const MoeConfig& config, int64_t d, const MoeGrads& g) {
   MOETRAIN_RETURN_IF_ERROR(CheckTensor(g.router, "grads.router", DType::kF32, {e, d}));
   MOETRAIN_RETURN_IF_ERROR(
       CheckTensor(g.expert_gate_up, "grads.expert_gate_up", DType::kF32, {e, 2 * f, d}));
-  MOETRAIN_RETURN_IF_ERROR(
-      CheckTensor(g.expert_down, "grads.expert_down", DType::kF32, {e, d, f}));
+  MOETRAIN_RETURN_IF_ERROR(CheckTensor(g.expert_down, "grads.expert_down", DType::kF32, {e, d, f}));
   if (sf > 0) {
     MOETRAIN_RETURN_IF_ERROR(
         CheckTensor(g.shared_gate_up, "grads.shared_gate_up", DType::kF32, {2 * sf, d}));
-    MOETRAIN_RETURN_IF_ERROR(
-        CheckTensor(g.shared_down, "grads.shared_down", DType::kF32, {d, sf}));
+    MOETRAIN_RETURN_IF_ERROR(CheckTensor(g.shared_down, "grads.shared_down", DType::kF32, {d, sf}));
   }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::Status MoeLayer::Forward(const MoeWeights& weights, TensorView x,
-                               int64_t tokens_per_sequence, TensorView out, MoeStats* stats) {
+absl::Status MoeLayer::Forward(const MoeWeights& weights, TensorView x, int64_t tokens_per_sequence,
+                               TensorView out, MoeStats* stats) {
   // A failed Forward leaves nothing for Backward to use.
   has_forward_ = false;
   const int64_t d = hidden_size_, e = config_.num_experts, f = config_.expert_ffn_dim;
@@ -92,8 +91,8 @@ absl::Status MoeLayer::Forward(const MoeWeights& weights, TensorView x,
     MOETRAIN_RETURN_IF_ERROR(cpu::ConvertTensor(x, router_input_));
   }
   logits_ = Workspace(buffers_[kLogits], DType::kF32, {t, e});
-  MOETRAIN_RETURN_IF_ERROR(cpu::Gemm(
-      {.a = router_input_, .b = weights.router, .c = logits_, .trans_b = true}));
+  MOETRAIN_RETURN_IF_ERROR(
+      cpu::Gemm({.a = router_input_, .b = weights.router, .c = logits_, .trans_b = true}));
   const RouterArgs router_args = {logits_, weights.expert_bias, tokens_per_sequence};
   MOETRAIN_RETURN_IF_ERROR(RouterForward(config_, router_args, &routing_));
   MOETRAIN_RETURN_IF_ERROR(
@@ -117,16 +116,16 @@ absl::Status MoeLayer::Forward(const MoeWeights& weights, TensorView x,
   TensorView shared_out;
   if (sf > 0) {
     shared_gate_up_ = Workspace(buffers_[kSharedGateUp], DType::kF32, {t, 2 * sf});
-    MOETRAIN_RETURN_IF_ERROR(cpu::Gemm(
-        {.a = x, .b = weights.shared_gate_up, .c = shared_gate_up_, .trans_b = true}));
+    MOETRAIN_RETURN_IF_ERROR(
+        cpu::Gemm({.a = x, .b = weights.shared_gate_up, .c = shared_gate_up_, .trans_b = true}));
     shared_activated_ = Workspace(buffers_[kSharedActivated], dtype_, {t, sf});
     MOETRAIN_RETURN_IF_ERROR(cpu::SwigluForward(shared_gate_up_, shared_activated_));
     shared_out = Workspace(buffers_[kSharedOut], DType::kF32, {t, d});
     MOETRAIN_RETURN_IF_ERROR(cpu::Gemm(
         {.a = shared_activated_, .b = weights.shared_down, .c = shared_out, .trans_b = true}));
   }
-  MOETRAIN_RETURN_IF_ERROR(cpu::CombineRows(expert_out_, permutation_.pair_row,
-                                            routing_.topk_weights, shared_out, out));
+  MOETRAIN_RETURN_IF_ERROR(
+      cpu::CombineRows(expert_out_, permutation_.pair_row, routing_.topk_weights, shared_out, out));
 
   x_ = x;
   tokens_per_sequence_ = tokens_per_sequence;
@@ -165,23 +164,22 @@ absl::Status MoeLayer::Backward(const MoeWeights& weights, TensorView d_out, Ten
   // Combine → routed rows and combine weights.
   TensorView d_expert_out = Workspace(buffers_[kDExpertOut], dtype_, {r, d});
   TensorView d_weights = Workspace(buffers_[kDWeights], DType::kF32, {t, k});
-  MOETRAIN_RETURN_IF_ERROR(cpu::CombineRowsBackward(d_out, expert_out_, permutation_.pair_row,
-                                                    routing_.topk_weights, d_expert_out,
-                                                    d_weights));
+  MOETRAIN_RETURN_IF_ERROR(cpu::CombineRowsBackward(
+      d_out, expert_out_, permutation_.pair_row, routing_.topk_weights, d_expert_out, d_weights));
 
   // Down projection, SwiGLU, gate/up projection of the routed experts.
   TensorView d_activated = Workspace(buffers_[kDActivated], DType::kF32, {r, f});
   MOETRAIN_RETURN_IF_ERROR(
       cpu::GroupedGemmBackwardData(d_expert_out, weights.expert_down, offsets, d_activated));
-  MOETRAIN_RETURN_IF_ERROR(cpu::GroupedGemmBackwardWeight(d_expert_out, activated_, offsets,
-                                                          grads->expert_down, true));
+  MOETRAIN_RETURN_IF_ERROR(
+      cpu::GroupedGemmBackwardWeight(d_expert_out, activated_, offsets, grads->expert_down, true));
   TensorView d_gate_up = Workspace(buffers_[kDGateUp], dtype_, {r, 2 * f});
   MOETRAIN_RETURN_IF_ERROR(cpu::SwigluBackward(gate_up_, d_activated, d_gate_up));
   TensorView d_permuted_x = Workspace(buffers_[kDPermutedX], DType::kF32, {r, d});
   MOETRAIN_RETURN_IF_ERROR(
       cpu::GroupedGemmBackwardData(d_gate_up, weights.expert_gate_up, offsets, d_permuted_x));
-  MOETRAIN_RETURN_IF_ERROR(cpu::GroupedGemmBackwardWeight(d_gate_up, permuted_x_, offsets,
-                                                          grads->expert_gate_up, true));
+  MOETRAIN_RETURN_IF_ERROR(
+      cpu::GroupedGemmBackwardWeight(d_gate_up, permuted_x_, offsets, grads->expert_gate_up, true));
 
   // Shared experts.
   TensorView d_x_shared;
@@ -189,8 +187,10 @@ absl::Status MoeLayer::Backward(const MoeWeights& weights, TensorView d_out, Ten
     TensorView d_shared_activated = Workspace(buffers_[kDSharedActivated], DType::kF32, {t, sf});
     MOETRAIN_RETURN_IF_ERROR(
         cpu::Gemm({.a = d_out, .b = weights.shared_down, .c = d_shared_activated}));
-    MOETRAIN_RETURN_IF_ERROR(cpu::Gemm({.a = d_out, .b = shared_activated_,
-                                        .c = grads->shared_down, .trans_a = true,
+    MOETRAIN_RETURN_IF_ERROR(cpu::Gemm({.a = d_out,
+                                        .b = shared_activated_,
+                                        .c = grads->shared_down,
+                                        .trans_a = true,
                                         .accumulate = true}));
     TensorView d_shared_gate_up = Workspace(buffers_[kDSharedGateUp], dtype_, {t, 2 * sf});
     MOETRAIN_RETURN_IF_ERROR(
@@ -198,18 +198,22 @@ absl::Status MoeLayer::Backward(const MoeWeights& weights, TensorView d_out, Ten
     d_x_shared = Workspace(buffers_[kDXShared], DType::kF32, {t, d});
     MOETRAIN_RETURN_IF_ERROR(
         cpu::Gemm({.a = d_shared_gate_up, .b = weights.shared_gate_up, .c = d_x_shared}));
-    MOETRAIN_RETURN_IF_ERROR(cpu::Gemm({.a = d_shared_gate_up, .b = x_,
-                                        .c = grads->shared_gate_up, .trans_a = true,
+    MOETRAIN_RETURN_IF_ERROR(cpu::Gemm({.a = d_shared_gate_up,
+                                        .b = x_,
+                                        .c = grads->shared_gate_up,
+                                        .trans_a = true,
                                         .accumulate = true}));
   }
 
   // Router, in f32: the combine weights' gradient plus the aux and z losses.
   TensorView d_logits = Workspace(buffers_[kDLogits], DType::kF32, {t, e});
   const RouterArgs router_args = {logits_, weights.expert_bias, tokens_per_sequence_};
-  MOETRAIN_RETURN_IF_ERROR(
-      RouterBackward(config_, router_args, routing_, d_weights, d_logits));
-  MOETRAIN_RETURN_IF_ERROR(cpu::Gemm({.a = d_logits, .b = router_input_, .c = grads->router,
-                                      .trans_a = true, .accumulate = true}));
+  MOETRAIN_RETURN_IF_ERROR(RouterBackward(config_, router_args, routing_, d_weights, d_logits));
+  MOETRAIN_RETURN_IF_ERROR(cpu::Gemm({.a = d_logits,
+                                      .b = router_input_,
+                                      .c = grads->router,
+                                      .trans_a = true,
+                                      .accumulate = true}));
   TensorView d_x_router = Workspace(buffers_[kDXRouter], DType::kF32, {t, d});
   MOETRAIN_RETURN_IF_ERROR(cpu::Gemm({.a = d_logits, .b = weights.router, .c = d_x_router}));
 

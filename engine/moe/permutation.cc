@@ -29,9 +29,9 @@ absl::Status BuildPermutation(const MoeConfig& config, TensorView topk_experts,
   std::vector<int64_t> bucket_start(num_experts + 1, 0);
   for (int64_t p = 0; p < pairs; ++p) {
     if (experts[p] < 0 || experts[p] >= num_experts) {
-      return absl::InvalidArgumentError(absl::StrCat("topk_experts[", p / k, ", ", p % k, "] = ",
-                                                     experts[p], " is outside [0, ", num_experts,
-                                                     ")"));
+      return absl::InvalidArgumentError(absl::StrCat("topk_experts[", p / k, ", ", p % k,
+                                                     "] = ", experts[p], " is outside [0, ",
+                                                     num_experts, ")"));
     }
     ++bucket_start[experts[p] + 1];
   }

@@ -27,7 +27,8 @@ absl::Status CombineRows(TensorView rows, TensorView pair_row, TensorView weight
 
 // Backward of CombineRows: d_rows[pair_row[t, j]] = weights[t, j] · d_out_t (act) and
 // d_weights[t, j] = ⟨d_out_t, rows[pair_row[t, j]]⟩ (0 for a dropped pair). d_out (T, D) act,
-// rows (R, D) f32, d_rows (R, D) act, d_weights (T, k) f32.
+// rows (R, D) f32, d_rows (R, D) act, d_weights (T, k) f32. Each row must belong to exactly one
+// pair, as BuildPermutation makes them (so that d_rows is written once per row).
 absl::Status CombineRowsBackward(TensorView d_out, TensorView rows, TensorView pair_row,
                                  TensorView weights, TensorView d_rows, TensorView d_weights);
 

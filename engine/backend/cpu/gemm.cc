@@ -1,7 +1,7 @@
 #include "engine/backend/cpu/gemm.h"
 
-#include <map>
 #include <cstring>
+#include <map>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -47,10 +47,16 @@ class MatmulCache {
   const dnnl::matmul& Primitive(const RawGemm& g) {
     constexpr int64_t kRuntime = DNNL_RUNTIME_DIM_VAL;
     const bool rt_m = g.runtime_dim == RuntimeDim::kM, rt_k = g.runtime_dim == RuntimeDim::kK;
-    Key key = {static_cast<int>(g.dtype), g.trans_a, g.trans_b, g.accumulate,
-               rt_m ? kRuntime : g.m, g.n, rt_k ? kRuntime : g.k,
+    Key key = {static_cast<int>(g.dtype),
+               g.trans_a,
+               g.trans_b,
+               g.accumulate,
+               rt_m ? kRuntime : g.m,
+               g.n,
+               rt_k ? kRuntime : g.k,
                (rt_m && g.trans_a) || (rt_k && !g.trans_a) ? kRuntime : g.lda,
-               rt_k && g.trans_b ? kRuntime : g.ldb, g.ldc};
+               rt_k && g.trans_b ? kRuntime : g.ldb,
+               g.ldc};
     std::lock_guard<std::mutex> lock(mu_);
     auto it = primitives_.find(key);
     if (it != primitives_.end()) return it->second;
@@ -90,26 +96,50 @@ class MatmulCache {
   std::map<Key, dnnl::matmul> primitives_;  // guarded by mu_; entries are never removed
 };
 
-void RunGemm(const RawGemm& g) {
-  if (g.m == 0 || g.n == 0) return;
+// oneDNN reports failure by exception (e.g. no bf16 matmul on a CPU without AVX-512); none
+// may escape into the caller, so every call is turned into a Status here.
+absl::Status RunGemm(const RawGemm& g) {
+  if (g.m == 0 || g.n == 0) return absl::OkStatus();
   if (g.k == 0) {
     if (!g.accumulate) {
       for (int64_t i = 0; i < g.m; ++i) std::memset(g.c + i * g.ldc, 0, g.n * sizeof(float));
     }
-    return;
+    return absl::OkStatus();
   }
-  MatmulCache& cache = MatmulCache::Get();
-  const dnnl::matmul& primitive = cache.Primitive(g);
-  const memory::data_type dt =
-      g.dtype == DType::kBF16 ? memory::data_type::bf16 : memory::data_type::f32;
-  memory::desc a_desc({g.m, g.k}, dt, g.trans_a ? memory::dims{1, g.lda} : memory::dims{g.lda, 1});
-  memory::desc b_desc({g.k, g.n}, dt, g.trans_b ? memory::dims{1, g.ldb} : memory::dims{g.ldb, 1});
-  memory::desc c_desc({g.m, g.n}, memory::data_type::f32, {g.ldc, 1});
-  memory a(a_desc, cache.engine(), const_cast<void*>(g.a));
-  memory b(b_desc, cache.engine(), const_cast<void*>(g.b));
-  memory c(c_desc, cache.engine(), g.c);
-  primitive.execute(cache.stream(), {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
-  cache.stream().wait();
+  try {
+    MatmulCache& cache = MatmulCache::Get();
+    const dnnl::matmul& primitive = cache.Primitive(g);
+    const memory::data_type dt =
+        g.dtype == DType::kBF16 ? memory::data_type::bf16 : memory::data_type::f32;
+    memory::desc a_desc({g.m, g.k}, dt,
+                        g.trans_a ? memory::dims{1, g.lda} : memory::dims{g.lda, 1});
+    memory::desc b_desc({g.k, g.n}, dt,
+                        g.trans_b ? memory::dims{1, g.ldb} : memory::dims{g.ldb, 1});
+    memory::desc c_desc({g.m, g.n}, memory::data_type::f32, {g.ldc, 1});
+    memory a(a_desc, cache.engine(), const_cast<void*>(g.a));
+    memory b(b_desc, cache.engine(), const_cast<void*>(g.b));
+    memory c(c_desc, cache.engine(), g.c);
+    primitive.execute(cache.stream(),
+                      {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    cache.stream().wait();
+  } catch (const dnnl::error& e) {
+    return absl::UnimplementedError(absl::StrCat(
+        "oneDNN cannot run a ", g.dtype == DType::kBF16 ? "bf16" : "f32", " GEMM of (", g.m, ", ",
+        g.k, ") x (", g.k, ", ", g.n, ") on this CPU",
+        g.dtype == DType::kBF16 ? " (bf16 needs AVX-512; use f32)" : "", ": ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+// CheckTensor, and the tensor must be dense: the GEMMs address rows by a leading dimension.
+absl::Status CheckDense(const TensorView& t, const char* name, DType dtype,
+                        std::initializer_list<int64_t> shape) {
+  MOETRAIN_RETURN_IF_ERROR(CheckTensor(t, name, dtype, shape));
+  if (!t.is_contiguous()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": must be contiguous, got a strided ", t.DebugString(), " view"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckInputDType(const TensorView& t, const char* name) {
@@ -131,8 +161,8 @@ char* RowPtr(const TensorView& t, int64_t row, int64_t row_elems) {
 // Checks offsets (G + 1, non-decreasing, from 0 to rows).
 absl::Status CheckOffsets(absl::Span<const int64_t> offsets, int64_t groups, int64_t rows) {
   if (static_cast<int64_t>(offsets.size()) != groups + 1) {
-    return absl::InvalidArgumentError(absl::StrCat("offsets: size ", offsets.size(),
-                                                   " must be groups + 1 = ", groups + 1));
+    return absl::InvalidArgumentError(
+        absl::StrCat("offsets: size ", offsets.size(), " must be groups + 1 = ", groups + 1));
   }
   if (offsets.front() != 0 || offsets.back() != rows) {
     return absl::InvalidArgumentError(absl::StrCat("offsets: must run from 0 to rows = ", rows,
@@ -141,9 +171,8 @@ absl::Status CheckOffsets(absl::Span<const int64_t> offsets, int64_t groups, int
   }
   for (int64_t g = 0; g < groups; ++g) {
     if (offsets[g + 1] < offsets[g]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("offsets: decrease at group ", g, " (", offsets[g], " > ", offsets[g + 1],
-                       ")"));
+      return absl::InvalidArgumentError(absl::StrCat("offsets: decrease at group ", g, " (",
+                                                     offsets[g], " > ", offsets[g + 1], ")"));
     }
   }
   return absl::OkStatus();
@@ -154,27 +183,29 @@ absl::Status CheckOffsets(absl::Span<const int64_t> offsets, int64_t groups, int
 absl::Status Gemm(const GemmArgs& args) {
   MOETRAIN_RETURN_IF_ERROR(CheckInputDType(args.a, "gemm a"));
   MOETRAIN_RETURN_IF_ERROR(CheckInputDType(args.b, "gemm b"));
-  if (args.a.rank() != 2 || args.b.rank() != 2 || args.c.rank() != 2) {
-    return absl::InvalidArgumentError("gemm: a, b and c must be matrices");
+  for (const auto& [t, name] : {std::pair{args.a, "gemm a"}, {args.b, "gemm b"}}) {
+    if (t.rank() != 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": expected a matrix, got ", t.DebugString()));
+    }
   }
   if (args.a.dtype() != args.b.dtype()) {
-    return absl::InvalidArgumentError(absl::StrCat("gemm: a is ", args.a.DebugString(),
-                                                   " but b is ", args.b.DebugString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gemm: a is ", args.a.DebugString(), " but b is ", args.b.DebugString()));
   }
   int64_t m = args.trans_a ? args.a.dim(1) : args.a.dim(0);
   int64_t k = args.trans_a ? args.a.dim(0) : args.a.dim(1);
   int64_t kb = args.trans_b ? args.b.dim(1) : args.b.dim(0);
   int64_t n = args.trans_b ? args.b.dim(0) : args.b.dim(1);
   if (k != kb) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("gemm: inner dimensions differ: op(a) ", args.a.DebugString(), " has K = ", k,
-                     ", op(b) ", args.b.DebugString(), " has K = ", kb));
+    return absl::InvalidArgumentError(absl::StrCat("gemm: inner dimensions differ: op(a) ",
+                                                   args.a.DebugString(), " has K = ", k, ", op(b) ",
+                                                   args.b.DebugString(), " has K = ", kb));
   }
-  MOETRAIN_RETURN_IF_ERROR(CheckTensor(args.c, "gemm c", DType::kF32, {m, n}));
-  if (!args.c.is_contiguous()) return absl::InvalidArgumentError("gemm c: must be contiguous");
-  RunGemm({args.a.dtype(), args.a.raw(), args.b.raw(), args.c.data<float>(), m, n, k,
-           args.a.dim(1), args.b.dim(1), n, args.trans_a, args.trans_b, args.accumulate, RuntimeDim::kNone});
-  return absl::OkStatus();
+  MOETRAIN_RETURN_IF_ERROR(CheckDense(args.c, "gemm c", DType::kF32, {m, n}));
+  return RunGemm({args.a.dtype(), args.a.raw(), args.b.raw(), args.c.data<float>(), m, n, k,
+                  args.a.dim(1), args.b.dim(1), n, args.trans_a, args.trans_b, args.accumulate,
+                  RuntimeDim::kNone});
 }
 
 absl::Status GroupedGemmForward(TensorView x, TensorView w, absl::Span<const int64_t> offsets,
@@ -184,29 +215,31 @@ absl::Status GroupedGemmForward(TensorView x, TensorView w, absl::Span<const int
   if (x.rank() != 2) return absl::InvalidArgumentError("grouped gemm x: must be (R, K)");
   MOETRAIN_RETURN_IF_ERROR(CheckTensor(w, "grouped gemm w", x.dtype(), {-1, -1, x.dim(1)}));
   const int64_t rows = x.dim(0), groups = w.dim(0), n = w.dim(1), k = w.dim(2);
-  MOETRAIN_RETURN_IF_ERROR(CheckTensor(y, "grouped gemm y", DType::kF32, {rows, n}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDense(y, "grouped gemm y", DType::kF32, {rows, n}));
   MOETRAIN_RETURN_IF_ERROR(CheckOffsets(offsets, groups, rows));
   for (int64_t g = 0; g < groups; ++g) {
-    RunGemm({x.dtype(), RowPtr(x, offsets[g], k), RowPtr(w, g * n, k),
-             y.data<float>() + offsets[g] * n, offsets[g + 1] - offsets[g], n, k, k, k, n,
-             /*trans_a=*/false, /*trans_b=*/true, /*accumulate=*/false, RuntimeDim::kM});
+    MOETRAIN_RETURN_IF_ERROR(
+        RunGemm({x.dtype(), RowPtr(x, offsets[g], k), RowPtr(w, g * n, k),
+                 y.data<float>() + offsets[g] * n, offsets[g + 1] - offsets[g], n, k, k, k, n,
+                 /*trans_a=*/false, /*trans_b=*/true, /*accumulate=*/false, RuntimeDim::kM}));
   }
   return absl::OkStatus();
 }
 
-absl::Status GroupedGemmBackwardData(TensorView dy, TensorView w,
-                                     absl::Span<const int64_t> offsets, TensorView dx) {
+absl::Status GroupedGemmBackwardData(TensorView dy, TensorView w, absl::Span<const int64_t> offsets,
+                                     TensorView dx) {
   MOETRAIN_RETURN_IF_ERROR(CheckInputDType(dy, "grouped gemm dy"));
   MOETRAIN_RETURN_IF_ERROR(CheckInputDType(w, "grouped gemm w"));
   if (dy.rank() != 2) return absl::InvalidArgumentError("grouped gemm dy: must be (R, N)");
   MOETRAIN_RETURN_IF_ERROR(CheckTensor(w, "grouped gemm w", dy.dtype(), {-1, dy.dim(1), -1}));
   const int64_t rows = dy.dim(0), groups = w.dim(0), n = w.dim(1), k = w.dim(2);
-  MOETRAIN_RETURN_IF_ERROR(CheckTensor(dx, "grouped gemm dx", DType::kF32, {rows, k}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDense(dx, "grouped gemm dx", DType::kF32, {rows, k}));
   MOETRAIN_RETURN_IF_ERROR(CheckOffsets(offsets, groups, rows));
   for (int64_t g = 0; g < groups; ++g) {
-    RunGemm({dy.dtype(), RowPtr(dy, offsets[g], n), RowPtr(w, g * n, k),
-             dx.data<float>() + offsets[g] * k, offsets[g + 1] - offsets[g], k, n, n, k, k,
-             /*trans_a=*/false, /*trans_b=*/false, /*accumulate=*/false, RuntimeDim::kM});
+    MOETRAIN_RETURN_IF_ERROR(
+        RunGemm({dy.dtype(), RowPtr(dy, offsets[g], n), RowPtr(w, g * n, k),
+                 dx.data<float>() + offsets[g] * k, offsets[g + 1] - offsets[g], k, n, n, k, k,
+                 /*trans_a=*/false, /*trans_b=*/false, /*accumulate=*/false, RuntimeDim::kM}));
   }
   return absl::OkStatus();
 }
@@ -221,14 +254,15 @@ absl::Status GroupedGemmBackwardWeight(TensorView dy, TensorView x,
   }
   MOETRAIN_RETURN_IF_ERROR(CheckTensor(x, "grouped gemm x", dy.dtype(), {dy.dim(0), -1}));
   const int64_t rows = dy.dim(0), n = dy.dim(1), k = x.dim(1);
-  MOETRAIN_RETURN_IF_ERROR(CheckTensor(dw, "grouped gemm dw", DType::kF32, {-1, n, k}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDense(dw, "grouped gemm dw", DType::kF32, {-1, n, k}));
   const int64_t groups = dw.dim(0);
   MOETRAIN_RETURN_IF_ERROR(CheckOffsets(offsets, groups, rows));
   for (int64_t g = 0; g < groups; ++g) {
     // dw_g (n, k) = dy_gᵀ (n, rows_g) · x_g (rows_g, k); a group with no rows contributes zero.
-    RunGemm({dy.dtype(), RowPtr(dy, offsets[g], n), RowPtr(x, offsets[g], k),
-             dw.data<float>() + g * n * k, n, k, offsets[g + 1] - offsets[g], n, k, k,
-             /*trans_a=*/true, /*trans_b=*/false, accumulate, RuntimeDim::kK});
+    MOETRAIN_RETURN_IF_ERROR(
+        RunGemm({dy.dtype(), RowPtr(dy, offsets[g], n), RowPtr(x, offsets[g], k),
+                 dw.data<float>() + g * n * k, n, k, offsets[g + 1] - offsets[g], n, k, k,
+                 /*trans_a=*/true, /*trans_b=*/false, accumulate, RuntimeDim::kK}));
   }
   return absl::OkStatus();
 }
