@@ -1,9 +1,12 @@
 #include "engine/backend/cpu/gemm.h"
 
+#include <omp.h>
+
 #include <cstring>
 #include <map>
 #include <mutex>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "engine/core/status.h"
 #include "oneapi/dnnl/dnnl.hpp"
@@ -41,7 +44,11 @@ class MatmulCache {
   }
 
   dnnl::engine& engine() { return engine_; }
-  dnnl::stream& stream() { return stream_; }
+  // One stream per thread: grouped GEMMs run groups on several threads at once.
+  dnnl::stream& stream() {
+    thread_local dnnl::stream stream(engine_);
+    return stream;
+  }
 
   // The primitive for g's shape class, built on first use.
   const dnnl::matmul& Primitive(const RawGemm& g) {
@@ -88,10 +95,9 @@ class MatmulCache {
     return dtype == DType::kBF16 ? memory::data_type::bf16 : memory::data_type::f32;
   }
 
-  MatmulCache() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
+  MatmulCache() : engine_(dnnl::engine::kind::cpu, 0) {}
 
   dnnl::engine engine_;
-  dnnl::stream stream_;
   std::mutex mu_;
   std::map<Key, dnnl::matmul> primitives_;  // guarded by mu_; entries are never removed
 };
@@ -129,6 +135,34 @@ absl::Status RunGemm(const RawGemm& g) {
         g.dtype == DType::kBF16 ? " (bf16 needs AVX-512; use f32)" : "", ": ", e.what()));
   }
   return absl::OkStatus();
+}
+
+// Runs the GEMM of each group (make(g) describes it). With many non-empty groups, whole groups
+// go to the threads of the OpenMP team, each GEMM single-threaded inside the parallel region:
+// a small expert GEMM split over threads spends much of its time synchronising, while whole
+// groups balance well once there are several per thread. With few groups, each GEMM uses every
+// thread instead. Either way each group's result depends only on its own inputs.
+absl::Status RunGroupedGemms(absl::Span<const int64_t> offsets,
+                             absl::FunctionRef<RawGemm(int64_t)> make) {
+  const int64_t groups = static_cast<int64_t>(offsets.size()) - 1;
+  int64_t busy_groups = 0;
+  for (int64_t g = 0; g < groups; ++g) busy_groups += offsets[g + 1] > offsets[g] ? 1 : 0;
+  const int threads = omp_get_max_threads();
+  if (threads == 1 || busy_groups < 4 * threads || omp_in_parallel()) {
+    for (int64_t g = 0; g < groups; ++g) MOETRAIN_RETURN_IF_ERROR(RunGemm(make(g)));
+    return absl::OkStatus();
+  }
+  std::mutex mu;
+  absl::Status first_error;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t g = 0; g < groups; ++g) {
+    absl::Status status = RunGemm(make(g));
+    if (!status.ok()) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (first_error.ok()) first_error = std::move(status);
+    }
+  }
+  return first_error;
 }
 
 // CheckTensor, and the tensor must be dense: the GEMMs address rows by a leading dimension.
@@ -217,13 +251,22 @@ absl::Status GroupedGemmForward(TensorView x, TensorView w, absl::Span<const int
   const int64_t rows = x.dim(0), groups = w.dim(0), n = w.dim(1), k = w.dim(2);
   MOETRAIN_RETURN_IF_ERROR(CheckDense(y, "grouped gemm y", DType::kF32, {rows, n}));
   MOETRAIN_RETURN_IF_ERROR(CheckOffsets(offsets, groups, rows));
-  for (int64_t g = 0; g < groups; ++g) {
-    MOETRAIN_RETURN_IF_ERROR(
-        RunGemm({x.dtype(), RowPtr(x, offsets[g], k), RowPtr(w, g * n, k),
-                 y.data<float>() + offsets[g] * n, offsets[g + 1] - offsets[g], n, k, k, k, n,
-                 /*trans_a=*/false, /*trans_b=*/true, /*accumulate=*/false, RuntimeDim::kM}));
-  }
-  return absl::OkStatus();
+  return RunGroupedGemms(offsets, [&](int64_t g) -> RawGemm {
+    return {x.dtype(),
+            RowPtr(x, offsets[g], k),
+            RowPtr(w, g * n, k),
+            y.data<float>() + offsets[g] * n,
+            offsets[g + 1] - offsets[g],
+            n,
+            k,
+            k,
+            k,
+            n,
+            /*trans_a=*/false,
+            /*trans_b=*/true,
+            /*accumulate=*/false,
+            RuntimeDim::kM};
+  });
 }
 
 absl::Status GroupedGemmBackwardData(TensorView dy, TensorView w, absl::Span<const int64_t> offsets,
@@ -235,13 +278,22 @@ absl::Status GroupedGemmBackwardData(TensorView dy, TensorView w, absl::Span<con
   const int64_t rows = dy.dim(0), groups = w.dim(0), n = w.dim(1), k = w.dim(2);
   MOETRAIN_RETURN_IF_ERROR(CheckDense(dx, "grouped gemm dx", DType::kF32, {rows, k}));
   MOETRAIN_RETURN_IF_ERROR(CheckOffsets(offsets, groups, rows));
-  for (int64_t g = 0; g < groups; ++g) {
-    MOETRAIN_RETURN_IF_ERROR(
-        RunGemm({dy.dtype(), RowPtr(dy, offsets[g], n), RowPtr(w, g * n, k),
-                 dx.data<float>() + offsets[g] * k, offsets[g + 1] - offsets[g], k, n, n, k, k,
-                 /*trans_a=*/false, /*trans_b=*/false, /*accumulate=*/false, RuntimeDim::kM}));
-  }
-  return absl::OkStatus();
+  return RunGroupedGemms(offsets, [&](int64_t g) -> RawGemm {
+    return {dy.dtype(),
+            RowPtr(dy, offsets[g], n),
+            RowPtr(w, g * n, k),
+            dx.data<float>() + offsets[g] * k,
+            offsets[g + 1] - offsets[g],
+            k,
+            n,
+            n,
+            k,
+            k,
+            /*trans_a=*/false,
+            /*trans_b=*/false,
+            /*accumulate=*/false,
+            RuntimeDim::kM};
+  });
 }
 
 absl::Status GroupedGemmBackwardWeight(TensorView dy, TensorView x,
@@ -257,14 +309,23 @@ absl::Status GroupedGemmBackwardWeight(TensorView dy, TensorView x,
   MOETRAIN_RETURN_IF_ERROR(CheckDense(dw, "grouped gemm dw", DType::kF32, {-1, n, k}));
   const int64_t groups = dw.dim(0);
   MOETRAIN_RETURN_IF_ERROR(CheckOffsets(offsets, groups, rows));
-  for (int64_t g = 0; g < groups; ++g) {
-    // dw_g (n, k) = dy_gᵀ (n, rows_g) · x_g (rows_g, k); a group with no rows contributes zero.
-    MOETRAIN_RETURN_IF_ERROR(
-        RunGemm({dy.dtype(), RowPtr(dy, offsets[g], n), RowPtr(x, offsets[g], k),
-                 dw.data<float>() + g * n * k, n, k, offsets[g + 1] - offsets[g], n, k, k,
-                 /*trans_a=*/true, /*trans_b=*/false, accumulate, RuntimeDim::kK}));
-  }
-  return absl::OkStatus();
+  // dw_g (n, k) = dy_gᵀ (n, rows_g) · x_g (rows_g, k); a group with no rows contributes zero.
+  return RunGroupedGemms(offsets, [&](int64_t g) -> RawGemm {
+    return {dy.dtype(),
+            RowPtr(dy, offsets[g], n),
+            RowPtr(x, offsets[g], k),
+            dw.data<float>() + g * n * k,
+            n,
+            k,
+            offsets[g + 1] - offsets[g],
+            n,
+            k,
+            k,
+            /*trans_a=*/true,
+            /*trans_b=*/false,
+            accumulate,
+            RuntimeDim::kK};
+  });
 }
 
 }  // namespace moetrain::cpu
