@@ -61,8 +61,7 @@ std::vector<BenchConfig> Configs() {
 }
 
 double Seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 // Median seconds of `reps` calls after one warm-up call.
@@ -85,7 +84,8 @@ double MedianSeconds(int reps, const std::function<absl::Status()>& fn) {
 Tensor RandomTensor(DType dtype, std::initializer_list<int64_t> shape, float stddev,
                     uint32_t stream) {
   Tensor f32 = Tensor::Empty(DType::kF32, shape);
-  Rng(/*seed=*/1234, /*step=*/0, /*rank=*/0, stream).FillNormal(f32.data<float>(), f32.numel(), 0.0f, stddev);
+  Rng(/*seed=*/1234, /*step=*/0, /*rank=*/0, stream)
+      .FillNormal(f32.data<float>(), f32.numel(), 0.0f, stddev);
   if (dtype == DType::kF32) return f32;
   Tensor t = Tensor::Empty(dtype, shape);
   ConvertF32ToBF16(f32.data<float>(), t.data<BF16>(), t.numel());
@@ -110,8 +110,8 @@ struct ExpertGemms {
     MOETRAIN_RETURN_IF_ERROR(cpu::GroupedGemmForward(x, w_gate_up, offsets, gate_up));
     MOETRAIN_RETURN_IF_ERROR(cpu::GroupedGemmForward(activated, w_down, offsets, out));
     MOETRAIN_RETURN_IF_ERROR(cpu::GroupedGemmBackwardData(d_out, w_down, offsets, d_activated));
-    MOETRAIN_RETURN_IF_ERROR(
-        cpu::GroupedGemmBackwardWeight(d_out, activated, offsets, d_w_down.view().Slice(0, w_down.dim(0)), false));
+    MOETRAIN_RETURN_IF_ERROR(cpu::GroupedGemmBackwardWeight(
+        d_out, activated, offsets, d_w_down.view().Slice(0, w_down.dim(0)), false));
     MOETRAIN_RETURN_IF_ERROR(cpu::GroupedGemmBackwardData(d_gate_up, w_gate_up, offsets, d_x));
     return cpu::GroupedGemmBackwardWeight(d_gate_up, x, offsets,
                                           d_w_gate_up.view().Slice(0, w_gate_up.dim(0)), false);
@@ -136,8 +136,8 @@ nlohmann::json RunConfig(const BenchConfig& bc, DType dtype, int reps) {
   Tensor g_gate_up = Tensor::Zeros(DType::kF32, {e, 2 * f, d});
   Tensor g_down = Tensor::Zeros(DType::kF32, {e, d, f});
   MoeGrads grads = {g_router, g_gate_up, g_down, {}, {}};
-  MoeWeights weights = {router, moe.expert_bias ? bias.view() : TensorView(), w_gate_up, w_down,
-                        {}, {}};
+  MoeWeights weights = {router, moe.expert_bias ? bias.view() : TensorView(), w_gate_up, w_down, {},
+                        {}};
   absl::StatusOr<MoeLayer> layer = MoeLayer::Create(moe, d, dtype);
   if (!layer.ok()) {
     std::fprintf(stderr, "moe_layer_bench: %s\n", layer.status().ToString().c_str());
@@ -163,18 +163,14 @@ nlohmann::json RunConfig(const BenchConfig& bc, DType dtype, int reps) {
     std::fprintf(stderr, "moe_layer_bench: %s\n", status.ToString().c_str());
     std::exit(1);
   }
-  ExpertGemms gemms = {RandomTensor(dtype, {rows, d}, 1.0f, 20),
-                       RandomTensor(dtype, {rows, f}, 1.0f, 21),
-                       RandomTensor(dtype, {rows, d}, 1.0f, 22),
-                       RandomTensor(dtype, {rows, 2 * f}, 1.0f, 23),
-                       Tensor::Empty(DType::kF32, {rows, 2 * f}),
-                       Tensor::Empty(DType::kF32, {rows, d}),
-                       Tensor::Empty(DType::kF32, {rows, f}),
-                       Tensor::Empty(DType::kF32, {rows, d}),
-                       Tensor::Empty(DType::kF32, {e, 2 * f, d}),
-                       Tensor::Empty(DType::kF32, {e, d, f})};
-  const double grouped_seconds = MedianSeconds(
-      reps, [&] { return gemms.Run(w_gate_up, w_down, permutation.expert_offsets); });
+  ExpertGemms gemms = {
+      RandomTensor(dtype, {rows, d}, 1.0f, 20),  RandomTensor(dtype, {rows, f}, 1.0f, 21),
+      RandomTensor(dtype, {rows, d}, 1.0f, 22),  RandomTensor(dtype, {rows, 2 * f}, 1.0f, 23),
+      Tensor::Empty(DType::kF32, {rows, 2 * f}), Tensor::Empty(DType::kF32, {rows, d}),
+      Tensor::Empty(DType::kF32, {rows, f}),     Tensor::Empty(DType::kF32, {rows, d}),
+      Tensor::Empty(DType::kF32, {e, 2 * f, d}), Tensor::Empty(DType::kF32, {e, d, f})};
+  const double grouped_seconds =
+      MedianSeconds(reps, [&] { return gemms.Run(w_gate_up, w_down, permutation.expert_offsets); });
   const std::vector<int64_t> one_group = {0, rows};
   const double dense_seconds = MedianSeconds(reps, [&] {
     return gemms.Run(w_gate_up.view().Slice(0, 1), w_down.view().Slice(0, 1), one_group);
@@ -226,11 +222,11 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
-  nlohmann::json machine = {
-      {"threads", DefaultThreadPool().num_threads()},
-      {"devices", DescribeDevices(QueryDevices())},
-      {"dense_gemm_gflops",
-       {{"f32", DenseGemmGflops(DType::kF32, reps)}, {"bf16", DenseGemmGflops(DType::kBF16, reps)}}}};
+  nlohmann::json machine = {{"threads", DefaultThreadPool().num_threads()},
+                            {"devices", DescribeDevices(QueryDevices())},
+                            {"dense_gemm_gflops",
+                             {{"f32", DenseGemmGflops(DType::kF32, reps)},
+                              {"bf16", DenseGemmGflops(DType::kBF16, reps)}}}};
   nlohmann::json results = nlohmann::json::array();
   for (const BenchConfig& bc : Configs()) {
     if (!only_config.empty() && bc.name != only_config) continue;

@@ -30,8 +30,8 @@ struct Parameters {
   TensorView Add(std::initializer_list<int64_t> shape, DType compute_dtype, float stddev,
                  uint32_t stream) {
     master.push_back(Tensor::Empty(DType::kF32, shape));
-    Rng(7, 0, 0, stream).FillNormal(master.back().data<float>(), master.back().numel(), 0.0f,
-                                    stddev);
+    Rng(7, 0, 0, stream)
+        .FillNormal(master.back().data<float>(), master.back().numel(), 0.0f, stddev);
     compute.push_back(Tensor::Empty(compute_dtype, shape));
     grad.push_back(Tensor::Zeros(DType::kF32, shape));
     m.push_back(Tensor::Zeros(DType::kF32, shape));
@@ -80,7 +80,6 @@ MoeWeights MakeLayerWeights(const MoeConfig& config, DType dtype, Parameters& pa
   }
   return w;
 }
-
 
 absl::Status Run(int steps, DType dtype, ScoreFunction score) {
   std::printf("moetrain MoE layer demo — %s\n", DescribeDevices(QueryDevices()).c_str());
@@ -178,16 +177,25 @@ int main(int argc, char** argv) {
     const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
     if (arg == "--steps" && value) {
       steps = std::atoi(value);
+      if (steps < 1) {
+        std::fprintf(stderr, "moe_layer_demo: --steps must be a positive integer, got '%s'\n",
+                     value);
+        return 2;
+      }
       ++i;
-    } else if (arg == "--dtype" && value && (std::strcmp(value, "f32") == 0 || std::strcmp(value, "bf16") == 0)) {
+    } else if (arg == "--dtype" && value &&
+               (std::strcmp(value, "f32") == 0 || std::strcmp(value, "bf16") == 0)) {
       dtype = std::strcmp(value, "bf16") == 0 ? moetrain::DType::kBF16 : moetrain::DType::kF32;
       ++i;
-    } else if (arg == "--score" && value && (std::strcmp(value, "softmax") == 0 || std::strcmp(value, "sigmoid") == 0)) {
+    } else if (arg == "--score" && value &&
+               (std::strcmp(value, "softmax") == 0 || std::strcmp(value, "sigmoid") == 0)) {
       score = std::strcmp(value, "sigmoid") == 0 ? moetrain::ScoreFunction::kSigmoid
                                                  : moetrain::ScoreFunction::kSoftmax;
       ++i;
     } else {
-      std::fprintf(stderr, "usage: moe_layer_demo [--steps N] [--dtype f32|bf16] [--score softmax|sigmoid]\n");
+      std::fprintf(
+          stderr,
+          "usage: moe_layer_demo [--steps N] [--dtype f32|bf16] [--score softmax|sigmoid]\n");
       return 2;
     }
   }

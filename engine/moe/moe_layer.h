@@ -89,24 +89,26 @@ class MoeLayer {
   // Saved by Forward for Backward (T tokens, R routed pairs kept, F, S·F).
   bool has_forward_ = false;
   int64_t tokens_per_sequence_ = 0;
-  TensorView x_;             // (T, D) compute dtype: the caller's input; must outlive Backward
-  TensorView router_input_;  // (T, D) f32: x, widened when computing in bf16
-  TensorView logits_;        // (T, E) f32
-  RouterOutput routing_;     // scores, top-k experts and weights, losses
-  Permutation permutation_;  // pairs sorted by expert
-  TensorView permuted_x_;    // (R, D) compute dtype
-  TensorView gate_up_;       // (R, 2F) f32: expert pre-activations
-  TensorView activated_;     // (R, F) compute dtype: silu(gate) ⊙ up
-  TensorView expert_out_;    // (R, D) f32: routed expert outputs before weighting
+  TensorView x_;                 // (T, D) compute dtype: the caller's input; must outlive Backward
+  TensorView router_input_;      // (T, D) f32: x, widened when computing in bf16
+  TensorView logits_;            // (T, E) f32
+  RouterOutput routing_;         // scores, top-k experts and weights, losses
+  Permutation permutation_;      // pairs sorted by expert
+  TensorView permuted_x_;        // (R, D) compute dtype
+  TensorView gate_up_;           // (R, 2F) f32: expert pre-activations
+  TensorView activated_;         // (R, F) compute dtype: silu(gate) ⊙ up
+  TensorView expert_out_;        // (R, D) f32: routed expert outputs before weighting
   TensorView shared_gate_up_;    // (T, 2SF) f32
   TensorView shared_activated_;  // (T, SF) compute dtype
 
   // Storage behind the views above, and scratch of Backward, by purpose.
+  // clang-format off
   enum Buffer {
     kRouterInput, kLogits, kPermutedX, kGateUp, kActivated, kExpertOut, kSharedGateUp,
     kSharedActivated, kSharedOut, kDExpertOut, kDWeights, kDActivated, kDGateUp, kDPermutedX,
     kDSharedActivated, kDSharedGateUp, kDXShared, kDLogits, kDXRouter, kNumBuffers
   };
+  // clang-format on
   Tensor buffers_[kNumBuffers];
 };
 

@@ -36,12 +36,12 @@ struct RouterArgs {
 };
 
 struct RouterOutput {
-  Tensor scores;        // (T, E) f32: s, the score function over all experts
-  Tensor topk_experts;  // (T, k) i32: chosen experts, best selection score first
-  Tensor topk_weights;  // (T, k) f32: combine weights g
+  Tensor scores;                           // (T, E) f32: s, the score function over all experts
+  Tensor topk_experts;                     // (T, k) i32: chosen experts, best selection score first
+  Tensor topk_weights;                     // (T, k) f32: combine weights g
   std::vector<int64_t> tokens_per_expert;  // (E) pairs chosen for each expert
-  float aux_loss = 0.0f;  // already multiplied by α (0 when aux_loss is kNone)
-  float z_loss = 0.0f;    // already multiplied by β
+  float aux_loss = 0.0f;                   // already multiplied by α (0 when aux_loss is kNone)
+  float z_loss = 0.0f;                     // already multiplied by β
 };
 
 // Fills `out` (allocating its tensors on first use or when shapes change).

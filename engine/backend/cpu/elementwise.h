@@ -22,8 +22,8 @@ absl::Status GatherRows(TensorView src, TensorView index, TensorView dst);
 // The combine of routed outputs: out_t = Σ_j weights[t, j] · rows[pair_row[t, j]] (+ extra_t),
 // skipping pairs whose row is -1. rows (R, D) f32, pair_row (T, k) i32, weights (T, k) f32,
 // extra (T, D) f32 or empty, out (T, D) act.
-absl::Status CombineRows(TensorView rows, TensorView pair_row, TensorView weights,
-                         TensorView extra, TensorView out);
+absl::Status CombineRows(TensorView rows, TensorView pair_row, TensorView weights, TensorView extra,
+                         TensorView out);
 
 // Backward of CombineRows: d_rows[pair_row[t, j]] = weights[t, j] · d_out_t (act) and
 // d_weights[t, j] = ⟨d_out_t, rows[pair_row[t, j]]⟩ (0 for a dropped pair). d_out (T, D) act,
@@ -34,8 +34,8 @@ absl::Status CombineRowsBackward(TensorView d_out, TensorView rows, TensorView p
 
 // out_t = Σ_j rows[pair_row[t, j]] + Σ_a addends[a]_t: the backward of a gather that fanned each
 // token out to its pairs. rows (R, D) f32, addends (T, D) f32 each, out (T, D) act.
-absl::Status SumPairRows(TensorView rows, TensorView pair_row,
-                         absl::Span<const TensorView> addends, TensorView out);
+absl::Status SumPairRows(TensorView rows, TensorView pair_row, absl::Span<const TensorView> addends,
+                         TensorView out);
 
 // dst = src converted elementwise (f32 ↔ bf16, or a copy); same shape, contiguous.
 absl::Status ConvertTensor(TensorView src, TensorView dst);

@@ -34,8 +34,8 @@ absl::Status Gemm(const GemmArgs& args);
 // x, w, dy share one dtype, f32 or bf16.
 absl::Status GroupedGemmForward(TensorView x, TensorView w, absl::Span<const int64_t> offsets,
                                 TensorView y);
-absl::Status GroupedGemmBackwardData(TensorView dy, TensorView w,
-                                     absl::Span<const int64_t> offsets, TensorView dx);
+absl::Status GroupedGemmBackwardData(TensorView dy, TensorView w, absl::Span<const int64_t> offsets,
+                                     TensorView dx);
 absl::Status GroupedGemmBackwardWeight(TensorView dy, TensorView x,
                                        absl::Span<const int64_t> offsets, TensorView dw,
                                        bool accumulate);
