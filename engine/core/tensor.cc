@@ -157,4 +157,12 @@ absl::Status CheckTensor(const TensorView& t, std::string_view name, DType dtype
       ", got ", t.empty() ? std::string("no tensor") : t.DebugString()));
 }
 
+absl::Status CheckDenseTensor(const TensorView& t, std::string_view name, DType dtype,
+                              std::initializer_list<int64_t> shape) {
+  absl::Status status = CheckTensor(t, name, dtype, shape);
+  if (!status.ok() || t.is_contiguous()) return status;
+  return absl::InvalidArgumentError(
+      absl::StrCat(ToAbsl(name), ": must be contiguous, got a strided ", t.DebugString(), " view"));
+}
+
 }  // namespace moetrain

@@ -100,6 +100,11 @@ class Tensor {
 absl::Status CheckTensor(const TensorView& t, std::string_view name, DType dtype,
                          std::initializer_list<int64_t> shape);
 
+// CheckTensor, and the view must be dense (row-major contiguous): for kernels that address rows
+// as data + row · columns. "x: must be contiguous, got a strided (4, 8) f32 view".
+absl::Status CheckDenseTensor(const TensorView& t, std::string_view name, DType dtype,
+                              std::initializer_list<int64_t> shape);
+
 }  // namespace moetrain
 
 #endif  // MOETRAIN_ENGINE_CORE_TENSOR_H_

@@ -13,23 +13,12 @@ namespace {
 
 bool IsAct(DType dtype) { return dtype == DType::kF32 || dtype == DType::kBF16; }
 
-// CheckTensor, and dense: every kernel here addresses rows as ptr + row · columns.
-absl::Status CheckDense(const TensorView& t, const char* name, DType dtype,
-                        std::initializer_list<int64_t> shape) {
-  MOETRAIN_RETURN_IF_ERROR(CheckTensor(t, name, dtype, shape));
-  if (!t.is_contiguous()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": must be contiguous, got a strided ", t.DebugString(), " view"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CheckAct(const TensorView& t, const char* name, std::initializer_list<int64_t> shape) {
   if (t.empty() || !IsAct(t.dtype())) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": expected an f32 or bf16 tensor, got ",
                                                    t.empty() ? "none" : t.DebugString()));
   }
-  return CheckDense(t, name, t.dtype(), shape);
+  return CheckDenseTensor(t, name, t.dtype(), shape);
 }
 
 // Per-thread scratch rows for widening bf16 inputs and narrowing f32 results.
@@ -136,7 +125,7 @@ MOETRAIN_ROW_CLONES float ScaleAndDotRow(float w, const float* g, const float* y
 }  // namespace
 
 absl::Status SwigluForward(TensorView gate_up, TensorView out) {
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(gate_up, "swiglu gate_up", DType::kF32, {-1, -1}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(gate_up, "swiglu gate_up", DType::kF32, {-1, -1}));
   const int64_t rows = gate_up.dim(0), f = gate_up.dim(1) / 2;
   if (gate_up.dim(1) != 2 * f) {
     return absl::InvalidArgumentError(
@@ -156,9 +145,9 @@ absl::Status SwigluForward(TensorView gate_up, TensorView out) {
 }
 
 absl::Status SwigluBackward(TensorView gate_up, TensorView d_out, TensorView d_gate_up) {
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(gate_up, "swiglu gate_up", DType::kF32, {-1, -1}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(gate_up, "swiglu gate_up", DType::kF32, {-1, -1}));
   const int64_t rows = gate_up.dim(0), f = gate_up.dim(1) / 2;
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(d_out, "swiglu d_out", DType::kF32, {rows, f}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(d_out, "swiglu d_out", DType::kF32, {rows, f}));
   MOETRAIN_RETURN_IF_ERROR(CheckAct(d_gate_up, "swiglu d_gate_up", {rows, 2 * f}));
   DefaultThreadPool().ParallelFor(rows, Grain(2 * f), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -175,9 +164,9 @@ absl::Status SwigluBackward(TensorView gate_up, TensorView d_out, TensorView d_g
 
 absl::Status GatherRows(TensorView src, TensorView index, TensorView dst) {
   MOETRAIN_RETURN_IF_ERROR(CheckAct(src, "gather src", {-1, -1}));
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(index, "gather index", DType::kI32, {-1}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(index, "gather index", DType::kI32, {-1}));
   const int64_t rows = index.dim(0), cols = src.dim(1), tokens = src.dim(0);
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(dst, "gather dst", src.dtype(), {rows, cols}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(dst, "gather dst", src.dtype(), {rows, cols}));
   const size_t row_bytes = cols * DTypeSize(src.dtype());
   const int32_t* idx = index.data<int32_t>();
   for (int64_t r = 0; r < rows; ++r) {
@@ -199,7 +188,7 @@ namespace {
 
 // Checks pair_row (T, k) i32 against R rows.
 absl::Status CheckPairRows(const TensorView& pair_row, int64_t rows) {
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(pair_row, "pair_row", DType::kI32, {-1, -1}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(pair_row, "pair_row", DType::kI32, {-1, -1}));
   const int32_t* p = pair_row.data<int32_t>();
   for (int64_t i = 0; i < pair_row.numel(); ++i) {
     if (p[i] < -1 || p[i] >= rows) {
@@ -214,12 +203,12 @@ absl::Status CheckPairRows(const TensorView& pair_row, int64_t rows) {
 
 absl::Status CombineRows(TensorView rows, TensorView pair_row, TensorView weights, TensorView extra,
                          TensorView out) {
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(rows, "combine rows", DType::kF32, {-1, -1}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(rows, "combine rows", DType::kF32, {-1, -1}));
   MOETRAIN_RETURN_IF_ERROR(CheckPairRows(pair_row, rows.dim(0)));
   const int64_t tokens = pair_row.dim(0), k = pair_row.dim(1), d = rows.dim(1);
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(weights, "combine weights", DType::kF32, {tokens, k}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(weights, "combine weights", DType::kF32, {tokens, k}));
   if (!extra.empty()) {
-    MOETRAIN_RETURN_IF_ERROR(CheckDense(extra, "combine extra", DType::kF32, {tokens, d}));
+    MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(extra, "combine extra", DType::kF32, {tokens, d}));
   }
   MOETRAIN_RETURN_IF_ERROR(CheckAct(out, "combine out", {tokens, d}));
   DefaultThreadPool().ParallelFor(tokens, Grain(d * k), [&](int64_t begin, int64_t end) {
@@ -243,13 +232,14 @@ absl::Status CombineRows(TensorView rows, TensorView pair_row, TensorView weight
 
 absl::Status CombineRowsBackward(TensorView d_out, TensorView rows, TensorView pair_row,
                                  TensorView weights, TensorView d_rows, TensorView d_weights) {
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(rows, "combine rows", DType::kF32, {-1, -1}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(rows, "combine rows", DType::kF32, {-1, -1}));
   MOETRAIN_RETURN_IF_ERROR(CheckPairRows(pair_row, rows.dim(0)));
   const int64_t tokens = pair_row.dim(0), k = pair_row.dim(1), d = rows.dim(1);
   MOETRAIN_RETURN_IF_ERROR(CheckAct(d_out, "combine d_out", {tokens, d}));
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(weights, "combine weights", DType::kF32, {tokens, k}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(weights, "combine weights", DType::kF32, {tokens, k}));
   MOETRAIN_RETURN_IF_ERROR(CheckAct(d_rows, "combine d_rows", {rows.dim(0), d}));
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(d_weights, "combine d_weights", DType::kF32, {tokens, k}));
+  MOETRAIN_RETURN_IF_ERROR(
+      CheckDenseTensor(d_weights, "combine d_weights", DType::kF32, {tokens, k}));
   DefaultThreadPool().ParallelFor(tokens, Grain(d * k), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const float* g = ReadRow(d_out, t, d, 0);
@@ -272,11 +262,11 @@ absl::Status CombineRowsBackward(TensorView d_out, TensorView rows, TensorView p
 
 absl::Status SumPairRows(TensorView rows, TensorView pair_row, absl::Span<const TensorView> addends,
                          TensorView out) {
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(rows, "sum rows", DType::kF32, {-1, -1}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(rows, "sum rows", DType::kF32, {-1, -1}));
   MOETRAIN_RETURN_IF_ERROR(CheckPairRows(pair_row, rows.dim(0)));
   const int64_t tokens = pair_row.dim(0), k = pair_row.dim(1), d = rows.dim(1);
   for (const TensorView& a : addends) {
-    MOETRAIN_RETURN_IF_ERROR(CheckDense(a, "sum addend", DType::kF32, {tokens, d}));
+    MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(a, "sum addend", DType::kF32, {tokens, d}));
   }
   MOETRAIN_RETURN_IF_ERROR(CheckAct(out, "sum out", {tokens, d}));
   DefaultThreadPool().ParallelFor(tokens, Grain(d * k), [&](int64_t begin, int64_t end) {

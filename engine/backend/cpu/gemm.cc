@@ -165,17 +165,6 @@ absl::Status RunGroupedGemms(absl::Span<const int64_t> offsets,
   return first_error;
 }
 
-// CheckTensor, and the tensor must be dense: the GEMMs address rows by a leading dimension.
-absl::Status CheckDense(const TensorView& t, const char* name, DType dtype,
-                        std::initializer_list<int64_t> shape) {
-  MOETRAIN_RETURN_IF_ERROR(CheckTensor(t, name, dtype, shape));
-  if (!t.is_contiguous()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": must be contiguous, got a strided ", t.DebugString(), " view"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CheckInputDType(const TensorView& t, const char* name) {
   if (t.empty()) return absl::InvalidArgumentError(absl::StrCat(name, ": no tensor"));
   if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16) {
@@ -236,7 +225,7 @@ absl::Status Gemm(const GemmArgs& args) {
                                                    args.a.DebugString(), " has K = ", k, ", op(b) ",
                                                    args.b.DebugString(), " has K = ", kb));
   }
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(args.c, "gemm c", DType::kF32, {m, n}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(args.c, "gemm c", DType::kF32, {m, n}));
   return RunGemm({args.a.dtype(), args.a.raw(), args.b.raw(), args.c.data<float>(), m, n, k,
                   args.a.dim(1), args.b.dim(1), n, args.trans_a, args.trans_b, args.accumulate,
                   RuntimeDim::kNone});
@@ -249,7 +238,7 @@ absl::Status GroupedGemmForward(TensorView x, TensorView w, absl::Span<const int
   if (x.rank() != 2) return absl::InvalidArgumentError("grouped gemm x: must be (R, K)");
   MOETRAIN_RETURN_IF_ERROR(CheckTensor(w, "grouped gemm w", x.dtype(), {-1, -1, x.dim(1)}));
   const int64_t rows = x.dim(0), groups = w.dim(0), n = w.dim(1), k = w.dim(2);
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(y, "grouped gemm y", DType::kF32, {rows, n}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(y, "grouped gemm y", DType::kF32, {rows, n}));
   MOETRAIN_RETURN_IF_ERROR(CheckOffsets(offsets, groups, rows));
   return RunGroupedGemms(offsets, [&](int64_t g) -> RawGemm {
     return {x.dtype(),
@@ -276,7 +265,7 @@ absl::Status GroupedGemmBackwardData(TensorView dy, TensorView w, absl::Span<con
   if (dy.rank() != 2) return absl::InvalidArgumentError("grouped gemm dy: must be (R, N)");
   MOETRAIN_RETURN_IF_ERROR(CheckTensor(w, "grouped gemm w", dy.dtype(), {-1, dy.dim(1), -1}));
   const int64_t rows = dy.dim(0), groups = w.dim(0), n = w.dim(1), k = w.dim(2);
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(dx, "grouped gemm dx", DType::kF32, {rows, k}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(dx, "grouped gemm dx", DType::kF32, {rows, k}));
   MOETRAIN_RETURN_IF_ERROR(CheckOffsets(offsets, groups, rows));
   return RunGroupedGemms(offsets, [&](int64_t g) -> RawGemm {
     return {dy.dtype(),
@@ -306,7 +295,7 @@ absl::Status GroupedGemmBackwardWeight(TensorView dy, TensorView x,
   }
   MOETRAIN_RETURN_IF_ERROR(CheckTensor(x, "grouped gemm x", dy.dtype(), {dy.dim(0), -1}));
   const int64_t rows = dy.dim(0), n = dy.dim(1), k = x.dim(1);
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(dw, "grouped gemm dw", DType::kF32, {-1, n, k}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(dw, "grouped gemm dw", DType::kF32, {-1, n, k}));
   const int64_t groups = dw.dim(0);
   MOETRAIN_RETURN_IF_ERROR(CheckOffsets(offsets, groups, rows));
   // dw_g (n, k) = dy_gᵀ (n, rows_g) · x_g (rows_g, k); a group with no rows contributes zero.

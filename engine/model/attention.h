@@ -1,0 +1,45 @@
+// Causal self-attention core with RoPE, multi-head or grouped-query, on the CPU in f32.
+//
+// Tokens are B sequences of S consecutive positions; q holds H heads and k, v hold Hkv heads of
+// Dh each (query head h reads key/value head h / (H / Hkv)). RoPE uses the rotate-half convention
+// (Llama): for position p and pair i < Dh/2, angle p·θ^(−2i/Dh) rotates (x_i, x_{i+Dh/2}).
+// Scores are q·kᵀ/√Dh with keys at positions ≤ the query's. The forward never materialises more
+// than one (query block × key block) score tile per thread: it keeps the running max and sum of
+// each row (online softmax) and saves the row logsumexp for the backward, which recomputes tiles.
+#ifndef MOETRAIN_ENGINE_MODEL_ATTENTION_H_
+#define MOETRAIN_ENGINE_MODEL_ATTENTION_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "engine/core/tensor.h"
+
+namespace moetrain {
+
+struct AttentionShape {
+  int64_t batch = 1;         // B sequences
+  int64_t seq_len = 1;       // S positions each
+  int64_t num_heads = 1;     // H
+  int64_t num_kv_heads = 1;  // Hkv, divides H
+  int64_t head_dim = 1;      // Dh, even
+};
+
+// Rotates x (B·S, Hx·Dh) f32 in place by RoPE at positions 0..S-1 of each sequence; `inverse`
+// rotates back (the backward of the rotation is the inverse rotation).
+absl::Status ApplyRope(const AttentionShape& shape, float theta, bool inverse, TensorView x);
+
+// q (B·S, H·Dh), k and v (B·S, Hkv·Dh) f32, RoPE already applied to q and k.
+// out (B·S, H·Dh) f32 and lse (B, H, S) f32 are written.
+absl::Status CausalAttentionForward(const AttentionShape& shape, TensorView q, TensorView k,
+                                    TensorView v, TensorView out, TensorView lse);
+
+// Gradients of the forward's inputs from d_out (B·S, H·Dh) f32, given the forward's q, k, v,
+// out and lse. d_q (B·S, H·Dh), d_k and d_v (B·S, Hkv·Dh) f32 are written.
+absl::Status CausalAttentionBackward(const AttentionShape& shape, TensorView q, TensorView k,
+                                     TensorView v, TensorView out, TensorView lse,
+                                     TensorView d_out, TensorView d_q, TensorView d_k,
+                                     TensorView d_v);
+
+}  // namespace moetrain
+
+#endif  // MOETRAIN_ENGINE_MODEL_ATTENTION_H_
