@@ -4,6 +4,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/string_view.h"
 
 #define MOETRAIN_STATUS_CONCAT_INNER_(a, b) a##b
 #define MOETRAIN_STATUS_CONCAT_(a, b) MOETRAIN_STATUS_CONCAT_INNER_(a, b)
@@ -23,5 +25,22 @@
   auto statusor = (expr);                                    \
   if (!statusor.ok()) return std::move(statusor).status();   \
   lhs = std::move(statusor).value()
+
+namespace moetrain {
+
+// A NaN or Inf met in the numbers of a step (activations, logits, losses): the trainer fails the
+// step naming it, or skips it when the job allows, instead of treating it as a bug. The code is
+// OutOfRange; a payload marks it so that callers can tell it from other range errors.
+inline constexpr char kNonFinitePayload[] = "moetrain.dev/non-finite";
+inline absl::Status NonFiniteError(absl::string_view message) {
+  absl::Status status = absl::OutOfRangeError(message);
+  status.SetPayload(kNonFinitePayload, absl::Cord("1"));
+  return status;
+}
+inline bool IsNonFiniteError(const absl::Status& status) {
+  return status.GetPayload(kNonFinitePayload).has_value();
+}
+
+}  // namespace moetrain
 
 #endif  // MOETRAIN_ENGINE_CORE_STATUS_H_

@@ -6,6 +6,15 @@
 // Scores are q·kᵀ/√Dh with keys at positions ≤ the query's. The forward never materialises more
 // than one (query block × key block) score tile per thread: it keeps the running max and sum of
 // each row (online softmax) and saves the row logsumexp for the backward, which recomputes tiles.
+//
+// Tiles are 64 × 64; tiles above the diagonal are skipped. The forward runs one task per
+// (b, h, query block); the backward one per (b, kv head, key block) for d_k and d_v (summing the
+// kv head's H / Hkv query heads) and one per (b, h, query block) for d_q, so every output has
+// one writer and the results are bit-identical run to run and for any thread count. Tensors
+// must be dense (row-major contiguous); a bad argument is InvalidArgument naming the tensor or
+// field and its value ("lse: expected (2, 8, 512) f32, got ...", "shape.head_dim = 7 ...").
+// ApplyRope takes any number of heads Hx (q with H, k with Hkv); its cos/sin tables, computed in
+// double, are cached per (S, Dh, θ).
 #ifndef MOETRAIN_ENGINE_MODEL_ATTENTION_H_
 #define MOETRAIN_ENGINE_MODEL_ATTENTION_H_
 

@@ -144,7 +144,7 @@ absl::Status MoeLayer::Forward(const MoeWeights& weights, TensorView x, int64_t 
 }
 
 absl::Status MoeLayer::Backward(const MoeWeights& weights, TensorView d_out, TensorView d_x,
-                                MoeGrads* grads) {
+                                MoeGrads* grads, float loss_weight) {
   if (!has_forward_) {
     return absl::FailedPreconditionError("MoeLayer::Backward needs a successful Forward first");
   }
@@ -208,7 +208,8 @@ absl::Status MoeLayer::Backward(const MoeWeights& weights, TensorView d_out, Ten
   // Router, in f32: the combine weights' gradient plus the aux and z losses.
   TensorView d_logits = Workspace(buffers_[kDLogits], DType::kF32, {t, e});
   const RouterArgs router_args = {logits_, weights.expert_bias, tokens_per_sequence_};
-  MOETRAIN_RETURN_IF_ERROR(RouterBackward(config_, router_args, routing_, d_weights, d_logits));
+  MOETRAIN_RETURN_IF_ERROR(
+      RouterBackward(config_, router_args, routing_, d_weights, d_logits, loss_weight));
   MOETRAIN_RETURN_IF_ERROR(cpu::Gemm({.a = d_logits,
                                       .b = router_input_,
                                       .c = grads->router,

@@ -70,9 +70,10 @@ class MoeLayer {
                        TensorView out, MoeStats* stats);
 
   // d_out (T, D) for the last Forward's out; d_x (T, D) written; grads accumulated. The aux and
-  // z losses of that Forward enter the total loss with weight 1.
+  // z losses of that Forward enter the total loss with weight `loss_weight` (the micro-batch's
+  // loss scale, as in d_out).
   absl::Status Backward(const MoeWeights& weights, TensorView d_out, TensorView d_x,
-                        MoeGrads* grads);
+                        MoeGrads* grads, float loss_weight = 1.0f);
 
  private:
   MoeLayer(const MoeConfig& config, int64_t hidden_size, DType dtype)

@@ -275,8 +275,7 @@ absl::Status RouterForward(const MoeConfig& config, const RouterArgs& args, Rout
     for (int64_t e = 0; e < E; ++e) {
       const float z = At<float>(args.logits, t, e);
       if (!std::isfinite(z)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("logits[", t, ", ", e, "] = ", z, " is not finite"));
+        return NonFiniteError(absl::StrCat("logits[", t, ", ", e, "] = ", z, " is not finite"));
       }
     }
   }
@@ -317,7 +316,7 @@ absl::Status RouterForward(const MoeConfig& config, const RouterArgs& args, Rout
 
 absl::Status RouterBackward(const MoeConfig& config, const RouterArgs& args,
                             const RouterOutput& forward, TensorView d_topk_weights,
-                            TensorView d_logits) {
+                            TensorView d_logits, float loss_weight) {
   MOETRAIN_ASSIGN_OR_RETURN(const Extents x, CheckRouterArgs(config, args));
   const int64_t T = x.tokens, E = x.experts, k = x.top_k;
   MOETRAIN_RETURN_IF_ERROR(CheckTensor(forward.scores, "forward.scores", DType::kF32, {T, E}));
@@ -344,8 +343,12 @@ absl::Status RouterBackward(const MoeConfig& config, const RouterArgs& args,
   const double rho = config.routed_scaling_factor;
   const std::vector<int64_t> counts =
       HasAuxLoss(config) ? CountPerSequence(x, topk_experts) : std::vector<int64_t>();
-  const double aux_coeff = HasAuxLoss(config) ? AuxLossCoeff(config, x) : 0.0;
-  const double z_coeff = T > 0 ? 2.0 * config.z_loss_coeff / T : 0.0;
+  if (!(loss_weight > 0.0f) || !std::isfinite(loss_weight)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("loss_weight = ", loss_weight, " must be positive and finite"));
+  }
+  const double aux_coeff = HasAuxLoss(config) ? loss_weight * AuxLossCoeff(config, x) : 0.0;
+  const double z_coeff = T > 0 ? 2.0 * loss_weight * config.z_loss_coeff / T : 0.0;
 
   DefaultThreadPool().ParallelFor(T, kGrainTokens, [&](int64_t begin, int64_t end) {
     std::vector<double> d_scores(E);  // ∂L/∂s_{t,·}

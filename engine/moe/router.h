@@ -47,11 +47,12 @@ struct RouterOutput {
 // Fills `out` (allocating its tensors on first use or when shapes change).
 absl::Status RouterForward(const MoeConfig& config, const RouterArgs& args, RouterOutput* out);
 
-// d_logits (T, E) f32, written: the gradient of (Σ g·d_topk_weights + aux_loss + z_loss) with
-// respect to the logits, i.e. the losses enter the total loss with weight 1.
+// d_logits (T, E) f32, written: the gradient of Σ g·d_topk_weights + w·(aux_loss + z_loss) with
+// respect to the logits: the losses enter the total loss with weight w = loss_weight (> 0; the
+// micro-batch's loss scale, like the one already in d_topk_weights).
 absl::Status RouterBackward(const MoeConfig& config, const RouterArgs& args,
                             const RouterOutput& forward, TensorView d_topk_weights /* (T, k) f32 */,
-                            TensorView d_logits);
+                            TensorView d_logits, float loss_weight = 1.0f);
 
 // Aux-loss-free balancing, once per optimizer step: b_e += rate·sign(mean(n) − n_e), where
 // `tokens_per_expert` (E) is summed over all ranks. bias (E) f32 is updated in place.

@@ -100,8 +100,8 @@ MOETRAIN_ROW_CLONES void AxpyRow(float w, const float* y, float* out, int64_t n)
   for (int64_t i = 0; i < n; ++i) out[i] += w * y[i];
 }
 
-// d_y = w·g, and returns ⟨g, y⟩, summed in 16 interleaved partial sums (a fixed order, so the
-// result is the same on every ISA, and one that vectorises without -ffast-math).
+// d_y = w·g, and returns ⟨g, y⟩, summed in 16 interleaved partial sums: a fixed order (the
+// same result on every run and thread count), and one that vectorises without -ffast-math.
 MOETRAIN_ROW_CLONES float ScaleAndDotRow(float w, const float* g, const float* y, float* d_y,
                                          int64_t n) {
   constexpr int kLanes = 16;

@@ -1,1 +1,0 @@
-// Stands in for the sources of an engine folder that has none yet (see engine/CMakeLists.txt).

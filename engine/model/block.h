@@ -1,0 +1,110 @@
+// One decoder block of the transformer, forward and backward:
+//
+//   a = x + o_proj(Attention(RoPE(q_proj(n1)), RoPE(k_proj(n1)), v_proj(n1))),  n1 = RMSNorm(x)
+//   y = a + FFN(n2),  n2 = RMSNorm(a);  FFN = dense SwiGLU or the MoE layer.
+//
+// T = B·S tokens; D hidden; H, Hkv heads of Dh; F the dense FFN width. The residual stream (x, a,
+// y), the attention core and the norms are f32; the projections are GEMMs on compute-dtype
+// ("act") inputs and weights with f32 outputs.
+#ifndef MOETRAIN_ENGINE_MODEL_BLOCK_H_
+#define MOETRAIN_ENGINE_MODEL_BLOCK_H_
+
+#include <cstdint>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/core/tensor.h"
+#include "engine/model/attention.h"
+#include "engine/model/model_config.h"
+#include "engine/moe/moe_layer.h"
+
+namespace moetrain {
+
+// The weights one block reads. Norms, router and expert bias are the f32 masters; the rest are
+// the compute-dtype copies.
+struct BlockWeights {
+  TensorView input_norm;           // (D) f32
+  TensorView q_proj;               // (H·Dh, D) act
+  TensorView k_proj;               // (Hkv·Dh, D) act
+  TensorView v_proj;               // (Hkv·Dh, D) act
+  TensorView o_proj;               // (D, H·Dh) act
+  TensorView post_attention_norm;  // (D) f32
+  TensorView mlp_gate_up;          // (2F, D) act: gate_proj rows [0, F), up_proj [F, 2F); dense
+  TensorView mlp_down;             // (D, F) act; dense
+  MoeWeights moe;                  // MoE blocks
+};
+
+// Gradients, f32, shaped as the weights; Backward adds into them.
+struct BlockGrads {
+  TensorView input_norm;
+  TensorView q_proj;
+  TensorView k_proj;
+  TensorView v_proj;
+  TensorView o_proj;
+  TensorView post_attention_norm;
+  TensorView mlp_gate_up;
+  TensorView mlp_down;
+  MoeGrads moe;
+};
+
+class TransformerBlock {
+ public:
+  // A dense block when `moe` is false.
+  static absl::StatusOr<TransformerBlock> Create(const ModelConfig& config, bool moe,
+                                                 DType compute_dtype);
+
+  bool is_moe() const { return moe_.has_value(); }
+
+  // x (T, D) f32 with T = batch·seq_len; y (T, D) f32 written. x must stay unchanged until
+  // Backward, which reads it. `stats` (MoE blocks; may be null) receives the layer's statistics.
+  // `aux_loss_scale` multiplies the MoE aux and z losses in this forward and their gradients in
+  // the next backward (the micro-batch loss scale); stats report them unscaled.
+  absl::Status Forward(const BlockWeights& weights, int64_t batch, int64_t seq_len, TensorView x,
+                       TensorView y, float aux_loss_scale, MoeStats* stats);
+
+  // d (T, D) f32: the gradient of y on entry, of x on return. Grads accumulated.
+  absl::Status Backward(const BlockWeights& weights, TensorView d, BlockGrads* grads);
+
+ private:
+  TransformerBlock(const ModelConfig& config, DType dtype) : config_(config), dtype_(dtype) {}
+
+  // (Re)creates the MoE layer with its loss coefficients multiplied by `scale`.
+  // `src` (T, cols) f32 as a compute-dtype tensor: src itself for f32, else converted into `buf`.
+  absl::StatusOr<TensorView> ToCompute(TensorView src, Tensor& buf);
+
+  ModelConfig config_;
+  DType dtype_;
+  std::optional<MoeLayer> moe_;
+  float aux_loss_scale_ = 1.0f;  // of the last Forward: the weight of its aux and z losses
+
+  // Saved by Forward for Backward.
+  bool has_forward_ = false;
+  AttentionShape shape_;
+  TensorView x_;             // (T, D) f32: the caller's input
+  TensorView rstd_attn_;     // (T) f32
+  TensorView normed_attn_;   // (T, D) act: n1
+  TensorView q_, k_, v_;     // (T, H·Dh), (T, Hkv·Dh) ×2 f32, RoPE applied to q and k
+  TensorView attn_out_;      // (T, H·Dh) f32
+  TensorView attn_out_act_;  // (T, H·Dh) act: attn_out, or its bf16 copy
+  TensorView lse_;           // (B, H, S) f32
+  TensorView mid_;           // (T, D) f32: a
+  TensorView rstd_ffn_;      // (T) f32
+  TensorView normed_ffn_;    // (T, D) act: n2 (also the MoE layer's saved input)
+  TensorView gate_up_;       // (T, 2F) f32: dense FFN pre-activations
+  TensorView activated_;     // (T, F) act: silu(gate) ⊙ up
+
+  // Storage behind the views above, and scratch, by purpose.
+  // clang-format off
+  enum Buffer {
+    kRstdAttn, kNormedAttn, kQ, kK, kV, kAttnOut, kAttnOutAct, kLse, kMid, kRstdFfn, kNormedFfn,
+    kGateUp, kActivated, kMoeOut, kDAct, kDNormed, kDNormedAct, kDFfnHidden, kDGateUp, kDAttn,
+    kDQ, kDK, kDV, kDQAct, kDKAct, kDVAct, kNumBuffers
+  };
+  // clang-format on
+  Tensor buffers_[kNumBuffers];
+};
+
+}  // namespace moetrain
+
+#endif  // MOETRAIN_ENGINE_MODEL_BLOCK_H_

@@ -1,0 +1,269 @@
+// The transformer's parameters: the flat buffers, the views into them, the Hugging Face parameter
+// table, initialisation, and what the trainer does to them between steps.
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/backend/cpu/elementwise.h"
+#include "engine/core/rng.h"
+#include "engine/core/status.h"
+#include "engine/core/thread_pool.h"
+#include "engine/model/transformer.h"
+#include "engine/moe/router.h"
+
+namespace moetrain {
+namespace {
+
+// Each tensor starts on a 64-byte boundary of the f32 buffer.
+constexpr int64_t kAlignElements = 16;
+
+// Where a tensor lives in the flat buffers.
+struct Region {
+  int64_t offset = 0;
+  std::vector<int64_t> shape;
+};
+
+class Layout {
+ public:
+  Region Add(std::vector<int64_t> shape) {
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    const int64_t offset = (size_ + kAlignElements - 1) / kAlignElements * kAlignElements;
+    size_ = offset + numel;
+    return {offset, std::move(shape)};
+  }
+  int64_t size() const { return size_; }
+
+ private:
+  int64_t size_ = 0;
+};
+
+struct BlockRegions {
+  Region input_norm, q_proj, k_proj, v_proj, o_proj, post_attention_norm;
+  Region mlp_gate_up, mlp_down;                                                            // dense
+  Region router, expert_bias, experts_gate_up, experts_down, shared_gate_up, shared_down;  // MoE
+};
+
+}  // namespace
+
+void Transformer::BuildParameters() {
+  const ModelConfig& c = config_;
+  const MoeConfig& moe = c.moe;
+  const int64_t d = c.hidden_size, v = c.vocab_size, dh = c.resolved_head_dim();
+  const int64_t q_dim = c.num_heads * dh, kv_dim = c.num_kv_heads * dh;
+  const int64_t e = moe.num_experts, fe = moe.expert_ffn_dim;
+  const int64_t shared_f = moe.num_shared_experts * fe;
+
+  Layout layout;
+  const Region embed = layout.Add({v, d});
+  std::vector<BlockRegions> regions(c.num_layers);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    BlockRegions& r = regions[l];
+    r.input_norm = layout.Add({d});
+    r.q_proj = layout.Add({q_dim, d});
+    r.k_proj = layout.Add({kv_dim, d});
+    r.v_proj = layout.Add({kv_dim, d});
+    r.o_proj = layout.Add({d, q_dim});
+    r.post_attention_norm = layout.Add({d});
+    if (!blocks_[l].is_moe()) {
+      r.mlp_gate_up = layout.Add({2 * c.ffn_dim, d});
+      r.mlp_down = layout.Add({d, c.ffn_dim});
+      continue;
+    }
+    r.router = layout.Add({e, d});
+    if (moe.expert_bias) r.expert_bias = layout.Add({e});
+    r.experts_gate_up = layout.Add({e, 2 * fe, d});
+    r.experts_down = layout.Add({e, d, fe});
+    if (shared_f > 0) {
+      r.shared_gate_up = layout.Add({2 * shared_f, d});
+      r.shared_down = layout.Add({d, shared_f});
+    }
+  }
+  const Region final_norm = layout.Add({d});
+  const Region lm_head = c.tie_embeddings ? embed : layout.Add({v, d});
+
+  masters_ = Tensor::Zeros(DType::kF32, {layout.size()});
+  grads_ = Tensor::Zeros(DType::kF32, {layout.size()});
+  if (dtype_ != DType::kF32) compute_ = Tensor::Zeros(dtype_, {layout.size()});
+
+  auto master = [&](const Region& r) {
+    return TensorView(masters_.data<float>() + r.offset, DType::kF32, r.shape);
+  };
+  auto grad = [&](const Region& r) {
+    return TensorView(grads_.data<float>() + r.offset, DType::kF32, r.shape);
+  };
+  auto compute = [&](const Region& r) {
+    if (dtype_ == DType::kF32) return master(r);
+    return TensorView(static_cast<char*>(compute_.view().raw()) + r.offset * DTypeSize(dtype_),
+                      dtype_, r.shape);
+  };
+
+  parameters_.clear();
+  parameter_init_.clear();
+  auto add = [&](std::string name, TensorView value, TensorView g, Init init) {
+    const bool is_bias = init == Init::kZeros;
+    parameters_.push_back({.name = std::move(name),
+                           .value = value,
+                           .grad = g,
+                           .weight_decay = init == Init::kNormal,
+                           .trainable = !is_bias});
+    parameter_init_.push_back(init);
+  };
+  // A whole tensor, or rows [begin, end) of a fused one.
+  auto add_region = [&](std::string name, const Region& r, Init init) {
+    add(std::move(name), master(r), grad(r), init);
+  };
+  auto add_rows = [&](std::string name, TensorView value, TensorView g, int64_t begin,
+                      int64_t end) {
+    add(std::move(name), value.Slice(begin, end), g.Slice(begin, end), Init::kNormal);
+  };
+
+  add_region("model.embed_tokens.weight", embed, Init::kNormal);
+  block_weights_.assign(c.num_layers, {});
+  block_grads_.assign(c.num_layers, {});
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const BlockRegions& r = regions[l];
+    const std::string prefix = absl::StrCat("model.layers.", l, ".");
+    add_region(prefix + "input_layernorm.weight", r.input_norm, Init::kOnes);
+    add_region(prefix + "self_attn.q_proj.weight", r.q_proj, Init::kNormal);
+    add_region(prefix + "self_attn.k_proj.weight", r.k_proj, Init::kNormal);
+    add_region(prefix + "self_attn.v_proj.weight", r.v_proj, Init::kNormal);
+    add_region(prefix + "self_attn.o_proj.weight", r.o_proj, Init::kNormal);
+    add_region(prefix + "post_attention_layernorm.weight", r.post_attention_norm, Init::kOnes);
+
+    BlockWeights& w = block_weights_[l];
+    BlockGrads& g = block_grads_[l];
+    w.input_norm = master(r.input_norm);
+    w.q_proj = compute(r.q_proj);
+    w.k_proj = compute(r.k_proj);
+    w.v_proj = compute(r.v_proj);
+    w.o_proj = compute(r.o_proj);
+    w.post_attention_norm = master(r.post_attention_norm);
+    g.input_norm = grad(r.input_norm);
+    g.q_proj = grad(r.q_proj);
+    g.k_proj = grad(r.k_proj);
+    g.v_proj = grad(r.v_proj);
+    g.o_proj = grad(r.o_proj);
+    g.post_attention_norm = grad(r.post_attention_norm);
+
+    if (!blocks_[l].is_moe()) {
+      const int64_t f = c.ffn_dim;
+      add_rows(prefix + "mlp.gate_proj.weight", master(r.mlp_gate_up), grad(r.mlp_gate_up), 0, f);
+      add_rows(prefix + "mlp.up_proj.weight", master(r.mlp_gate_up), grad(r.mlp_gate_up), f, 2 * f);
+      add_region(prefix + "mlp.down_proj.weight", r.mlp_down, Init::kNormal);
+      w.mlp_gate_up = compute(r.mlp_gate_up);
+      w.mlp_down = compute(r.mlp_down);
+      g.mlp_gate_up = grad(r.mlp_gate_up);
+      g.mlp_down = grad(r.mlp_down);
+      continue;
+    }
+    // The router and the bias are read in f32; the experts through their compute copies.
+    add_region(prefix + "mlp.gate.weight", r.router, Init::kNormal);
+    w.moe.router = master(r.router);
+    g.moe.router = grad(r.router);
+    if (moe.expert_bias) {
+      add_region(prefix + "mlp.gate.e_score_correction_bias", r.expert_bias, Init::kZeros);
+      w.moe.expert_bias = master(r.expert_bias);
+    }
+    // Experts are fused (E, 2F, D) and (E, D, F) for the grouped GEMM; each expert's
+    // gate/up/down are contiguous blocks of them.
+    const TensorView gate_up = master(r.experts_gate_up), gate_up_grad = grad(r.experts_gate_up);
+    const TensorView down = master(r.experts_down), down_grad = grad(r.experts_down);
+    for (int64_t x = 0; x < e; ++x) {
+      const std::string expert = absl::StrCat(prefix, "mlp.experts.", x, ".");
+      add_rows(expert + "gate_proj.weight", gate_up.Select(x), gate_up_grad.Select(x), 0, fe);
+      add_rows(expert + "up_proj.weight", gate_up.Select(x), gate_up_grad.Select(x), fe, 2 * fe);
+      add(expert + "down_proj.weight", down.Select(x), down_grad.Select(x), Init::kNormal);
+    }
+    w.moe.expert_gate_up = compute(r.experts_gate_up);
+    w.moe.expert_down = compute(r.experts_down);
+    g.moe.expert_gate_up = gate_up_grad;
+    g.moe.expert_down = down_grad;
+    if (shared_f > 0) {
+      const std::string shared = prefix + "mlp.shared_experts.";
+      add_rows(shared + "gate_proj.weight", master(r.shared_gate_up), grad(r.shared_gate_up), 0,
+               shared_f);
+      add_rows(shared + "up_proj.weight", master(r.shared_gate_up), grad(r.shared_gate_up),
+               shared_f, 2 * shared_f);
+      add_region(shared + "down_proj.weight", r.shared_down, Init::kNormal);
+      w.moe.shared_gate_up = compute(r.shared_gate_up);
+      w.moe.shared_down = compute(r.shared_down);
+      g.moe.shared_gate_up = grad(r.shared_gate_up);
+      g.moe.shared_down = grad(r.shared_down);
+    }
+  }
+  add_region("model.norm.weight", final_norm, Init::kOnes);
+  if (!c.tie_embeddings) add_region("lm_head.weight", lm_head, Init::kNormal);
+
+  embed_ = master(embed);
+  embed_grad_ = grad(embed);
+  final_norm_ = master(final_norm);
+  final_norm_grad_ = grad(final_norm);
+  lm_head_ = compute(lm_head);
+  lm_head_grad_ = grad(lm_head);
+}
+
+absl::Status Transformer::Initialize(uint64_t seed) {
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    const TensorView value = parameters_[i].value;
+    float* data = value.data<float>();
+    const int64_t n = value.numel();
+    switch (parameter_init_[i]) {
+      case Init::kOnes:
+        std::fill(data, data + n, 1.0f);
+        break;
+      case Init::kZeros:
+        std::fill(data, data + n, 0.0f);
+        break;
+      case Init::kNormal: {
+        const Rng rng(seed, /*step=*/i, /*rank=*/0, kInitStream);
+        // Value j of the stream depends only on j, so the split over threads does not matter.
+        DefaultThreadPool().ParallelFor(n, 1 << 16, [&](int64_t begin, int64_t end) {
+          rng.FillNormal(data + begin, end - begin, 0.0f, config_.init_std, begin);
+        });
+        break;
+      }
+    }
+  }
+  SyncComputeWeights();
+  return absl::OkStatus();
+}
+
+void Transformer::SyncComputeWeights() {
+  if (dtype_ == DType::kF32) return;
+  // Norms, routers and biases are converted too, unused: one pass over one buffer is simplest.
+  const absl::Status status = cpu::ConvertTensor(masters_, compute_);
+  (void)status;  // f32 → bf16 of two equal-shaped contiguous buffers cannot fail.
+}
+
+void Transformer::ZeroGrads() {
+  float* data = grads_.data<float>();
+  DefaultThreadPool().ParallelFor(grads_.numel(), 1 << 18, [&](int64_t begin, int64_t end) {
+    std::memset(data + begin, 0, (end - begin) * sizeof(float));
+  });
+}
+
+absl::Status Transformer::UpdateExpertBiases(
+    absl::Span<const std::vector<int64_t>> tokens_per_expert) {
+  if (!config_.moe.expert_bias) return absl::OkStatus();
+  if (static_cast<int64_t>(tokens_per_expert.size()) != num_moe_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat("tokens_per_expert: ", tokens_per_expert.size(),
+                                                   " layers given, the model has ",
+                                                   num_moe_layers(), " MoE layers"));
+  }
+  for (int64_t j = 0; j < num_moe_layers(); ++j) {
+    const int64_t layer = config_.first_dense_layers + j;
+    const absl::Status status =
+        UpdateExpertBias(tokens_per_expert[j], config_.moe.expert_bias_update_rate,
+                         block_weights_[layer].moe.expert_bias);
+    if (!status.ok()) {
+      return absl::Status(status.code(), absl::StrCat("MoE layer ", layer, ": ", status.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace moetrain
