@@ -1,0 +1,472 @@
+#include "engine/train/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "engine/core/status.h"
+#include "engine/train/safetensors.h"
+
+namespace moetrain {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+constexpr char kManifestName[] = "manifest.json";
+constexpr char kConfigName[] = "config.json";
+constexpr char kStepPrefix[] = "step-";
+constexpr char kTmpPrefix[] = ".tmp-";
+constexpr int kMaxRankIndex = 99999;  // five digits in the file names
+// The manifest's own keys, which the trainer's sections may not reuse.
+constexpr const char* kReservedKeys[] = {"format_version", "job_id", "step", "tokens_seen",
+                                         "files"};
+
+std::string Join(const fs::path& dir, std::string_view name) { return (dir / name).string(); }
+
+absl::Status FsError(const std::error_code& ec, const std::string& what) {
+  return absl::ErrnoToStatus(ec.value(), what);
+}
+
+// Makes a directory's entries (files created in it, renames into it) durable.
+absl::Status SyncDirectory(const std::string& dir) {
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("open ", dir));
+  const int result = fsync(fd);
+  const int error_number = errno;
+  close(fd);
+  if (result != 0) return absl::ErrnoToStatus(error_number, absl::StrCat("fsync ", dir));
+  return absl::OkStatus();
+}
+
+std::string RandomSuffix() {
+  std::random_device device;
+  return absl::StrFormat("%08x%08x", device(), device());
+}
+
+// The step of a canonical step directory name ("step-00000100"), or -1.
+int64_t ParseStepDirName(const std::string& name) {
+  const size_t prefix = sizeof(kStepPrefix) - 1;
+  if (name.size() < prefix + 8 || name.size() > prefix + 18 || name.rfind(kStepPrefix, 0) != 0) {
+    return -1;
+  }
+  int64_t step = 0;
+  for (size_t i = prefix; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    step = step * 10 + (name[i] - '0');
+  }
+  return CheckpointStepDirName(step) == name ? step : -1;
+}
+
+template <typename AnyJson>
+absl::StatusOr<std::string> DumpJson(const AnyJson& value, std::string_view what) {
+  try {
+    return value.dump(2) + "\n";
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(what), " cannot be written as JSON: ", e.what()));
+  }
+}
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return absl::DataLossError(absl::StrCat("cannot read ", path));
+  return text.str();
+}
+
+// The step directories and .tmp-* leftovers directly under a root.
+struct RootListing {
+  bool root_exists = false;
+  std::vector<int64_t> steps;         // ascending
+  std::vector<std::string> tmp_dirs;  // names, sorted
+};
+
+absl::StatusOr<RootListing> ListRoot(const std::string& root) {
+  RootListing listing;
+  std::error_code ec;
+  if (!fs::exists(root, ec)) {
+    if (ec) return FsError(ec, absl::StrCat("stat ", root));
+    return listing;
+  }
+  listing.root_exists = true;
+  fs::directory_iterator it(root, ec);
+  if (ec) return FsError(ec, absl::StrCat("list ", root));
+  for (; it != fs::directory_iterator(); it.increment(ec)) {
+    if (ec) return FsError(ec, absl::StrCat("list ", root));
+    if (!it->is_directory(ec)) continue;
+    const std::string name = it->path().filename().string();
+    if (name.rfind(kTmpPrefix, 0) == 0) {
+      listing.tmp_dirs.push_back(name);
+    } else if (const int64_t step = ParseStepDirName(name); step >= 0) {
+      listing.steps.push_back(step);
+    }
+  }
+  if (ec) return FsError(ec, absl::StrCat("list ", root));
+  std::sort(listing.steps.begin(), listing.steps.end());
+  std::sort(listing.tmp_dirs.begin(), listing.tmp_dirs.end());
+  return listing;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The manifest. Errors below name the file but not the directory; callers prefix that.
+
+struct ManifestFile {
+  std::string name;
+  int64_t bytes;
+  std::string sha256;
+};
+
+struct Manifest {
+  Json json;
+  int64_t step;
+  int64_t tokens_seen;
+  std::vector<ManifestFile> files;
+};
+
+absl::Status Damaged(absl::string_view what) { return absl::DataLossError(what); }
+
+absl::StatusOr<int64_t> GetInteger(const Json& object, const char* key, const std::string& where) {
+  const auto it = object.find(key);
+  if (it == object.end() || !it->is_number_integer() ||
+      (it->is_number_unsigned() &&
+       it->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))) {
+    return Damaged(absl::StrCat(where, ": \"", key, "\" is missing or not an integer"));
+  }
+  return it->get<int64_t>();
+}
+
+absl::StatusOr<std::string> GetString(const Json& object, const char* key,
+                                      const std::string& where) {
+  const auto it = object.find(key);
+  if (it == object.end() || !it->is_string()) {
+    return Damaged(absl::StrCat(where, ": \"", key, "\" is missing or not a string"));
+  }
+  return it->get<std::string>();
+}
+
+bool IsSha256Hex(const std::string& s) {
+  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+// Parses and checks the manifest of `dir`, whose name gives `dir_step` (-1: not a step name).
+absl::StatusOr<Manifest> ReadManifest(const std::string& dir, int64_t dir_step) {
+  absl::StatusOr<std::string> text = ReadWholeFile(Join(dir, kManifestName));
+  if (!text.ok()) return Damaged(absl::StrCat(kManifestName, " is missing or unreadable"));
+  Manifest manifest;
+  try {
+    manifest.json = Json::parse(*text);
+  } catch (const Json::parse_error& e) {
+    return Damaged(absl::StrCat(kManifestName, " is not valid JSON (at byte ", e.byte, ")"));
+  }
+  if (!manifest.json.is_object()) return Damaged(absl::StrCat(kManifestName, " is no object"));
+  MOETRAIN_ASSIGN_OR_RETURN(const int64_t version,
+                            GetInteger(manifest.json, "format_version", kManifestName));
+  if (version != kCheckpointFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(kManifestName, ": format_version ", version,
+                                                      " is not supported (this build reads ",
+                                                      kCheckpointFormatVersion, ")"));
+  }
+  MOETRAIN_ASSIGN_OR_RETURN(manifest.step, GetInteger(manifest.json, "step", kManifestName));
+  if (dir_step >= 0 && manifest.step != dir_step) {
+    return Damaged(absl::StrCat(kManifestName, " says step ", manifest.step,
+                                ", the directory name says ", dir_step));
+  }
+  MOETRAIN_ASSIGN_OR_RETURN(manifest.tokens_seen,
+                            GetInteger(manifest.json, "tokens_seen", kManifestName));
+  MOETRAIN_RETURN_IF_ERROR(GetString(manifest.json, "job_id", kManifestName).status());
+  const auto files = manifest.json.find("files");
+  if (files == manifest.json.end() || !files->is_array()) {
+    return Damaged(absl::StrCat(kManifestName, ": \"files\" is missing or not an array"));
+  }
+  for (const Json& entry : *files) {
+    const std::string where = absl::StrCat(kManifestName, ": a \"files\" entry");
+    if (!entry.is_object()) return Damaged(absl::StrCat(where, " is not an object"));
+    ManifestFile file;
+    MOETRAIN_ASSIGN_OR_RETURN(file.name, GetString(entry, "name", where));
+    MOETRAIN_ASSIGN_OR_RETURN(file.bytes, GetInteger(entry, "bytes", where));
+    MOETRAIN_ASSIGN_OR_RETURN(file.sha256, GetString(entry, "sha256", where));
+    // Names come from a file on disk: never let one reach outside the directory.
+    if (file.name.empty() || file.name == "." || file.name == ".." ||
+        file.name.find('/') != std::string::npos || file.bytes < 0 || !IsSha256Hex(file.sha256)) {
+      return Damaged(absl::StrCat(where, " is malformed: ", entry.dump()));
+    }
+    manifest.files.push_back(std::move(file));
+  }
+  return manifest;
+}
+
+// Every listed file exists with its listed size (no checksums: this is the cheap check).
+absl::Status CheckFileSizes(const std::string& dir, const Manifest& manifest) {
+  for (const ManifestFile& file : manifest.files) {
+    std::error_code ec;
+    const uintmax_t bytes = fs::file_size(Join(dir, file.name), ec);
+    if (ec) return Damaged(absl::StrCat(file.name, " is missing (", ec.message(), ")"));
+    if (static_cast<int64_t>(bytes) != file.bytes) {
+      return Damaged(
+          absl::StrCat(file.name, " has ", bytes, " bytes, ", kManifestName, " says ", file.bytes));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::map<std::string, Tensor>> ReadTensorFile(const std::string& path) {
+  absl::StatusOr<SafetensorsFile> file = ReadSafetensors(path);
+  if (!file.ok()) return Damaged(file.status().message());
+  return file->TakeTensors();
+}
+
+// LoadCheckpoint without the directory in its messages.
+absl::StatusOr<LoadedCheckpoint> LoadStep(const std::string& dir, int rank) {
+  if (rank < 0 || rank > kMaxRankIndex) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank = ", rank, " must be in [0, ", kMaxRankIndex, "]"));
+  }
+  MOETRAIN_ASSIGN_OR_RETURN(Manifest manifest,
+                            ReadManifest(dir, ParseStepDirName(fs::path(dir).filename().string())));
+  MOETRAIN_RETURN_IF_ERROR(CheckFileSizes(dir, manifest));
+  // Other ranks' files were size-checked above; each rank hashes only what it reads.
+  const std::string model_name = ModelFileName(rank);
+  const std::string optim_name = OptimFileName(rank);
+  for (const std::string& needed : {model_name, optim_name, std::string(kConfigName)}) {
+    const auto listed = std::find_if(manifest.files.begin(), manifest.files.end(),
+                                     [&](const ManifestFile& f) { return f.name == needed; });
+    if (listed == manifest.files.end()) {
+      return Damaged(absl::StrCat(kManifestName, " lists no ", needed));
+    }
+    MOETRAIN_ASSIGN_OR_RETURN(const FileDigest digest, DigestFile(Join(dir, needed)));
+    if (digest.sha256 != listed->sha256) {
+      return Damaged(absl::StrCat(needed, " sha256 mismatch (manifest ",
+                                  listed->sha256.substr(0, 12), "..., file ",
+                                  digest.sha256.substr(0, 12), "...)"));
+    }
+  }
+
+  LoadedCheckpoint loaded;
+  loaded.path = dir;
+  loaded.step = manifest.step;
+  loaded.tokens_seen = manifest.tokens_seen;
+  MOETRAIN_ASSIGN_OR_RETURN(const std::string config_text, ReadWholeFile(Join(dir, kConfigName)));
+  try {
+    loaded.hf_config = Json::parse(config_text);
+  } catch (const Json::parse_error& e) {
+    return Damaged(absl::StrCat(kConfigName, " is not valid JSON (at byte ", e.byte, ")"));
+  }
+  MOETRAIN_ASSIGN_OR_RETURN(loaded.model_tensors, ReadTensorFile(Join(dir, model_name)));
+  MOETRAIN_ASSIGN_OR_RETURN(loaded.optim_tensors, ReadTensorFile(Join(dir, optim_name)));
+  loaded.manifest = std::move(manifest.json);
+  return loaded;
+}
+
+absl::Status Prefixed(const absl::Status& status, const std::string& prefix) {
+  return absl::Status(status.code(), absl::StrCat(prefix, ": ", status.message()));
+}
+
+absl::Status ValidateContents(const CheckpointContents& contents) {
+  if (contents.step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("step = ", contents.step, " is negative"));
+  }
+  if (contents.tokens_seen < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokens_seen = ", contents.tokens_seen, " is negative"));
+  }
+  if (contents.rank < 0 || contents.rank > kMaxRankIndex) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank = ", contents.rank, " must be in [0, ", kMaxRankIndex, "]"));
+  }
+  if (!contents.sections.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sections must be a JSON object, got ", contents.sections.type_name()));
+  }
+  for (const char* key : kReservedKeys) {
+    if (contents.sections.contains(key)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sections.", key, " would overwrite the manifest's own \"", key, "\""));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Writes every file of the step into `dir` (fsyncing each, then `dir`).
+absl::Status WriteStepFiles(const std::string& dir, const std::string& job_id,
+                            const CheckpointContents& contents) {
+  nlohmann::ordered_json files = nlohmann::ordered_json::array();
+  auto record = [&](const std::string& name, const FileDigest& digest) {
+    files.push_back({{"name", name}, {"bytes", digest.bytes}, {"sha256", digest.sha256}});
+  };
+  // "pt" is the format tag Hugging Face transformers expects when it loads the weights.
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  for (const auto& [name, tensors] :
+       {std::pair{ModelFileName(contents.rank), &contents.model_tensors},
+        std::pair{OptimFileName(contents.rank), &contents.optim_tensors}}) {
+    FileDigest digest;
+    MOETRAIN_RETURN_IF_ERROR(WriteSafetensors(Join(dir, name), *tensors, metadata, &digest));
+    record(name, digest);
+  }
+  MOETRAIN_ASSIGN_OR_RETURN(const std::string config, DumpJson(contents.hf_config, "hf_config"));
+  MOETRAIN_ASSIGN_OR_RETURN(const FileDigest config_digest,
+                            WriteFileSynced(Join(dir, kConfigName), config));
+  record(kConfigName, config_digest);
+
+  // Ordered so that a person reading the manifest sees the identity first and the files last.
+  nlohmann::ordered_json manifest = {{"format_version", kCheckpointFormatVersion},
+                                     {"job_id", job_id},
+                                     {"step", contents.step},
+                                     {"tokens_seen", contents.tokens_seen}};
+  MOETRAIN_ASSIGN_OR_RETURN(const std::string sections, DumpJson(contents.sections, "sections"));
+  const nlohmann::ordered_json ordered_sections = nlohmann::ordered_json::parse(sections);
+  for (const auto& [key, value] : ordered_sections.items()) {
+    manifest[key] = value;
+  }
+  manifest["files"] = std::move(files);
+  MOETRAIN_ASSIGN_OR_RETURN(const std::string manifest_text, DumpJson(manifest, "the manifest"));
+  MOETRAIN_RETURN_IF_ERROR(WriteFileSynced(Join(dir, kManifestName), manifest_text).status());
+  return SyncDirectory(dir);
+}
+
+// Renames `dir` out of the step namespace, then deletes it: a crash mid-delete leaves a .tmp-*
+// leftover, never a half-deleted step that looks like a checkpoint.
+absl::Status RemoveStepDir(const std::string& root, const std::string& name) {
+  const std::string doomed = Join(root, absl::StrCat(kTmpPrefix, name, "-pruned-", RandomSuffix()));
+  if (std::rename(Join(root, name).c_str(), doomed.c_str()) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("rename ", Join(root, name)));
+  }
+  std::error_code ec;
+  fs::remove_all(doomed, ec);
+  if (ec) return FsError(ec, absl::StrCat("remove ", doomed));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string CheckpointStepDirName(int64_t step) { return absl::StrFormat("step-%08d", step); }
+std::string ModelFileName(int rank) { return absl::StrFormat("model-rank%05d.safetensors", rank); }
+std::string OptimFileName(int rank) { return absl::StrFormat("optim-rank%05d.safetensors", rank); }
+
+absl::StatusOr<std::string> WriteCheckpoint(const std::string& root,
+                                            const CheckpointContents& contents) {
+  MOETRAIN_RETURN_IF_ERROR(ValidateContents(contents));
+  fs::path root_path = fs::path(root).lexically_normal();
+  if (!root_path.has_filename()) root_path = root_path.parent_path();  // "a/b/" -> "a/b"
+  const std::string job_id = root_path.filename().string();
+  if (job_id.empty() || job_id == "." || job_id == "..") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint root \"", root, "\" does not end in a job id"));
+  }
+  std::error_code ec;
+  const bool created = fs::create_directories(root_path, ec);
+  if (ec) return FsError(ec, absl::StrCat("create ", root_path.string()));
+  if (created) {
+    const fs::path parent = root_path.has_parent_path() ? root_path.parent_path() : fs::path(".");
+    MOETRAIN_RETURN_IF_ERROR(SyncDirectory(parent.string()));
+  }
+
+  const std::string step_name = CheckpointStepDirName(contents.step);
+  const std::string final_dir = Join(root_path, step_name);
+  if (fs::exists(final_dir, ec)) {
+    return absl::AlreadyExistsError(absl::StrCat(final_dir, " already exists"));
+  }
+  const std::string tmp_dir =
+      Join(root_path, absl::StrCat(kTmpPrefix, step_name, "-", RandomSuffix()));
+  if (!fs::create_directory(tmp_dir, ec)) {
+    if (ec) return FsError(ec, absl::StrCat("create ", tmp_dir));
+    return absl::AlreadyExistsError(absl::StrCat(tmp_dir, " already exists"));
+  }
+  absl::Status status = WriteStepFiles(tmp_dir, job_id, contents);
+  if (status.ok() && std::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
+    const int error_number = errno;
+    status = error_number == EEXIST || error_number == ENOTEMPTY
+                 ? absl::AlreadyExistsError(absl::StrCat(final_dir, " already exists"))
+                 : absl::ErrnoToStatus(error_number, absl::StrCat("rename to ", final_dir));
+  }
+  if (!status.ok()) {
+    fs::remove_all(tmp_dir, ec);  // best effort: a leftover is harmless and pruned later
+    return status;
+  }
+  MOETRAIN_RETURN_IF_ERROR(SyncDirectory(root_path.string()));
+  return final_dir;
+}
+
+absl::StatusOr<std::vector<int64_t>> ListCheckpointSteps(const std::string& root) {
+  MOETRAIN_ASSIGN_OR_RETURN(RootListing listing, ListRoot(root));
+  return std::move(listing.steps);
+}
+
+absl::Status PruneCheckpoints(const std::string& root, int keep_last) {
+  if (keep_last < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("keep_last = ", keep_last, " must be >= 1"));
+  }
+  MOETRAIN_ASSIGN_OR_RETURN(const RootListing listing, ListRoot(root));
+  for (const std::string& name : listing.tmp_dirs) {
+    std::error_code ec;
+    fs::remove_all(Join(root, name), ec);
+    if (ec) return FsError(ec, absl::StrCat("remove ", Join(root, name)));
+  }
+  int kept = 0;
+  for (auto it = listing.steps.rbegin(); it != listing.steps.rend(); ++it) {
+    const std::string name = CheckpointStepDirName(*it);
+    const std::string dir = Join(root, name);
+    if (kept < keep_last) {
+      absl::StatusOr<Manifest> manifest = ReadManifest(dir, *it);
+      if (manifest.ok() && CheckFileSizes(dir, *manifest).ok()) {
+        ++kept;
+        continue;
+      }
+    }
+    MOETRAIN_RETURN_IF_ERROR(RemoveStepDir(root, name));
+  }
+  return listing.root_exists ? SyncDirectory(root) : absl::OkStatus();
+}
+
+absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& step_dir, int rank) {
+  std::error_code ec;
+  if (!fs::is_directory(step_dir, ec)) {
+    return absl::NotFoundError(absl::StrCat(step_dir, ": no such checkpoint directory"));
+  }
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadStep(step_dir, rank);
+  if (!loaded.ok()) return Prefixed(loaded.status(), step_dir);
+  return loaded;
+}
+
+absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& root, int rank) {
+  MOETRAIN_ASSIGN_OR_RETURN(const RootListing listing, ListRoot(root));
+  std::vector<std::string> warnings;
+  for (const std::string& name : listing.tmp_dirs) {
+    warnings.push_back(absl::StrCat(name, ": an unfinished write or removal, ignored"));
+  }
+  if (listing.steps.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("no checkpoint under ", root, warnings.empty() ? "" : " (",
+                     absl::StrJoin(warnings, "; "), warnings.empty() ? "" : ")"));
+  }
+  for (auto it = listing.steps.rbegin(); it != listing.steps.rend(); ++it) {
+    const std::string name = CheckpointStepDirName(*it);
+    absl::StatusOr<LoadedCheckpoint> loaded = LoadStep(Join(root, name), rank);
+    if (loaded.ok()) {
+      loaded->warnings = std::move(warnings);
+      return loaded;
+    }
+    if (loaded.status().code() == absl::StatusCode::kInvalidArgument) return loaded.status();
+    warnings.push_back(absl::StrCat(name, ": ", loaded.status().message()));
+  }
+  return absl::DataLossError(
+      absl::StrCat("no good checkpoint under ", root, ": ", absl::StrJoin(warnings, "; ")));
+}
+
+}  // namespace moetrain

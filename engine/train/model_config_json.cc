@@ -1,0 +1,141 @@
+#include "engine/train/model_config_json.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "engine/core/status.h"
+
+namespace moetrain {
+namespace {
+
+const char* ScoreName(ScoreFunction f) {
+  return f == ScoreFunction::kSigmoid ? "sigmoid" : "softmax";
+}
+const char* AuxName(AuxLossType t) {
+  return t == AuxLossType::kSwitch ? "switch" : t == AuxLossType::kSequence ? "sequence" : "none";
+}
+const char* DropName(DropPolicy p) {
+  return p == DropPolicy::kPosition ? "position" : "probability";
+}
+
+// Reads json[key] into *out, or says which key is wrong.
+template <typename T>
+absl::Status Read(const nlohmann::json& json, const char* path, const char* key, T* out) {
+  auto it = json.find(key);
+  if (it == json.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("model config: ", path, key, " is missing"));
+  }
+  try {
+    *out = it->template get<T>();
+  } catch (const nlohmann::json::exception&) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: ", path, key, " has the wrong type: ", it->dump()));
+  }
+  return absl::OkStatus();
+}
+
+template <typename Enum>
+absl::Status ReadEnum(const nlohmann::json& json, const char* key,
+                      std::initializer_list<std::pair<const char*, Enum>> names, Enum* out) {
+  std::string name;
+  MOETRAIN_RETURN_IF_ERROR(Read(json, "moe.", key, &name));
+  for (const auto& [n, value] : names) {
+    if (name == n) {
+      *out = value;
+      return absl::OkStatus();
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("model config: moe.", key, " = '", name, "' is not a known value"));
+}
+
+}  // namespace
+
+nlohmann::json ModelConfigToJson(const ModelConfig& c) {
+  const MoeConfig& m = c.moe;
+  return {{"vocab_size", c.vocab_size},
+          {"hidden_size", c.hidden_size},
+          {"num_layers", c.num_layers},
+          {"num_heads", c.num_heads},
+          {"num_kv_heads", c.num_kv_heads},
+          {"head_dim", c.head_dim},
+          {"ffn_dim", c.ffn_dim},
+          {"first_dense_layers", c.first_dense_layers},
+          {"max_seq_len", c.max_seq_len},
+          {"rope_theta", c.rope_theta},
+          {"rms_norm_eps", c.rms_norm_eps},
+          {"tie_embeddings", c.tie_embeddings},
+          {"init_std", c.init_std},
+          {"moe",
+           {{"num_experts", m.num_experts},
+            {"top_k", m.top_k},
+            {"expert_ffn_dim", m.expert_ffn_dim},
+            {"num_shared_experts", m.num_shared_experts},
+            {"score_function", ScoreName(m.score_function)},
+            {"softmax_before_topk", m.softmax_before_topk},
+            {"normalize_topk_weights", m.normalize_topk_weights},
+            {"routed_scaling_factor", m.routed_scaling_factor},
+            {"num_groups", m.num_groups},
+            {"group_top_k", m.group_top_k},
+            {"expert_bias", m.expert_bias},
+            {"expert_bias_update_rate", m.expert_bias_update_rate},
+            {"aux_loss", AuxName(m.aux_loss)},
+            {"aux_loss_coeff", m.aux_loss_coeff},
+            {"z_loss_coeff", m.z_loss_coeff},
+            {"capacity_factor", m.capacity_factor},
+            {"drop_policy", DropName(m.drop_policy)}}}};
+}
+
+absl::StatusOr<ModelConfig> ModelConfigFromJson(const nlohmann::json& json) {
+  if (!json.is_object() || !json.contains("moe") || !json["moe"].is_object()) {
+    return absl::InvalidArgumentError("model config: expected an object with a 'moe' object");
+  }
+  ModelConfig c;
+  MOETRAIN_RETURN_IF_ERROR(Read(json, "", "vocab_size", &c.vocab_size));
+  MOETRAIN_RETURN_IF_ERROR(Read(json, "", "hidden_size", &c.hidden_size));
+  MOETRAIN_RETURN_IF_ERROR(Read(json, "", "num_layers", &c.num_layers));
+  MOETRAIN_RETURN_IF_ERROR(Read(json, "", "num_heads", &c.num_heads));
+  MOETRAIN_RETURN_IF_ERROR(Read(json, "", "num_kv_heads", &c.num_kv_heads));
+  MOETRAIN_RETURN_IF_ERROR(Read(json, "", "head_dim", &c.head_dim));
+  MOETRAIN_RETURN_IF_ERROR(Read(json, "", "ffn_dim", &c.ffn_dim));
+  MOETRAIN_RETURN_IF_ERROR(Read(json, "", "first_dense_layers", &c.first_dense_layers));
+  MOETRAIN_RETURN_IF_ERROR(Read(json, "", "max_seq_len", &c.max_seq_len));
+  MOETRAIN_RETURN_IF_ERROR(Read(json, "", "rope_theta", &c.rope_theta));
+  MOETRAIN_RETURN_IF_ERROR(Read(json, "", "rms_norm_eps", &c.rms_norm_eps));
+  MOETRAIN_RETURN_IF_ERROR(Read(json, "", "tie_embeddings", &c.tie_embeddings));
+  MOETRAIN_RETURN_IF_ERROR(Read(json, "", "init_std", &c.init_std));
+  const nlohmann::json& moe = json["moe"];
+  MoeConfig& m = c.moe;
+  MOETRAIN_RETURN_IF_ERROR(Read(moe, "moe.", "num_experts", &m.num_experts));
+  MOETRAIN_RETURN_IF_ERROR(Read(moe, "moe.", "top_k", &m.top_k));
+  MOETRAIN_RETURN_IF_ERROR(Read(moe, "moe.", "expert_ffn_dim", &m.expert_ffn_dim));
+  MOETRAIN_RETURN_IF_ERROR(Read(moe, "moe.", "num_shared_experts", &m.num_shared_experts));
+  MOETRAIN_RETURN_IF_ERROR(
+      ReadEnum(moe, "score_function",
+               {{"softmax", ScoreFunction::kSoftmax}, {"sigmoid", ScoreFunction::kSigmoid}},
+               &m.score_function));
+  MOETRAIN_RETURN_IF_ERROR(Read(moe, "moe.", "softmax_before_topk", &m.softmax_before_topk));
+  MOETRAIN_RETURN_IF_ERROR(Read(moe, "moe.", "normalize_topk_weights", &m.normalize_topk_weights));
+  MOETRAIN_RETURN_IF_ERROR(Read(moe, "moe.", "routed_scaling_factor", &m.routed_scaling_factor));
+  MOETRAIN_RETURN_IF_ERROR(Read(moe, "moe.", "num_groups", &m.num_groups));
+  MOETRAIN_RETURN_IF_ERROR(Read(moe, "moe.", "group_top_k", &m.group_top_k));
+  MOETRAIN_RETURN_IF_ERROR(Read(moe, "moe.", "expert_bias", &m.expert_bias));
+  MOETRAIN_RETURN_IF_ERROR(
+      Read(moe, "moe.", "expert_bias_update_rate", &m.expert_bias_update_rate));
+  MOETRAIN_RETURN_IF_ERROR(ReadEnum(moe, "aux_loss",
+                                    {{"none", AuxLossType::kNone},
+                                     {"switch", AuxLossType::kSwitch},
+                                     {"sequence", AuxLossType::kSequence}},
+                                    &m.aux_loss));
+  MOETRAIN_RETURN_IF_ERROR(Read(moe, "moe.", "aux_loss_coeff", &m.aux_loss_coeff));
+  MOETRAIN_RETURN_IF_ERROR(Read(moe, "moe.", "z_loss_coeff", &m.z_loss_coeff));
+  MOETRAIN_RETURN_IF_ERROR(Read(moe, "moe.", "capacity_factor", &m.capacity_factor));
+  MOETRAIN_RETURN_IF_ERROR(
+      ReadEnum(moe, "drop_policy",
+               {{"probability", DropPolicy::kProbability}, {"position", DropPolicy::kPosition}},
+               &m.drop_policy));
+  MOETRAIN_RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
+}  // namespace moetrain

@@ -1,0 +1,21 @@
+// ModelConfig ⇄ JSON, for checkpoint manifests: a checkpoint names its whole architecture, so
+// that `moetrain eval` (or a resumed job) can rebuild the model from the checkpoint alone.
+#ifndef MOETRAIN_ENGINE_TRAIN_MODEL_CONFIG_JSON_H_
+#define MOETRAIN_ENGINE_TRAIN_MODEL_CONFIG_JSON_H_
+
+#include "absl/status/statusor.h"
+#include "engine/model/model_config.h"
+#include "nlohmann/json.hpp"
+
+namespace moetrain {
+
+// Every field, named as in the job spec (model.*, model.moe.*), enums by name.
+nlohmann::json ModelConfigToJson(const ModelConfig& config);
+
+// The inverse; InvalidArgument naming the key when one is missing or of the wrong type, and the
+// result is validated.
+absl::StatusOr<ModelConfig> ModelConfigFromJson(const nlohmann::json& json);
+
+}  // namespace moetrain
+
+#endif  // MOETRAIN_ENGINE_TRAIN_MODEL_CONFIG_JSON_H_

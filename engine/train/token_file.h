@@ -1,0 +1,65 @@
+// Token files on disk, mapped read-only and validated once when opened.
+//
+// Formats (every integer little-endian):
+//   llm.c shard: 256 int32 header (header[0] = 20240520 magic, header[1] = 1 version,
+//                header[2] = N token count), then N uint16 tokens; the file is exactly 1024 + 2N
+//                bytes.
+//   raw uint16:  the whole file is uint16 tokens (an even number of bytes).
+//   text:        byte-level tokenizer: every byte is one token in [0, 256); any bytes, valid
+//                UTF-8 or not.
+#ifndef MOETRAIN_ENGINE_TRAIN_TOKEN_FILE_H_
+#define MOETRAIN_ENGINE_TRAIN_TOKEN_FILE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace moetrain {
+
+inline constexpr int32_t kLlmcMagic = 20240520;
+inline constexpr int32_t kLlmcVersion = 1;
+inline constexpr int64_t kLlmcHeaderInts = 256;
+inline constexpr int64_t kLlmcHeaderBytes = kLlmcHeaderInts * 4;
+// Tokens of the byte-level text tokenizer.
+inline constexpr int64_t kByteVocabSize = 256;
+
+enum class TokenFileFormat { kLlmc, kU16, kText };
+
+class TokenFile {
+ public:
+  // Maps `path` read-only and checks it: the header (llm.c), the byte count against the format,
+  // every token < vocab_size (the model's vocabulary, reported as model.vocab_size), and at least
+  // min_tokens tokens. NotFound for a missing file; InvalidArgument for a malformed one, naming
+  // the path, the byte offset where one applies, and what is wrong:
+  // "data.path /x/a.bin: token 70000 at byte offset 1052 is >= model.vocab_size = 50257".
+  static absl::StatusOr<TokenFile> Open(const std::string& path, TokenFileFormat format,
+                                        int64_t vocab_size, int64_t min_tokens);
+
+  const std::string& path() const { return path_; }
+  TokenFileFormat format() const { return format_; }
+  int64_t num_tokens() const { return num_tokens_; }
+  // Where token i starts in the file (after the header for llm.c).
+  int64_t ByteOffset(int64_t i) const { return data_offset_ + i * token_bytes_; }
+
+  // out[j] = token begin + j for j < count. Needs 0 <= begin <= begin + count <= num_tokens().
+  void Read(int64_t begin, int64_t count, int32_t* out) const;
+
+ private:
+  class Mapping;
+
+  TokenFile() = default;
+
+  std::string path_;
+  TokenFileFormat format_ = TokenFileFormat::kU16;
+  std::shared_ptr<const Mapping> mapping_;  // shared: copies of a TokenFile map the file once
+  const unsigned char* tokens_ = nullptr;   // first token byte inside the mapping
+  int64_t data_offset_ = 0;                 // bytes before the first token
+  int64_t token_bytes_ = 2;                 // 1 (text) or 2 (uint16)
+  int64_t num_tokens_ = 0;
+};
+
+}  // namespace moetrain
+
+#endif  // MOETRAIN_ENGINE_TRAIN_TOKEN_FILE_H_
