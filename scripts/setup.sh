@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libabsl-dev libdnnl-dev libgtest-dev nlohmann-json3-dev libssl-dev
-  libprotobuf-dev protobuf-compiler libyaml-cpp-dev
+  libprotobuf-dev protobuf-compiler libyaml-cpp-dev libcli11-dev
 )
 
 missing=()
