@@ -14,8 +14,10 @@ $(BUILD_DIR)/build.ninja:
 build: setup $(BUILD_DIR)/build.ninja
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
+# A fresh run every time: the example's checkpoints go to build/checkpoints/tiny-moe.
 run: build
-	$(BUILD_DIR)/bin/moe_layer_demo
+	rm -rf $(BUILD_DIR)/checkpoints/tiny-moe
+	$(BUILD_DIR)/bin/moetrain run examples/tiny-moe.yaml --checkpoint-dir $(BUILD_DIR)/checkpoints
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)

@@ -1,0 +1,122 @@
+#include "worker/job_config.h"
+
+#include "absl/strings/str_cat.h"
+#include "engine/core/status.h"
+#include "moetrain/v1/job_spec.h"
+
+namespace moetrain {
+namespace {
+
+MoeConfig MoeFromSpec(const v1::MoeConfig& s) {
+  MoeConfig m;
+  m.num_experts = s.num_experts();
+  m.top_k = s.top_k();
+  m.expert_ffn_dim = s.expert_ffn_dim();
+  m.num_shared_experts = s.num_shared_experts();
+  m.score_function = s.score_function() == v1::MoeConfig::SIGMOID ? ScoreFunction::kSigmoid
+                                                                  : ScoreFunction::kSoftmax;
+  m.softmax_before_topk = s.softmax_before_topk();
+  m.normalize_topk_weights = s.normalize_topk_weights();
+  m.routed_scaling_factor = s.routed_scaling_factor();
+  m.num_groups = s.num_groups();
+  m.group_top_k = s.group_top_k();
+  m.expert_bias = s.expert_bias();
+  m.expert_bias_update_rate = s.expert_bias_update_rate();
+  m.aux_loss = s.aux_loss() == v1::MoeConfig::SWITCH     ? AuxLossType::kSwitch
+               : s.aux_loss() == v1::MoeConfig::SEQUENCE ? AuxLossType::kSequence
+                                                         : AuxLossType::kNone;
+  m.aux_loss_coeff = s.aux_loss_coeff();
+  m.z_loss_coeff = s.z_loss_coeff();
+  m.capacity_factor = s.capacity_factor();
+  m.drop_policy =
+      s.drop_policy() == v1::MoeConfig::POSITION ? DropPolicy::kPosition : DropPolicy::kProbability;
+  return m;
+}
+
+DataConfig::Format FormatFromSpec(v1::DataConfig::Format f) {
+  switch (f) {
+    case v1::DataConfig::LLMC:
+      return DataConfig::Format::kLlmc;
+    case v1::DataConfig::U16:
+      return DataConfig::Format::kU16;
+    case v1::DataConfig::TEXT:
+      return DataConfig::Format::kText;
+    default:
+      return DataConfig::Format::kSynthetic;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<TrainerConfig> TrainerConfigFromSpec(const v1::JobSpec& raw_spec,
+                                                    const std::string& checkpoint_dir) {
+  MOETRAIN_ASSIGN_OR_RETURN(v1::JobSpec spec, ResolveJobSpec(raw_spec));
+  const v1::ModelConfig& model = spec.model();
+  const v1::TrainConfig& train = spec.train();
+  if (train.precision() == v1::TrainConfig::FP8) {
+    return absl::UnimplementedError(
+        "train.precision = FP8 is not available on the CPU yet (use FP32 or BF16)");
+  }
+  const int64_t ranks = spec.resources().workers() * spec.resources().devices_per_worker();
+  if (ranks != 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        "resources.workers × resources.devices_per_worker = ", ranks,
+        ": this build trains on one rank (expert and data parallelism come with the workers)"));
+  }
+
+  TrainerConfig c;
+  c.job_id = spec.name();
+  c.model.vocab_size = model.vocab_size();
+  c.model.hidden_size = model.hidden_size();
+  c.model.num_layers = model.num_layers();
+  c.model.num_heads = model.num_heads();
+  c.model.num_kv_heads = model.num_kv_heads();
+  c.model.head_dim = model.head_dim();
+  c.model.ffn_dim = model.ffn_dim();
+  c.model.first_dense_layers = model.first_dense_layers();
+  c.model.max_seq_len = model.max_seq_len();
+  c.model.rope_theta = model.rope_theta();
+  c.model.rms_norm_eps = model.rms_norm_eps();
+  c.model.tie_embeddings = model.tie_embeddings();
+  c.model.init_std = model.init_std();
+  c.model.moe = MoeFromSpec(model.moe());
+
+  const v1::DataConfig& data = spec.data();
+  c.data.format = FormatFromSpec(data.format());
+  c.data.path = data.path();
+  c.data.vocab_size = model.vocab_size();
+  c.data.seq_len = train.seq_len();
+  c.data.batch_size = train.batch_size();
+  c.data.seed = data.seed();
+  c.data.eval_fraction = data.eval_fraction();
+  c.data.synthetic_vocab_size = data.synthetic_vocab_size();
+
+  c.compute_dtype = train.precision() == v1::TrainConfig::BF16 ? DType::kBF16 : DType::kF32;
+  c.steps = train.steps();
+  c.micro_batch_size = train.micro_batch_size();
+  const v1::OptimizerConfig& opt = train.optimizer();
+  c.optimizer.beta1 = opt.beta1();
+  c.optimizer.beta2 = opt.beta2();
+  c.optimizer.eps = opt.eps();
+  c.optimizer.weight_decay = opt.weight_decay();
+  c.schedule.lr = opt.lr();
+  c.schedule.min_lr = opt.min_lr();
+  c.schedule.warmup_steps = opt.warmup_steps();
+  c.schedule.decay = opt.decay() == v1::OptimizerConfig::LINEAR     ? DecayType::kLinear
+                     : opt.decay() == v1::OptimizerConfig::CONSTANT ? DecayType::kConstant
+                                                                    : DecayType::kCosine;
+  c.schedule.total_steps = train.steps();
+  c.grad_clip = opt.grad_clip();
+  c.seed = train.seed();
+  c.log_every = train.log_every();
+  c.eval_every = train.eval_every();
+  c.eval_batches = train.eval_batches();
+  c.skip_nonfinite_steps = train.skip_nonfinite_steps();
+  c.checkpoint_dir = !checkpoint_dir.empty() ? checkpoint_dir : spec.checkpoint().dir();
+  c.checkpoint_every = spec.checkpoint().every_steps();
+  c.keep_last = static_cast<int>(spec.checkpoint().keep_last());
+  MOETRAIN_RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
+}  // namespace moetrain
