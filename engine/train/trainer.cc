@@ -48,7 +48,7 @@ absl::Status TrainerConfig::Validate() const {
   if (checkpoint_every < 0) {
     return Invalid("checkpoint.every_steps", checkpoint_every, "must not be negative");
   }
-  if (keep_last < 1) return Invalid("checkpoint.keep_last", keep_last, "must be at least 1");
+  if (keep_last < 0) return Invalid("checkpoint.keep_last", keep_last, "must not be negative");
   if (!std::isfinite(grad_clip)) {
     return absl::InvalidArgumentError(
         absl::StrCat("train.optimizer.grad_clip = ", grad_clip, " must be finite"));
@@ -195,7 +195,9 @@ absl::Status Trainer::Run(TrainObserver* observer, const std::atomic<bool>* stop
   TrainObserver quiet;
   if (observer == nullptr) observer = &quiet;
   const bool checkpoints = !config_.checkpoint_dir.empty();
-  int64_t last_saved = -1;
+  // The state Run starts from is on disk already (resumed from it, or saved by an earlier Run):
+  // saving it again would collide with its step directory.
+  int64_t last_saved = step_;
   while (step_ < config_.steps) {
     if (stop != nullptr && stop->load()) {
       observer->OnMessage(absl::StrCat("stopping at step ", step_, " as asked"));
@@ -254,7 +256,9 @@ absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
   }
   contents.hf_config = HuggingFaceConfig(config_.model, config_.data.seq_len);
   MOETRAIN_ASSIGN_OR_RETURN(std::string path, WriteCheckpoint(CheckpointRoot(), contents));
-  MOETRAIN_RETURN_IF_ERROR(PruneCheckpoints(CheckpointRoot(), config_.keep_last));
+  if (config_.keep_last > 0) {
+    MOETRAIN_RETURN_IF_ERROR(PruneCheckpoints(CheckpointRoot(), config_.keep_last));
+  }
   return path;
 }
 

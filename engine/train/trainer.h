@@ -47,7 +47,7 @@ struct TrainerConfig {
   bool skip_nonfinite_steps = false;
   std::string checkpoint_dir;    // empty = no checkpoints
   int64_t checkpoint_every = 0;  // steps between checkpoints (and after the last); 0 = only last
-  int keep_last = 3;             // complete checkpoints kept
+  int keep_last = 3;             // complete checkpoints kept; 0 = every one
 
   // OK, or InvalidArgument naming the field (and validates model, data, optimizer, schedule).
   absl::Status Validate() const;

@@ -112,8 +112,10 @@ TEST(JobSpecExamplesTest, DeepSeekV3MiniLoadsValidatesAndRoundTrips) {
   EXPECT_FLOAT_EQ(moe.aux_loss_coeff(), 1e-4f);
   EXPECT_EQ(resolved->model().first_dense_layers(), 1);
   EXPECT_EQ(resolved->train().precision(), v1::TrainConfig::BF16);
-  EXPECT_EQ(resolved->parallel().data_parallel(), 2);
-  EXPECT_EQ(resolved->parallel().expert_parallel(), 2);
+  // One rank, so that `moetrain run` trains it in-process.
+  EXPECT_EQ(resolved->resources().workers(), 1);
+  EXPECT_EQ(resolved->parallel().data_parallel(), 1);
+  EXPECT_EQ(resolved->parallel().expert_parallel(), 1);
   EXPECT_EQ(resolved->data().seed(), 42u);  // from train.seed
 }
 

@@ -1,0 +1,895 @@
+// Drives the real `moetrain` binary as a child process, the way a person or a script does:
+// `moetrain run` (JSON lines, checkpoints in the Hugging Face layout), the refusal to train over
+// a job's checkpoints, stop by signal and exact resume, spec errors, and `moetrain eval`.
+//
+// Every test works in a fresh directory under ::testing::TempDir() (the child's working directory
+// too) and removes it at the end. A child that outlives its deadline is killed and fails the test.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace moetrain {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+// A normal run of the tiny spec takes a second or two; this only catches a hang.
+constexpr seconds kRunTimeout{60};
+
+fs::path MoetrainBinary() { return fs::path(MOETRAIN_BIN_DIR) / "moetrain"; }
+
+bool Contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  return contents.str();
+}
+
+void WriteFile(const fs::path& path, const std::string& contents) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << contents;
+  ASSERT_TRUE(out.good()) << "cannot write " << path;
+}
+
+// How a child ended, and everything it printed.
+struct Finished {
+  bool timed_out = false;  // killed by us after its deadline
+  int exit_code = -1;      // when it exited
+  int term_signal = 0;     // when a signal ended it
+  std::string out, err;
+};
+
+// One `moetrain` process with its stdout and stderr on pipes that are drained while it runs (so
+// it never blocks on a full pipe). Killed when destroyed unless already reaped.
+class Child {
+ public:
+  Child() = default;
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  ~Child() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    for (int& fd : fds_) CloseFd(fd);
+  }
+
+  // Starts MoetrainBinary() with `args` in `cwd`, stdin from /dev/null. Empty on success, else
+  // what went wrong.
+  std::string Start(const std::vector<std::string>& args, const fs::path& cwd) {
+    const std::string binary = MoetrainBinary().string(), dir = cwd.string();
+    // Everything the child needs is built before fork: after it, only async-signal-safe calls.
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(binary.c_str()));
+    for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+    argv.push_back(nullptr);
+    // One thread unless the caller chose (the engine's pool and oneDNN's): the model is tiny,
+    // and on a loaded machine spinning OpenMP workers turn a one-second run into tens of seconds.
+    // Results depend on the thread count, but every run of a test uses the same.
+    std::vector<std::string> env_storage;
+    bool has_engine_threads = false, has_omp_threads = false;
+    for (char** e = environ; *e != nullptr; ++e) {
+      env_storage.emplace_back(*e);
+      has_engine_threads |= env_storage.back().starts_with("MOETRAIN_NUM_THREADS=");
+      has_omp_threads |= env_storage.back().starts_with("OMP_NUM_THREADS=");
+    }
+    if (!has_engine_threads) env_storage.emplace_back("MOETRAIN_NUM_THREADS=1");
+    if (!has_omp_threads) env_storage.emplace_back("OMP_NUM_THREADS=1");
+    std::vector<char*> envp;
+    for (std::string& e : env_storage) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) != 0) return std::string("pipe2: ") + std::strerror(errno);
+    if (pipe2(err, O_CLOEXEC) != 0) {
+      close(out[0]);
+      close(out[1]);
+      return std::string("pipe2: ") + std::strerror(errno);
+    }
+    const int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
+      dup2(out[1], STDOUT_FILENO);
+      dup2(err[1], STDERR_FILENO);
+      if (chdir(dir.c_str()) != 0) _exit(126);
+      execve(binary.c_str(), argv.data(), envp.data());
+      _exit(127);
+    }
+    const int fork_errno = errno;
+    if (null_fd >= 0) close(null_fd);
+    close(out[1]);
+    close(err[1]);
+    fds_[0] = out[0];
+    fds_[1] = err[0];
+    if (pid < 0) return std::string("fork: ") + std::strerror(fork_errno);
+    pid_ = pid;
+    return "";
+  }
+
+  const std::string& out() const { return out_; }
+  const std::string& err() const { return err_; }
+
+  void Signal(int sig) {
+    if (pid_ > 0) kill(pid_, sig);
+  }
+
+  // Reads until `done(stdout so far)` holds, the child closes its pipes, or `timeout` passes.
+  bool WaitForStdout(const std::function<bool(const std::string&)>& done, Clock::duration timeout) {
+    const Clock::time_point deadline = Clock::now() + timeout;
+    while (!done(out_)) {
+      if (PipesClosed() || Clock::now() >= deadline) return done(out_);
+      ReadSome(deadline);
+    }
+    return true;
+  }
+
+  // Waits for the child to end; past `timeout` it is killed with SIGKILL and timed_out is set.
+  Finished Wait(Clock::duration timeout) {
+    Finished result;
+    const Clock::time_point deadline = Clock::now() + timeout;
+    int status = 0;
+    const bool started = pid_ > 0;
+    while (pid_ > 0) {
+      if (!PipesClosed()) {
+        ReadSome(deadline);
+      } else {
+        const pid_t reaped = waitpid(pid_, &status, WNOHANG);
+        if (reaped == pid_) {
+          pid_ = 0;
+          break;
+        }
+        std::this_thread::sleep_for(milliseconds(5));
+      }
+      if (Clock::now() >= deadline) {
+        result.timed_out = true;
+        kill(pid_, SIGKILL);
+        waitpid(pid_, &status, 0);
+        pid_ = 0;
+      }
+    }
+    // Whatever is still buffered in the pipes (the child is gone, so they end soon).
+    while (!PipesClosed()) ReadSome(Clock::now() + seconds(1));
+    if (started && !result.timed_out) {
+      if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+      if (WIFSIGNALED(status)) result.term_signal = WTERMSIG(status);
+    }
+    result.out = out_;
+    result.err = err_;
+    return result;
+  }
+
+ private:
+  static void CloseFd(int& fd) {
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+
+  bool PipesClosed() const { return fds_[0] < 0 && fds_[1] < 0; }
+
+  // One poll of the open pipes (at most until `deadline`, and at most 50 ms), then reads what is
+  // there; a pipe at end of file is closed.
+  void ReadSome(Clock::time_point deadline) {
+    pollfd polled[2];
+    int count = 0;
+    for (int fd : fds_) {
+      if (fd >= 0) polled[count++] = {.fd = fd, .events = POLLIN, .revents = 0};
+    }
+    if (count == 0) return;
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
+    const int timeout_ms = static_cast<int>(std::clamp<int64_t>(left, 0, 50));
+    if (poll(polled, count, timeout_ms) <= 0) return;
+    for (int i = 0; i < count; ++i) {
+      if (polled[i].revents == 0) continue;
+      const int which = polled[i].fd == fds_[0] ? 0 : 1;
+      char buffer[4096];
+      const ssize_t n = read(fds_[which], buffer, sizeof(buffer));
+      if (n > 0) {
+        (which == 0 ? out_ : err_).append(buffer, static_cast<size_t>(n));
+      } else if (n == 0 || errno != EINTR) {
+        CloseFd(fds_[which]);
+      }
+    }
+  }
+
+  pid_t pid_ = 0;
+  int fds_[2] = {-1, -1};  // the read ends of the child's stdout and stderr
+  std::string out_, err_;
+};
+
+// Every line of `text` as a JSON object; a line that is not one fails the test.
+std::vector<json> JsonLines(const std::string& text) {
+  std::vector<json> lines;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    json parsed = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    EXPECT_TRUE(parsed.is_object()) << "stdout line is not a JSON object: " << line;
+    if (parsed.is_object()) lines.push_back(std::move(parsed));
+  }
+  return lines;
+}
+
+bool IsStepLine(const json& line) { return line.contains("loss") && !line.contains("summary"); }
+
+// The step lines of a --json run, by step; a step printed twice fails the test.
+std::map<int64_t, json> StepLines(const std::vector<json>& lines) {
+  std::map<int64_t, json> steps;
+  for (const json& line : lines) {
+    if (!IsStepLine(line)) continue;
+    const int64_t step = line.at("step").get<int64_t>();
+    EXPECT_TRUE(steps.emplace(step, line).second) << "step " << step << " printed twice";
+  }
+  return steps;
+}
+
+int CountStepLines(const std::string& out) {
+  int count = 0;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) count += Contains(line, "\"loss\":");
+  return count;
+}
+
+std::string StepDirName(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "step-%08lld", static_cast<long long>(step));
+  return name;
+}
+
+// The names of the entries of `dir`, sorted; empty when it does not exist.
+std::set<std::string> Entries(const fs::path& dir) {
+  std::set<std::string> names;
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
+    names.insert(entry.path().filename().string());
+  }
+  return names;
+}
+
+// Every regular file under `dir` (relative path) with its contents.
+std::map<std::string, std::string> Snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> files;
+  for (const fs::directory_entry& entry : fs::recursive_directory_iterator(dir)) {
+    if (entry.is_regular_file()) {
+      files[fs::relative(entry.path(), dir).string()] = ReadFile(entry.path());
+    }
+  }
+  return files;
+}
+
+// The JSON header of a safetensors file (8-byte little-endian length, then the header), checked
+// against the file: every tensor F32 with offsets inside the data section that match its shape,
+// and the data section ending where the file ends.
+json SafetensorsHeader(const fs::path& path) {
+  const std::string bytes = ReadFile(path);
+  EXPECT_GE(bytes.size(), 8u) << path;
+  if (bytes.size() < 8) return json();
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = header_len << 8 | static_cast<unsigned char>(bytes[i]);
+  EXPECT_LE(8 + header_len, bytes.size()) << path;
+  if (8 + header_len > bytes.size()) return json();
+  json header = json::parse(bytes.substr(8, header_len), nullptr, /*allow_exceptions=*/false);
+  EXPECT_TRUE(header.is_object()) << path << ": header is not a JSON object";
+  if (!header.is_object()) return json();
+  const uint64_t data_bytes = bytes.size() - 8 - header_len;
+  uint64_t data_end = 0;
+  for (const auto& [name, info] : header.items()) {
+    if (name == "__metadata__") continue;
+    EXPECT_EQ(info.value("dtype", ""), "F32") << name;
+    uint64_t numel = 1;
+    for (const json& d : info.at("shape")) numel *= d.get<uint64_t>();
+    const uint64_t begin = info.at("data_offsets").at(0).get<uint64_t>();
+    const uint64_t end = info.at("data_offsets").at(1).get<uint64_t>();
+    EXPECT_EQ(end - begin, 4 * numel) << name;
+    EXPECT_LE(end, data_bytes) << name;
+    data_end = std::max(data_end, end);
+  }
+  EXPECT_EQ(data_end, data_bytes) << path << ": data section has trailing bytes";
+  return header;
+}
+
+// The knobs of the tiny spec the tests vary; the rest is fixed so that a run takes a second.
+struct TinySpec {
+  int64_t steps = 40;
+  int64_t eval_every = 10;
+  int64_t checkpoint_every = 10;
+  int64_t keep_last = 3;
+  std::string top_k_line = "top_k: 2";  // replaced to make bad specs
+
+  std::string Yaml() const {
+    std::string yaml = R"(name: tiny
+model:
+  vocab_size: 64
+  hidden_size: 32
+  num_layers: 2
+  num_heads: 2
+  num_kv_heads: 1
+  ffn_dim: 48
+  first_dense_layers: 1
+  rope_theta: 5000
+  rms_norm_eps: 1e-5
+  moe:
+    num_experts: 4
+    TOP_K_LINE
+    expert_ffn_dim: 24
+    routed_scaling_factor: 1.5
+data:
+  format: SYNTHETIC
+  synthetic_vocab_size: 32
+  seed: 3
+train:
+  steps: STEPS
+  batch_size: 4
+  seq_len: 32
+  optimizer:
+    lr: 3e-3
+    warmup_steps: 2
+  seed: 1
+  log_every: 1
+  eval_every: EVAL_EVERY
+  eval_batches: 2
+checkpoint:
+  every_steps: CHECKPOINT_EVERY
+  keep_last: KEEP_LAST
+)";
+    Replace(yaml, "TOP_K_LINE", top_k_line);
+    Replace(yaml, "STEPS", std::to_string(steps));
+    Replace(yaml, "EVAL_EVERY", std::to_string(eval_every));
+    Replace(yaml, "CHECKPOINT_EVERY", std::to_string(checkpoint_every));
+    Replace(yaml, "KEEP_LAST", std::to_string(keep_last));
+    return yaml;
+  }
+
+ private:
+  static void Replace(std::string& text, const std::string& placeholder, const std::string& value) {
+    text.replace(text.find(placeholder), placeholder.size(), value);
+  }
+};
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(fs::exists(MoetrainBinary())) << MoetrainBinary() << " is not built";
+    std::string pattern = (fs::path(::testing::TempDir()) / "moetrain_cli_XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr) << pattern << ": " << std::strerror(errno);
+    dir_ = pattern;
+  }
+
+  void TearDown() override {
+    std::error_code ec;
+    if (!dir_.empty()) fs::remove_all(dir_, ec);
+  }
+
+  // Writes `spec` as <dir>/<file> and returns its path.
+  std::string WriteSpec(const TinySpec& spec, const std::string& file = "spec.yaml") {
+    const fs::path path = dir_ / file;
+    WriteFile(path, spec.Yaml());
+    return path.string();
+  }
+
+  // Runs `moetrain args...` in the test directory to the end (or kills it past `timeout`).
+  Finished Moetrain(const std::vector<std::string>& args, Clock::duration timeout = kRunTimeout) {
+    Child child;
+    const std::string error = child.Start(args, dir_);
+    if (!error.empty()) {
+      ADD_FAILURE() << "cannot start moetrain: " << error;
+      return Finished();
+    }
+    Finished result = child.Wait(timeout);
+    EXPECT_FALSE(result.timed_out) << "moetrain hung and was killed; stderr:\n" << result.err;
+    return result;
+  }
+
+  // `moetrain run spec --checkpoint-dir checkpoint_dir --json` plus `extra`, expected to succeed.
+  Finished RunOk(const std::string& spec, const fs::path& checkpoint_dir,
+                 const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = {"run", spec, "--checkpoint-dir", checkpoint_dir.string(),
+                                     "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    Finished result = Moetrain(args);
+    EXPECT_EQ(result.exit_code, 0) << "stderr:\n" << result.err;
+    return result;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(CliTest, RunPrintsJsonLinesAndWritesHuggingFaceCheckpoints) {
+  const TinySpec spec;  // 40 steps, eval and checkpoint every 10, keep_last 3
+  const fs::path checkpoints = dir_ / "ckpt";
+  const Finished run = RunOk(WriteSpec(spec), checkpoints);
+  ASSERT_EQ(run.exit_code, 0);
+
+  const std::vector<json> lines = JsonLines(run.out);
+  ASSERT_FALSE(lines.empty());
+  const std::map<int64_t, json> steps = StepLines(lines);
+  ASSERT_EQ(steps.size(), 40u) << "log_every 1 prints every step";
+  EXPECT_EQ(steps.begin()->first, 1);
+  EXPECT_EQ(steps.rbegin()->first, 40);
+  for (const auto& [step, line] : steps) {
+    SCOPED_TRACE(line.dump());
+    ASSERT_TRUE(line.at("loss").is_number());
+    EXPECT_TRUE(std::isfinite(line.at("loss").get<double>()));
+    ASSERT_TRUE(line.contains("eval_loss"));
+    if (step % 10 == 0) {
+      ASSERT_TRUE(line.at("eval_loss").is_number());
+      EXPECT_GT(line.at("eval_loss").get<double>(), 0.0);
+    } else {
+      EXPECT_TRUE(line.at("eval_loss").is_null());
+    }
+    ASSERT_TRUE(line.at("lr").is_number());
+    EXPECT_GT(line.at("lr").get<double>(), 0.0);
+    EXPECT_LE(line.at("lr").get<double>(), 3.0001e-3);
+    ASSERT_TRUE(line.at("grad_norm").is_number());
+    EXPECT_GT(line.at("grad_norm").get<double>(), 0.0);
+    ASSERT_TRUE(line.at("tokens_per_s").is_number());
+    EXPECT_GT(line.at("tokens_per_s").get<double>(), 0.0);
+    // max / mean over E = 4 experts lies in [1, 4].
+    ASSERT_TRUE(line.at("expert_load_max_over_mean").is_number());
+    EXPECT_GE(line.at("expert_load_max_over_mean").get<double>(), 1.0);
+    EXPECT_LE(line.at("expert_load_max_over_mean").get<double>(), 4.0);
+  }
+  const double first_loss = steps.at(1).at("loss").get<double>();
+  const double last_loss = steps.at(40).at("loss").get<double>();
+  // Small initial weights give near-uniform predictions over the 64 tokens.
+  EXPECT_NEAR(first_loss, std::log(64.0), 0.2);
+  EXPECT_LT(last_loss, first_loss);
+
+  const json& summary = lines.back();
+  ASSERT_TRUE(summary.value("summary", false)) << "the last line is the summary: " << summary;
+  EXPECT_EQ(summary.at("job"), "tiny");
+  EXPECT_EQ(summary.at("steps"), 40);
+  EXPECT_EQ(summary.at("tokens_seen"), 40 * 4 * 32);
+  EXPECT_EQ(summary.at("final_loss"), steps.at(40).at("loss"));
+  EXPECT_EQ(summary.at("eval_loss"), steps.at(40).at("eval_loss"));
+  const fs::path job_dir = checkpoints / "tiny";
+  EXPECT_EQ(summary.at("checkpoint"), (job_dir / StepDirName(40)).string());
+
+  std::vector<int64_t> checkpoint_lines;
+  for (const json& line : lines) {
+    if (line.contains("checkpoint") && !line.contains("summary")) {
+      checkpoint_lines.push_back(line.at("step").get<int64_t>());
+    }
+  }
+  EXPECT_EQ(checkpoint_lines, (std::vector<int64_t>{10, 20, 30, 40}));
+
+  // keep_last 3: step 10 was pruned.
+  EXPECT_EQ(Entries(job_dir),
+            (std::set<std::string>{StepDirName(20), StepDirName(30), StepDirName(40)}));
+  const std::set<std::string> kFiles = {"manifest.json", "model-rank00000.safetensors",
+                                        "optim-rank00000.safetensors", "config.json"};
+  for (int64_t step : {20, 30, 40}) {
+    const fs::path step_dir = job_dir / StepDirName(step);
+    SCOPED_TRACE(step_dir.string());
+    EXPECT_EQ(Entries(step_dir), kFiles);
+    const json manifest = json::parse(ReadFile(step_dir / "manifest.json"), nullptr, false);
+    ASSERT_TRUE(manifest.is_object());
+    EXPECT_EQ(manifest.at("step"), step);
+    EXPECT_EQ(manifest.at("job_id"), "tiny");
+    EXPECT_EQ(manifest.at("tokens_seen"), step * 4 * 32);
+    for (const json& file : manifest.at("files")) {
+      const std::string name = file.at("name").get<std::string>();
+      EXPECT_EQ(fs::file_size(step_dir / name), file.at("bytes").get<uint64_t>()) << name;
+    }
+  }
+
+  const fs::path last = job_dir / StepDirName(40);
+  const json config = json::parse(ReadFile(last / "config.json"), nullptr, false);
+  ASSERT_TRUE(config.is_object()) << "config.json does not parse";
+  const std::map<std::string, json> expected_config = {
+      {"vocab_size", 64},
+      {"hidden_size", 32},
+      {"num_hidden_layers", 2},
+      {"num_attention_heads", 2},
+      {"num_key_value_heads", 1},
+      {"head_dim", 16},
+      {"intermediate_size", 48},
+      {"moe_intermediate_size", 24},
+      {"n_routed_experts", 4},
+      {"num_experts_per_tok", 2},
+      {"n_shared_experts", 0},
+      {"first_k_dense_replace", 1},
+      {"scoring_func", "softmax"},
+      {"norm_topk_prob", true},
+      {"n_group", 1},
+      {"topk_group", 1},
+      {"max_position_embeddings", 32},
+      {"tie_word_embeddings", false},
+  };
+  for (const auto& [key, value] : expected_config) {
+    ASSERT_TRUE(config.contains(key)) << "config.json lacks " << key;
+    EXPECT_EQ(config.at(key), value) << key;
+  }
+  // The spec's floats are f32 in the engine: compare at f32.
+  const std::map<std::string, float> expected_floats = {
+      {"routed_scaling_factor", 1.5f}, {"rms_norm_eps", 1e-5f}, {"rope_theta", 5000.0f}};
+  for (const auto& [key, value] : expected_floats) {
+    ASSERT_TRUE(config.contains(key) && config.at(key).is_number()) << "config.json: " << key;
+    EXPECT_FLOAT_EQ(config.at(key).get<float>(), value) << key;
+  }
+
+  // D = 32, V = 64, dense F = 48, expert F = 24, E = 4, 2 query heads and 1 kv head of 16.
+  using Shape = std::vector<int64_t>;
+  std::map<std::string, Shape> expected_tensors = {
+      {"model.embed_tokens.weight", {64, 32}},
+      {"model.layers.0.mlp.gate_proj.weight", {48, 32}},
+      {"model.layers.0.mlp.up_proj.weight", {48, 32}},
+      {"model.layers.0.mlp.down_proj.weight", {32, 48}},
+      {"model.layers.1.mlp.gate.weight", {4, 32}},
+      {"model.norm.weight", {32}},
+      {"lm_head.weight", {64, 32}},
+  };
+  for (int layer = 0; layer < 2; ++layer) {
+    const std::string prefix = "model.layers." + std::to_string(layer) + ".";
+    expected_tensors[prefix + "input_layernorm.weight"] = {32};
+    expected_tensors[prefix + "post_attention_layernorm.weight"] = {32};
+    expected_tensors[prefix + "self_attn.q_proj.weight"] = {32, 32};
+    expected_tensors[prefix + "self_attn.k_proj.weight"] = {16, 32};
+    expected_tensors[prefix + "self_attn.v_proj.weight"] = {16, 32};
+    expected_tensors[prefix + "self_attn.o_proj.weight"] = {32, 32};
+  }
+  for (int expert = 0; expert < 4; ++expert) {
+    const std::string prefix = "model.layers.1.mlp.experts." + std::to_string(expert) + ".";
+    expected_tensors[prefix + "gate_proj.weight"] = {24, 32};
+    expected_tensors[prefix + "up_proj.weight"] = {24, 32};
+    expected_tensors[prefix + "down_proj.weight"] = {32, 24};
+  }
+  const json model = SafetensorsHeader(last / "model-rank00000.safetensors");
+  ASSERT_TRUE(model.is_object());
+  std::map<std::string, Shape> model_tensors;
+  for (const auto& [name, info] : model.items()) {
+    if (name != "__metadata__") model_tensors[name] = info.at("shape").get<Shape>();
+  }
+  EXPECT_EQ(model_tensors, expected_tensors);
+  EXPECT_EQ(model.value("__metadata__", json::object()).value("format", ""), "pt");
+
+  // The optimizer file holds both Adam moments of every (trainable) parameter.
+  const json optim = SafetensorsHeader(last / "optim-rank00000.safetensors");
+  ASSERT_TRUE(optim.is_object());
+  for (const auto& [name, shape] : expected_tensors) {
+    for (const char* suffix : {".exp_avg", ".exp_avg_sq"}) {
+      ASSERT_TRUE(optim.contains(name + suffix)) << name + suffix;
+      EXPECT_EQ(optim.at(name + suffix).at("shape").get<Shape>(), shape) << name + suffix;
+    }
+  }
+}
+
+TEST_F(CliTest, RunRefusesToTrainOverCheckpointsWithoutResume) {
+  TinySpec spec;
+  spec.steps = 20;
+  const std::string spec_path = WriteSpec(spec);
+  const fs::path checkpoints = dir_ / "ckpt";
+  ASSERT_EQ(RunOk(spec_path, checkpoints).exit_code, 0);
+  const std::map<std::string, std::string> before = Snapshot(checkpoints);
+  ASSERT_EQ(Entries(checkpoints / "tiny"),
+            (std::set<std::string>{StepDirName(10), StepDirName(20)}));
+
+  const Finished again = Moetrain({"run", spec_path, "--checkpoint-dir", checkpoints, "--json"});
+  EXPECT_NE(again.exit_code, 0);
+  EXPECT_EQ(again.term_signal, 0);
+  EXPECT_TRUE(Contains(again.err, "--resume")) << again.err;
+  EXPECT_TRUE(Contains(again.err, (checkpoints / "tiny").string())) << again.err;
+  EXPECT_EQ(CountStepLines(again.out), 0) << again.out;
+
+  const std::map<std::string, std::string> after = Snapshot(checkpoints);
+  ASSERT_EQ(after.size(), before.size());
+  for (const auto& [file, contents] : before) {
+    ASSERT_TRUE(after.contains(file)) << file << " was removed";
+    EXPECT_EQ(after.at(file).size(), contents.size()) << file;
+    EXPECT_TRUE(after.at(file) == contents) << file << " changed";
+  }
+}
+
+TEST_F(CliTest, ResumeOfAFinishedJobExitsZeroWithoutTraining) {
+  TinySpec spec;
+  spec.steps = 20;
+  const std::string spec_path = WriteSpec(spec);
+  const fs::path checkpoints = dir_ / "ckpt";
+  ASSERT_EQ(RunOk(spec_path, checkpoints).exit_code, 0);
+  const std::map<std::string, std::string> before = Snapshot(checkpoints);
+
+  // The newest checkpoint is the last step: nothing to train, and nothing to write.
+  const Finished again = RunOk(spec_path, checkpoints, {"--resume"});
+  ASSERT_EQ(again.exit_code, 0);
+  const std::vector<json> lines = JsonLines(again.out);
+  EXPECT_EQ(CountStepLines(again.out), 0) << again.out;
+  ASSERT_FALSE(lines.empty());
+  EXPECT_TRUE(lines.back().value("summary", false));
+  EXPECT_EQ(lines.back().at("steps"), 20);
+  EXPECT_TRUE(Snapshot(checkpoints) == before) << "the checkpoints changed";
+}
+
+TEST_F(CliTest, KeepLastZeroKeepsEveryCheckpoint) {
+  TinySpec spec;  // 40 steps, a checkpoint every 10
+  spec.keep_last = 0;
+  const fs::path checkpoints = dir_ / "ckpt";
+  ASSERT_EQ(RunOk(WriteSpec(spec), checkpoints).exit_code, 0);
+  EXPECT_EQ(
+      Entries(checkpoints / "tiny"),
+      (std::set<std::string>{StepDirName(10), StepDirName(20), StepDirName(30), StepDirName(40)}));
+}
+
+// Starts a long run, signals it with `sig` after a few step lines, checks that it stops cleanly
+// with a checkpoint of the step it reached, resumes it to the end, and checks that the losses of
+// both parts equal those of an uninterrupted run of the same spec, as printed.
+class StopResumeTest : public CliTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(StopResumeTest, StopsWithACheckpointAndResumesBitIdentically) {
+  const int sig = GetParam();
+  TinySpec spec;
+  spec.steps = 300;
+  spec.eval_every = 50;
+  spec.checkpoint_every = 0;  // only the final (or stop) checkpoint
+  const std::string spec_path = WriteSpec(spec);
+
+  const Finished reference = RunOk(spec_path, dir_ / "reference");
+  ASSERT_EQ(reference.exit_code, 0);
+  const std::map<int64_t, json> expected = StepLines(JsonLines(reference.out));
+  ASSERT_EQ(expected.size(), 300u);
+
+  const fs::path checkpoints = dir_ / "stopped";
+  int64_t stopped_at = 0;
+  std::map<int64_t, json> first_part;
+  {
+    Child child;
+    ASSERT_EQ(child.Start({"run", spec_path, "--checkpoint-dir", checkpoints, "--json"}, dir_), "");
+    ASSERT_TRUE(child.WaitForStdout([](const std::string& out) { return CountStepLines(out) >= 5; },
+                                    kRunTimeout))
+        << "no step lines; stderr:\n"
+        << child.err();
+    child.Signal(sig);
+    const Clock::time_point signalled = Clock::now();
+    const Finished stopped = child.Wait(seconds(10));
+    ASSERT_FALSE(stopped.timed_out) << "still running 10 s after signal " << sig;
+    EXPECT_LT(Clock::now() - signalled, seconds(5));
+    ASSERT_EQ(stopped.term_signal, 0) << "killed by signal " << stopped.term_signal;
+    ASSERT_EQ(stopped.exit_code, 0) << stopped.err;
+
+    const std::vector<json> lines = JsonLines(stopped.out);
+    first_part = StepLines(lines);
+    ASSERT_FALSE(first_part.empty());
+    stopped_at = first_part.rbegin()->first;
+    ASSERT_LT(stopped_at, 300) << "the run ended before the signal took effect";
+    EXPECT_EQ(first_part.size(), static_cast<size_t>(stopped_at)) << "a step line is missing";
+    ASSERT_FALSE(lines.empty());
+    const json& summary = lines.back();
+    ASSERT_TRUE(summary.value("summary", false)) << summary;
+    EXPECT_EQ(summary.at("steps"), stopped_at);
+    EXPECT_EQ(summary.at("checkpoint"), (checkpoints / "tiny" / StepDirName(stopped_at)).string());
+  }
+  EXPECT_EQ(Entries(checkpoints / "tiny"), std::set<std::string>{StepDirName(stopped_at)});
+  const json manifest = json::parse(
+      ReadFile(checkpoints / "tiny" / StepDirName(stopped_at) / "manifest.json"), nullptr, false);
+  ASSERT_TRUE(manifest.is_object());
+  EXPECT_EQ(manifest.at("step"), stopped_at);
+
+  const Finished resumed = RunOk(spec_path, checkpoints, {"--resume"});
+  ASSERT_EQ(resumed.exit_code, 0);
+  const std::vector<json> lines = JsonLines(resumed.out);
+  const std::map<int64_t, json> second_part = StepLines(lines);
+  ASSERT_FALSE(second_part.empty());
+  EXPECT_EQ(second_part.begin()->first, stopped_at + 1);
+  EXPECT_EQ(second_part.rbegin()->first, 300);
+  EXPECT_EQ(second_part.size(), static_cast<size_t>(300 - stopped_at));
+  ASSERT_FALSE(lines.empty());
+  EXPECT_TRUE(lines.back().value("summary", false));
+  EXPECT_EQ(lines.back().at("steps"), 300);
+
+  // JSON numbers print as the shortest string that reads back to the same double: equal text is
+  // equal bits.
+  for (const std::map<int64_t, json>* part : {&std::as_const(first_part), &second_part}) {
+    for (const auto& [step, line] : *part) {
+      ASSERT_TRUE(expected.contains(step));
+      const json& want = expected.at(step);
+      for (const char* key : {"loss", "eval_loss", "grad_norm", "lr", "aux_loss"}) {
+        EXPECT_EQ(line.at(key).dump(), want.at(key).dump()) << "step " << step << " " << key;
+      }
+    }
+  }
+  // And the final weights, byte for byte.
+  const std::string final_model = "tiny/" + StepDirName(300) + "/model-rank00000.safetensors";
+  EXPECT_TRUE(ReadFile(checkpoints / final_model) == ReadFile(dir_ / "reference" / final_model))
+      << "the resumed run's final weights differ from the uninterrupted run's";
+}
+
+INSTANTIATE_TEST_SUITE_P(Signals, StopResumeTest, ::testing::Values(SIGTERM, SIGINT),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return std::string(info.param == SIGTERM ? "Sigterm" : "Sigint");
+                         });
+
+TEST_F(CliTest, StepsFlagOverridesTrainSteps) {
+  const TinySpec spec;  // train.steps 40
+  const fs::path checkpoints = dir_ / "ckpt";
+  const Finished run = RunOk(WriteSpec(spec), checkpoints, {"--steps", "5"});
+  ASSERT_EQ(run.exit_code, 0);
+  const std::vector<json> lines = JsonLines(run.out);
+  const std::map<int64_t, json> steps = StepLines(lines);
+  ASSERT_FALSE(steps.empty());
+  EXPECT_EQ(steps.rbegin()->first, 5);
+  EXPECT_EQ(lines.back().at("steps"), 5);
+  EXPECT_EQ(Entries(checkpoints / "tiny"), std::set<std::string>{StepDirName(5)});
+}
+
+TEST_F(CliTest, BadSpecsFailNamingTheField) {
+  struct Case {
+    std::string top_k_line;
+    std::string field;  // stderr must name it
+  };
+  for (const Case& c : {Case{"topk: 2", "model.moe.topk"}, Case{"top_k: 9", "model.moe.top_k"},
+                        Case{"top_k: 0", "model.moe.top_k"}}) {
+    SCOPED_TRACE(c.top_k_line);
+    TinySpec spec;
+    spec.top_k_line = c.top_k_line;
+    const Finished run =
+        Moetrain({"run", WriteSpec(spec), "--checkpoint-dir", (dir_ / "ckpt").string(), "--json"});
+    EXPECT_NE(run.exit_code, 0);
+    EXPECT_EQ(run.term_signal, 0);
+    EXPECT_TRUE(Contains(run.err, c.field)) << run.err;
+    EXPECT_EQ(CountStepLines(run.out), 0);
+    EXPECT_FALSE(fs::exists(dir_ / "ckpt" / "tiny"));
+  }
+}
+
+TEST_F(CliTest, MissingSpecFileFailsNamingThePath) {
+  const std::string missing = (dir_ / "no-such-spec.yaml").string();
+  const Finished run = Moetrain({"run", missing, "--json"});
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_EQ(run.term_signal, 0);
+  EXPECT_TRUE(Contains(run.err, missing)) << run.err;
+  EXPECT_FALSE(fs::exists(dir_ / "checkpoints"));
+}
+
+class EvalTest : public CliTest {
+ protected:
+  static constexpr int64_t kSeqLen = 32;
+
+  // Trains the tiny spec for 10 steps; returns the step directory.
+  fs::path TrainedCheckpoint() {
+    const fs::path checkpoints = dir_ / "ckpt";
+    const Finished run = RunOk(WriteSpec(TinySpec()), checkpoints, {"--steps", "10"});
+    EXPECT_EQ(run.exit_code, 0);
+    return checkpoints / "tiny" / StepDirName(10);
+  }
+
+  // Writes `tokens` as raw little-endian uint16 and returns the path.
+  std::string WriteU16(const std::string& name, const std::vector<uint16_t>& tokens) {
+    std::string bytes;
+    for (uint16_t t : tokens) {
+      bytes.push_back(static_cast<char>(t & 0xff));
+      bytes.push_back(static_cast<char>(t >> 8));
+    }
+    WriteFile(dir_ / name, bytes);
+    return (dir_ / name).string();
+  }
+
+  static std::vector<uint16_t> Tokens(int64_t n) {
+    std::vector<uint16_t> tokens(n);
+    // Any tokens below the vocabulary of 64; a fixed, irregular sequence.
+    for (int64_t i = 0; i < n; ++i) tokens[i] = static_cast<uint16_t>((i * 37 + i / 5) % 64);
+    return tokens;
+  }
+
+  Finished Eval(const fs::path& checkpoint, const std::string& data,
+                const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = {"eval",        "--checkpoint", checkpoint.string(),
+                                     "--data-path", data,           "--data-format",
+                                     "u16",         "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return Moetrain(args);
+  }
+
+  // The one JSON object eval prints.
+  static json EvalResult(const Finished& run) {
+    const std::vector<json> lines = JsonLines(run.out);
+    EXPECT_EQ(lines.size(), 1u) << run.out;
+    return lines.empty() ? json() : lines[0];
+  }
+};
+
+TEST_F(EvalTest, ReportsMeanLossOverEveryWindow) {
+  const fs::path checkpoint = TrainedCheckpoint();
+  ASSERT_TRUE(fs::exists(checkpoint));
+  const int64_t windows = 20;
+  // N = 20·S + 5 tokens: windows share their boundary token, the last 4 tokens are left over.
+  const std::string data = WriteU16("tokens.u16", Tokens(windows * kSeqLen + 5));
+
+  const Finished all = Eval(checkpoint, data);
+  ASSERT_EQ(all.exit_code, 0) << all.err;
+  const json result = EvalResult(all);
+  ASSERT_TRUE(result.is_object());
+  EXPECT_EQ(result.size(), 2u) << result;
+  ASSERT_TRUE(result.at("loss").is_number());
+  const double loss = result.at("loss").get<double>();
+  EXPECT_TRUE(std::isfinite(loss));
+  EXPECT_GT(loss, 0.0);
+  EXPECT_EQ(result.at("tokens"), windows * kSeqLen);
+
+  // One batch of the default 8 windows.
+  const Finished one = Eval(checkpoint, data, {"--batches", "1"});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const json one_result = EvalResult(one);
+  ASSERT_TRUE(one_result.is_object());
+  EXPECT_EQ(one_result.at("tokens"), 8 * kSeqLen);
+  EXPECT_TRUE(std::isfinite(one_result.at("loss").get<double>()));
+
+  // The mean is over windows, whatever the batching (8 + 8 + 4 windows, or all 20 at once).
+  const Finished single_batch = Eval(checkpoint, data, {"--batch-size", "20"});
+  ASSERT_EQ(single_batch.exit_code, 0) << single_batch.err;
+  const json single_result = EvalResult(single_batch);
+  ASSERT_TRUE(single_result.is_object());
+  EXPECT_EQ(single_result.at("tokens"), windows * kSeqLen);
+  EXPECT_NEAR(single_result.at("loss").get<double>(), loss, 1e-5 * loss);
+}
+
+TEST_F(EvalTest, CorruptCheckpointFailsNamingTheFile) {
+  const fs::path checkpoint = TrainedCheckpoint();
+  ASSERT_TRUE(fs::exists(checkpoint));
+  const std::string data = WriteU16("tokens.u16", Tokens(10 * kSeqLen + 1));
+  // A copy under the same step name, with one byte of tensor data flipped.
+  const fs::path corrupt = dir_ / "corrupt" / StepDirName(10);
+  fs::create_directories(corrupt.parent_path());
+  fs::copy(checkpoint, corrupt, fs::copy_options::recursive);
+  const fs::path model = corrupt / "model-rank00000.safetensors";
+  std::string bytes = ReadFile(model);
+  bytes[bytes.size() / 2 + 3] ^= 0x40;
+  WriteFile(model, bytes);
+
+  ASSERT_EQ(Eval(checkpoint, data).exit_code, 0) << "the original still evaluates";
+  const Finished run = Eval(corrupt, data);
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_EQ(run.term_signal, 0);
+  EXPECT_TRUE(Contains(run.err, "model-rank00000.safetensors")) << run.err;
+  EXPECT_TRUE(run.out.empty()) << run.out;
+}
+
+TEST_F(EvalTest, TokenOutsideTheVocabularyFailsNamingFileAndOffset) {
+  const fs::path checkpoint = TrainedCheckpoint();
+  ASSERT_TRUE(fs::exists(checkpoint));
+  std::vector<uint16_t> tokens = Tokens(10 * kSeqLen + 1);
+  tokens[100] = 64;  // = vocab_size, at byte offset 200
+  const std::string data = WriteU16("bad.u16", tokens);
+  const Finished run = Eval(checkpoint, data);
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_EQ(run.term_signal, 0);
+  EXPECT_TRUE(Contains(run.err, data)) << run.err;
+  EXPECT_TRUE(Contains(run.err, "offset 200")) << run.err;
+  EXPECT_TRUE(run.out.empty()) << run.out;
+}
+
+}  // namespace
+}  // namespace moetrain
