@@ -6,7 +6,8 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libabsl-dev libdnnl-dev libgtest-dev nlohmann-json3-dev libssl-dev
-  libprotobuf-dev protobuf-compiler libyaml-cpp-dev libcli11-dev
+  libprotobuf-dev protobuf-compiler libyaml-cpp-dev libcli11-dev libsqlite3-dev
+  prometheus  # promtool, which tests/server/http/metrics_test.cc runs on the /metrics text
 )
 
 missing=()

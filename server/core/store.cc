@@ -1,0 +1,475 @@
+// Store operations: jobs and transitions, events, attempts, checkpoints, workers. Open and the
+// schema live in store_schema.cc.
+#include "server/core/store.h"
+
+#include <openssl/evp.h>
+
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "engine/core/status.h"
+#include "server/core/sqlite.h"
+
+namespace moetrain::server {
+namespace {
+
+constexpr int kMaxPageSize = 1000;
+constexpr int kDefaultPageSize = 100;
+constexpr int kMaxEventsPerRead = 10000;
+constexpr int kJobIdTries = 8;
+constexpr size_t kMaxSubmissionIdBytes = 1024;
+
+constexpr char kJobColumns[] =
+    "id, submission_id, name, spec, spec_sha256, priority, state, state_reason, created_us, "
+    "updated_us, attempt, restarts, latest_checkpoint_step, created_seq";
+
+int64_t Micros(absl::Time time) { return absl::ToUnixMicros(time); }
+absl::Time FromMicros(int64_t micros) { return absl::FromUnixMicros(micros); }
+
+std::string Sha256Hex(absl::string_view bytes) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  EVP_Digest(bytes.data(), bytes.size(), digest, &size, EVP_sha256(), nullptr);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string hex;
+  for (unsigned int i = 0; i < size; ++i) {
+    hex.push_back(kHex[digest[i] >> 4]);
+    hex.push_back(kHex[digest[i] & 15]);
+  }
+  return hex;
+}
+
+// A row of kJobColumns. An unreadable state means the file holds what no build wrote.
+absl::StatusOr<JobRecord> JobFromRow(const sqlite::Statement& row, absl::string_view path) {
+  JobRecord job;
+  job.id = row.Text(0);
+  job.submission_id = row.Text(1);
+  job.name = row.Text(2);
+  job.spec = row.Text(3);
+  job.spec_sha256 = row.Text(4);
+  job.priority = static_cast<int32_t>(row.Int(5));
+  absl::StatusOr<JobState> state = ParseJobState(row.Text(6));
+  if (!state.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("store ", path, ": job ", job.id, ": ", state.status().message()));
+  }
+  job.state = *state;
+  job.state_reason = row.Text(7);
+  job.created_at = FromMicros(row.Int(8));
+  job.updated_at = FromMicros(row.Int(9));
+  job.attempt = static_cast<int32_t>(row.Int(10));
+  job.restarts = static_cast<int32_t>(row.Int(11));
+  job.latest_checkpoint_step = row.OptionalInt(12);
+  return job;
+}
+
+absl::Status NoSuchJob(absl::string_view job_id) {
+  return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+}
+
+}  // namespace
+
+absl::StatusOr<JobRecord> Store::ReadJob(absl::string_view job_id) {
+  MOETRAIN_ASSIGN_OR_RETURN(
+      sqlite::Statement stmt,
+      db_->Query(absl::StrCat("SELECT ", kJobColumns, " FROM jobs WHERE id = ?"), job_id));
+  MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
+  if (!row) return NoSuchJob(job_id);
+  return JobFromRow(stmt, path_);
+}
+
+absl::Status Store::RequireJob(absl::string_view job_id) {
+  MOETRAIN_ASSIGN_OR_RETURN(sqlite::Statement stmt,
+                            db_->Query("SELECT 1 FROM jobs WHERE id = ?", job_id));
+  MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
+  return row ? absl::OkStatus() : NoSuchJob(job_id);
+}
+
+absl::StatusOr<JobRecord> Store::CreateJob(const NewJob& job) {
+  if (job.submission_id.size() > kMaxSubmissionIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("submission_id is ", job.submission_id.size(),
+                                                   " bytes, more than ", kMaxSubmissionIdBytes));
+  }
+  const std::string spec_sha256 = Sha256Hex(job.spec);
+  absl::MutexLock lock(&mu_);
+  JobRecord result;
+  MOETRAIN_RETURN_IF_ERROR(db_->Transaction([&]() -> absl::Status {
+    if (!job.submission_id.empty()) {
+      MOETRAIN_ASSIGN_OR_RETURN(
+          sqlite::Statement existing,
+          db_->Query("SELECT id, spec_sha256 FROM jobs WHERE submission_id = ?",
+                     job.submission_id));
+      MOETRAIN_ASSIGN_OR_RETURN(bool found, existing.Step());
+      if (found) {
+        std::string id = existing.Text(0);
+        if (existing.Text(1) != spec_sha256) {
+          return absl::AlreadyExistsError(absl::StrCat("submission_id '", job.submission_id,
+                                                       "' already names job ", id,
+                                                       ", with a different spec"));
+        }
+        MOETRAIN_ASSIGN_OR_RETURN(result, ReadJob(id));
+        return absl::OkStatus();
+      }
+    }
+    std::string id;
+    for (int attempt = 0; attempt < kJobIdTries && id.empty(); ++attempt) {
+      std::string candidate = env_->NewJobId();
+      if (absl::Status valid = ValidateJobId(candidate); !valid.ok()) {
+        return absl::InternalError(absl::StrCat("store env: ", valid.message()));
+      }
+      absl::Status taken = RequireJob(candidate);
+      if (absl::IsNotFound(taken)) {
+        id = std::move(candidate);
+      } else if (!taken.ok()) {
+        return taken;
+      }
+    }
+    if (id.empty()) {
+      return absl::InternalError(
+          absl::StrCat("no unused job id in ", kJobIdTries, " draws; is the id source random?"));
+    }
+    const int64_t now = Micros(env_->Now());
+    std::optional<absl::string_view> submission_id;
+    if (!job.submission_id.empty()) submission_id = job.submission_id;
+    MOETRAIN_RETURN_IF_ERROR(db_->Execute(
+        "INSERT INTO jobs (id, created_seq, submission_id, name, spec, spec_sha256, priority, "
+        "state, state_reason, created_us, updated_us, attempt, restarts) VALUES (?1, "
+        "(SELECT IFNULL(MAX(created_seq), 0) + 1 FROM jobs), ?2, ?3, ?4, ?5, ?6, ?7, '', ?8, ?8, "
+        "0, 0)",
+        id, submission_id, job.name, sqlite::Blob{job.spec}, spec_sha256, job.priority,
+        JobStateName(JobState::kPending), now));
+    MOETRAIN_ASSIGN_OR_RETURN(result, ReadJob(id));
+    return absl::OkStatus();
+  }));
+  return result;
+}
+
+absl::StatusOr<JobRecord> Store::GetJob(absl::string_view job_id) {
+  MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
+  absl::MutexLock lock(&mu_);
+  return ReadJob(job_id);
+}
+
+absl::StatusOr<JobPage> Store::ListJobs(const ListJobsOptions& options) {
+  int page_size = options.page_size == 0 ? kDefaultPageSize : options.page_size;
+  if (page_size < 1 || page_size > kMaxPageSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size = ", options.page_size, " is outside 0..", kMaxPageSize));
+  }
+  // The token is the created_seq of the last job on the previous page.
+  int64_t after = 0;
+  if (!options.page_token.empty() && (!absl::SimpleAtoi(options.page_token, &after) || after < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_token '", options.page_token, "' is not one ListJobs returned"));
+  }
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<sqlite::Statement> stmt =
+      options.state.has_value()
+          ? db_->Query(absl::StrCat("SELECT ", kJobColumns,
+                                    " FROM jobs WHERE state = ?1 AND created_seq > ?2 "
+                                    "ORDER BY created_seq LIMIT ?3"),
+                       JobStateName(*options.state), after, page_size + 1)
+          : db_->Query(absl::StrCat("SELECT ", kJobColumns,
+                                    " FROM jobs WHERE created_seq > ?1 ORDER BY created_seq "
+                                    "LIMIT ?2"),
+                       after, page_size + 1);
+  if (!stmt.ok()) return stmt.status();
+  JobPage page;
+  int64_t last_seq = 0;
+  for (;;) {
+    MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt->Step());
+    if (!row) break;
+    if (static_cast<int>(page.jobs.size()) == page_size) {
+      page.next_page_token = absl::StrCat(last_seq);
+      break;
+    }
+    MOETRAIN_ASSIGN_OR_RETURN(JobRecord job, JobFromRow(*stmt, path_));
+    page.jobs.push_back(std::move(job));
+    last_seq = stmt->Int(13);
+  }
+  return page;
+}
+
+absl::StatusOr<JobRecord> Store::TransitionJob(absl::string_view job_id, JobState from, JobState to,
+                                               absl::string_view reason) {
+  MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
+  if (!IsLegalTransition(from, to)) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, ": ", JobStateName(from),
+                                                      " -> ", JobStateName(to),
+                                                      " is not a legal transition"));
+  }
+  absl::MutexLock lock(&mu_);
+  JobRecord result;
+  MOETRAIN_RETURN_IF_ERROR(db_->Transaction([&]() -> absl::Status {
+    MOETRAIN_ASSIGN_OR_RETURN(JobRecord current, ReadJob(job_id));
+    if (current.state != from) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", job_id, " is ", JobStateName(current.state), ", not ", JobStateName(from)));
+    }
+    const absl::Time now = env_->Now();
+    MOETRAIN_RETURN_IF_ERROR(db_->Execute(
+        "UPDATE jobs SET state = ?1, state_reason = ?2, updated_us = ?3, restarts = restarts + ?4 "
+        "WHERE id = ?5",
+        JobStateName(to), reason, Micros(now), to == JobState::kRestarting ? 1 : 0, job_id));
+    MOETRAIN_RETURN_IF_ERROR(AppendEventLocked(job_id, kStateChangeEventKind,
+                                               EncodeStateChange({from, to, std::string(reason)}),
+                                               now)
+                                 .status());
+    MOETRAIN_ASSIGN_OR_RETURN(result, ReadJob(job_id));
+    return absl::OkStatus();
+  }));
+  return result;
+}
+
+absl::StatusOr<std::map<JobState, int64_t>> Store::CountJobsByState() {
+  std::map<JobState, int64_t> counts;
+  for (JobState state : kAllJobStates) counts[state] = 0;
+  absl::MutexLock lock(&mu_);
+  MOETRAIN_ASSIGN_OR_RETURN(sqlite::Statement stmt,
+                            db_->Prepare("SELECT state, count(*) FROM jobs GROUP BY state"));
+  for (;;) {
+    MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
+    if (!row) break;
+    absl::StatusOr<JobState> state = ParseJobState(stmt.Text(0));
+    if (!state.ok()) {
+      return absl::DataLossError(absl::StrCat("store ", path_, ": ", state.status().message()));
+    }
+    counts[*state] = stmt.Int(1);
+  }
+  return counts;
+}
+
+absl::StatusOr<int64_t> Store::AppendEventLocked(absl::string_view job_id, absl::string_view kind,
+                                                 absl::string_view payload, absl::Time now) {
+  // MAX + 1 inside the write transaction: sequences stay gapless whatever the concurrency.
+  MOETRAIN_ASSIGN_OR_RETURN(
+      sqlite::Statement stmt,
+      db_->Query("INSERT INTO events (job_id, sequence, kind, payload, time_us) "
+                 "SELECT ?1, IFNULL(MAX(sequence), 0) + 1, ?2, ?3, ?4 FROM events "
+                 "WHERE job_id = ?1 RETURNING sequence",
+                 job_id, kind, sqlite::Blob{payload}, Micros(now)));
+  MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
+  if (!row) return absl::InternalError(absl::StrCat("store ", path_, ": no event sequence"));
+  int64_t sequence = stmt.Int(0);
+  MOETRAIN_RETURN_IF_ERROR(stmt.Run());
+  return sequence;
+}
+
+absl::StatusOr<int64_t> Store::AppendEvent(absl::string_view job_id, absl::string_view kind,
+                                           absl::string_view payload) {
+  MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
+  if (kind.empty()) return absl::InvalidArgumentError("event kind is empty");
+  absl::MutexLock lock(&mu_);
+  int64_t sequence = 0;
+  MOETRAIN_RETURN_IF_ERROR(db_->Transaction([&]() -> absl::Status {
+    MOETRAIN_RETURN_IF_ERROR(RequireJob(job_id));
+    MOETRAIN_ASSIGN_OR_RETURN(sequence, AppendEventLocked(job_id, kind, payload, env_->Now()));
+    return absl::OkStatus();
+  }));
+  return sequence;
+}
+
+absl::StatusOr<std::vector<EventRecord>> Store::ReadEvents(absl::string_view job_id,
+                                                           int64_t from_sequence, int limit) {
+  MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
+  if (from_sequence < 0 || limit < 1 || limit > kMaxEventsPerRead) {
+    return absl::InvalidArgumentError(absl::StrCat("from_sequence = ", from_sequence,
+                                                   " must be >= 0 and limit = ", limit,
+                                                   " within 1..", kMaxEventsPerRead));
+  }
+  absl::MutexLock lock(&mu_);
+  MOETRAIN_RETURN_IF_ERROR(RequireJob(job_id));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      sqlite::Statement stmt,
+      db_->Query("SELECT sequence, kind, payload, time_us FROM events WHERE job_id = ?1 AND "
+                 "sequence >= ?2 ORDER BY sequence LIMIT ?3",
+                 job_id, from_sequence, limit));
+  std::vector<EventRecord> events;
+  for (;;) {
+    MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
+    if (!row) break;
+    events.push_back({stmt.Int(0), stmt.Text(1), stmt.Text(2), FromMicros(stmt.Int(3))});
+  }
+  return events;
+}
+
+absl::StatusOr<int32_t> Store::StartAttempt(absl::string_view job_id,
+                                            const std::vector<std::string>& workers) {
+  MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
+  if (workers.empty()) return absl::InvalidArgumentError("an attempt needs at least one worker");
+  for (const std::string& worker : workers) MOETRAIN_RETURN_IF_ERROR(ValidateWorkerId(worker));
+  absl::MutexLock lock(&mu_);
+  int32_t attempt = 0;
+  MOETRAIN_RETURN_IF_ERROR(db_->Transaction([&]() -> absl::Status {
+    MOETRAIN_ASSIGN_OR_RETURN(JobRecord job, ReadJob(job_id));
+    MOETRAIN_ASSIGN_OR_RETURN(
+        sqlite::Statement open,
+        db_->Query("SELECT attempt FROM attempts WHERE job_id = ? AND ended_us IS NULL", job_id));
+    MOETRAIN_ASSIGN_OR_RETURN(bool running, open.Step());
+    if (running) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job_id, ": attempt ", open.Int(0), " has not ended"));
+    }
+    attempt = job.attempt + 1;
+    const int64_t now = Micros(env_->Now());
+    MOETRAIN_RETURN_IF_ERROR(db_->Execute(
+        "INSERT INTO attempts (job_id, attempt, workers, started_us) VALUES (?, ?, ?, ?)", job_id,
+        attempt, absl::StrJoin(workers, ","), now));
+    return db_->Execute("UPDATE jobs SET attempt = ?, updated_us = ? WHERE id = ?", attempt, now,
+                        job_id);
+  }));
+  return attempt;
+}
+
+absl::Status Store::EndAttempt(absl::string_view job_id, int32_t attempt,
+                               absl::string_view outcome) {
+  MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
+  if (outcome.empty()) return absl::InvalidArgumentError("attempt outcome is empty");
+  absl::MutexLock lock(&mu_);
+  return db_->Transaction([&]() -> absl::Status {
+    MOETRAIN_RETURN_IF_ERROR(RequireJob(job_id));
+    MOETRAIN_ASSIGN_OR_RETURN(
+        sqlite::Statement stmt,
+        db_->Query("SELECT ended_us FROM attempts WHERE job_id = ? AND attempt = ?", job_id,
+                   attempt));
+    MOETRAIN_ASSIGN_OR_RETURN(bool found, stmt.Step());
+    if (!found) {
+      return absl::NotFoundError(absl::StrCat("job ", job_id, " has no attempt ", attempt));
+    }
+    if (!stmt.IsNull(0)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job_id, ": attempt ", attempt, " already ended"));
+    }
+    return db_->Execute(
+        "UPDATE attempts SET ended_us = ?, outcome = ? WHERE job_id = ? AND attempt = ?",
+        Micros(env_->Now()), outcome, job_id, attempt);
+  });
+}
+
+absl::StatusOr<std::vector<AttemptRecord>> Store::ListAttempts(absl::string_view job_id) {
+  MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
+  absl::MutexLock lock(&mu_);
+  MOETRAIN_RETURN_IF_ERROR(RequireJob(job_id));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      sqlite::Statement stmt,
+      db_->Query("SELECT attempt, workers, started_us, ended_us, outcome FROM attempts "
+                 "WHERE job_id = ? ORDER BY attempt",
+                 job_id));
+  std::vector<AttemptRecord> attempts;
+  for (;;) {
+    MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
+    if (!row) break;
+    AttemptRecord& attempt = attempts.emplace_back();
+    attempt.attempt = static_cast<int32_t>(stmt.Int(0));
+    attempt.workers = absl::StrSplit(stmt.Text(1), ',', absl::SkipEmpty());
+    attempt.started_at = FromMicros(stmt.Int(2));
+    if (!stmt.IsNull(3)) attempt.ended_at = FromMicros(stmt.Int(3));
+    attempt.outcome = stmt.Text(4);
+  }
+  return attempts;
+}
+
+absl::Status Store::RecordCheckpoint(absl::string_view job_id, const CheckpointRecord& checkpoint) {
+  MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
+  if (checkpoint.step < 0 || checkpoint.tokens_seen < 0 || checkpoint.path.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint step = ", checkpoint.step, ", tokens_seen = ", checkpoint.tokens_seen,
+        ", path = '", checkpoint.path, "': need step, tokens_seen >= 0 and a path"));
+  }
+  absl::MutexLock lock(&mu_);
+  return db_->Transaction([&]() -> absl::Status {
+    MOETRAIN_RETURN_IF_ERROR(RequireJob(job_id));
+    const int64_t now = Micros(env_->Now());
+    MOETRAIN_RETURN_IF_ERROR(db_->Execute(
+        "INSERT INTO checkpoints (job_id, step, path, tokens_seen, time_us) "
+        "VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (job_id, step) DO UPDATE SET "
+        "path = excluded.path, tokens_seen = excluded.tokens_seen, time_us = excluded.time_us",
+        job_id, checkpoint.step, checkpoint.path, checkpoint.tokens_seen, now));
+    return db_->Execute(
+        "UPDATE jobs SET latest_checkpoint_step = MAX(IFNULL(latest_checkpoint_step, -1), ?1), "
+        "updated_us = ?2 WHERE id = ?3",
+        checkpoint.step, now, job_id);
+  });
+}
+
+absl::StatusOr<std::vector<CheckpointRecord>> Store::ListCheckpoints(absl::string_view job_id) {
+  MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
+  absl::MutexLock lock(&mu_);
+  MOETRAIN_RETURN_IF_ERROR(RequireJob(job_id));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      sqlite::Statement stmt,
+      db_->Query("SELECT step, path, tokens_seen, time_us FROM checkpoints WHERE job_id = ? "
+                 "ORDER BY step",
+                 job_id));
+  std::vector<CheckpointRecord> checkpoints;
+  for (;;) {
+    MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
+    if (!row) break;
+    checkpoints.push_back({stmt.Int(0), stmt.Text(1), stmt.Int(2), FromMicros(stmt.Int(3))});
+  }
+  return checkpoints;
+}
+
+absl::StatusOr<CheckpointRecord> Store::LatestCheckpoint(absl::string_view job_id) {
+  MOETRAIN_ASSIGN_OR_RETURN(std::vector<CheckpointRecord> all, ListCheckpoints(job_id));
+  if (all.empty()) return absl::NotFoundError(absl::StrCat("job ", job_id, " has no checkpoint"));
+  return all.back();
+}
+
+absl::Status Store::UpsertWorker(const WorkerRecord& worker) {
+  MOETRAIN_RETURN_IF_ERROR(ValidateWorkerId(worker.id));
+  absl::MutexLock lock(&mu_);
+  return db_->Transaction([&]() -> absl::Status {
+    return db_->Execute(
+        "INSERT INTO workers (id, name, resources, state, last_heartbeat_us) "
+        "VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (id) DO UPDATE SET name = excluded.name, "
+        "resources = excluded.resources, state = excluded.state, "
+        "last_heartbeat_us = excluded.last_heartbeat_us",
+        worker.id, worker.name, sqlite::Blob{worker.resources}, WorkerStateName(worker.state),
+        Micros(env_->Now()));
+  });
+}
+
+absl::StatusOr<std::vector<WorkerRecord>> Store::ListWorkers() {
+  absl::MutexLock lock(&mu_);
+  MOETRAIN_ASSIGN_OR_RETURN(
+      sqlite::Statement stmt,
+      db_->Prepare(
+          "SELECT id, name, resources, state, last_heartbeat_us FROM workers ORDER BY id"));
+  std::vector<WorkerRecord> workers;
+  for (;;) {
+    MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
+    if (!row) break;
+    WorkerRecord& worker = workers.emplace_back();
+    worker.id = stmt.Text(0);
+    worker.name = stmt.Text(1);
+    worker.resources = stmt.Text(2);
+    absl::StatusOr<WorkerState> state = ParseWorkerState(stmt.Text(3));
+    if (!state.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("store ", path_, ": worker ", worker.id, ": ", state.status().message()));
+    }
+    worker.state = *state;
+    worker.last_heartbeat = FromMicros(stmt.Int(4));
+  }
+  return workers;
+}
+
+absl::Status Store::SetWorkerState(absl::string_view worker_id, WorkerState state) {
+  MOETRAIN_RETURN_IF_ERROR(ValidateWorkerId(worker_id));
+  absl::MutexLock lock(&mu_);
+  return db_->Transaction([&]() -> absl::Status {
+    MOETRAIN_RETURN_IF_ERROR(db_->Execute("UPDATE workers SET state = ? WHERE id = ?",
+                                          WorkerStateName(state), worker_id));
+    if (db_->Changes() == 0) {
+      return absl::NotFoundError(absl::StrCat("worker ", worker_id, " not found"));
+    }
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace moetrain::server

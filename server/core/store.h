@@ -1,0 +1,199 @@
+// The coordinator's durable store: jobs and their state machine, attempts, per-job events,
+// checkpoints and workers, in one SQLite file (WAL, synchronous=FULL: a call that returned OK
+// survives kill -9 and power loss). Every write is one transaction. Thread-safe.
+//
+// Errors: NotFound (no such job/worker), InvalidArgument (a malformed id or argument),
+// FailedPrecondition (the state is not what the call needs: stale `from`, illegal transition,
+// attempt already ended), AlreadyExists (submission id reused with another spec), Unavailable
+// (the file stayed locked past the busy timeout: retry), DataLoss (the file is corrupt: the store
+// never writes over it), Internal (anything else SQLite reports).
+#ifndef MOETRAIN_SERVER_CORE_STORE_H_
+#define MOETRAIN_SERVER_CORE_STORE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/core/job_state.h"
+
+namespace moetrain::server {
+
+namespace sqlite {
+class Database;
+}
+
+// What the store needs from the world, so tests can pin time and force id collisions.
+class StoreEnv {
+ public:
+  virtual ~StoreEnv() = default;
+  virtual absl::Time Now() = 0;
+  // A fresh job id candidate; the store validates it and retries on a collision.
+  virtual std::string NewJobId() = 0;
+};
+// absl::Now() and "job-" + 12 random base32 characters (a-z, 2-7) from std::random_device.
+StoreEnv* DefaultStoreEnv();
+
+// Job ids name checkpoint folders: 1-64 characters of [a-z0-9-], starting with a letter or digit
+// (so no '/', no "..", nothing a shell or a path would read specially).
+absl::Status ValidateJobId(absl::string_view id);
+// Worker ids are stored joined by ','; 1-128 printable ASCII characters, no ',' or space.
+absl::Status ValidateWorkerId(absl::string_view id);
+
+struct NewJob {
+  // Client-chosen idempotency key; empty means none (every call creates a job).
+  std::string submission_id;
+  std::string name;
+  std::string spec;  // serialized moetrain.v1.JobSpec, opaque here; serialize deterministically
+  int32_t priority = 0;
+};
+
+struct JobRecord {
+  std::string id;
+  std::string submission_id;
+  std::string name;
+  std::string spec;
+  std::string spec_sha256;  // lowercase hex of SHA-256(spec)
+  int32_t priority = 0;
+  JobState state = JobState::kPending;
+  std::string state_reason;
+  absl::Time created_at;
+  absl::Time updated_at;
+  int32_t attempt = 0;   // the latest attempt number, 0 before the first StartAttempt
+  int32_t restarts = 0;  // transitions into RESTARTING
+  std::optional<int64_t> latest_checkpoint_step;
+};
+
+struct ListJobsOptions {
+  std::optional<JobState> state;  // only jobs in this state
+  int page_size = 100;            // 1..1000; 0 means the default
+  std::string page_token;         // empty for the first page
+};
+
+struct JobPage {
+  std::vector<JobRecord> jobs;  // in creation order
+  std::string next_page_token;  // empty on the last page
+};
+
+struct EventRecord {
+  int64_t sequence = 0;  // per job, from 1, without gaps
+  std::string kind;
+  std::string payload;
+  absl::Time time;
+};
+
+struct AttemptRecord {
+  int32_t attempt = 0;
+  std::vector<std::string> workers;  // by rank
+  absl::Time started_at;
+  std::optional<absl::Time> ended_at;
+  std::string outcome;  // empty while the attempt runs
+};
+
+struct CheckpointRecord {
+  int64_t step = 0;
+  std::string path;
+  int64_t tokens_seen = 0;
+  absl::Time time;  // set by the store
+};
+
+struct WorkerRecord {
+  std::string id;
+  std::string name;
+  std::string resources;  // opaque bytes (serialized proto)
+  WorkerState state = WorkerState::kIdle;
+  absl::Time last_heartbeat;  // set to the store's Now() by UpsertWorker
+};
+
+struct StoreOptions {
+  StoreEnv* env = nullptr;  // DefaultStoreEnv() when null; not owned, must outlive the store
+  // How long a write waits for another connection's lock before Unavailable.
+  absl::Duration busy_timeout = absl::Seconds(5);
+  // Run PRAGMA quick_check on open (reads the whole file once), so truncation is caught at
+  // startup rather than by the first query that touches the missing pages.
+  bool verify_on_open = true;
+};
+
+class Store {
+ public:
+  static constexpr int kSchemaVersion = 1;
+
+  // Opens or creates the store at `path` and migrates its schema to kSchemaVersion.
+  // DataLoss (naming the file) when the file is not a database or is damaged; the file is left
+  // as it was. FailedPrecondition when it was written by a newer schema or is another program's.
+  static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& path,
+                                                     const StoreOptions& options = {});
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  // Creates a PENDING job. A repeated non-empty submission_id returns the existing job when its
+  // spec hash matches, and AlreadyExists when it does not.
+  absl::StatusOr<JobRecord> CreateJob(const NewJob& job);
+  absl::StatusOr<JobRecord> GetJob(absl::string_view job_id);
+  absl::StatusOr<JobPage> ListJobs(const ListJobsOptions& options);
+  // Moves the job from `from` to `to` and appends a state-change event, atomically.
+  // FailedPrecondition when the job is not in `from` or the transition is illegal; nothing
+  // changes then. Entering RESTARTING counts a restart. Returns the updated job.
+  absl::StatusOr<JobRecord> TransitionJob(absl::string_view job_id, JobState from, JobState to,
+                                          absl::string_view reason);
+  // Every state with its number of jobs (zeros included), for metrics.
+  absl::StatusOr<std::map<JobState, int64_t>> CountJobsByState();
+
+  // Returns the new event's sequence number.
+  absl::StatusOr<int64_t> AppendEvent(absl::string_view job_id, absl::string_view kind,
+                                      absl::string_view payload);
+  // Up to `limit` (1..10000) events with sequence >= from_sequence, in order.
+  absl::StatusOr<std::vector<EventRecord>> ReadEvents(absl::string_view job_id,
+                                                      int64_t from_sequence, int limit);
+
+  // Starts the job's next attempt on `workers` (by rank) and returns its number (1, 2, ...).
+  // FailedPrecondition while the previous attempt has not ended.
+  absl::StatusOr<int32_t> StartAttempt(absl::string_view job_id,
+                                       const std::vector<std::string>& workers);
+  // FailedPrecondition when the attempt already ended; outcome must not be empty.
+  absl::Status EndAttempt(absl::string_view job_id, int32_t attempt, absl::string_view outcome);
+  absl::StatusOr<std::vector<AttemptRecord>> ListAttempts(absl::string_view job_id);
+
+  // Records (or, for a step already recorded, replaces) a checkpoint and raises the job's
+  // latest_checkpoint_step.
+  absl::Status RecordCheckpoint(absl::string_view job_id, const CheckpointRecord& checkpoint);
+  absl::StatusOr<std::vector<CheckpointRecord>> ListCheckpoints(absl::string_view job_id);
+  // NotFound when the job has none.
+  absl::StatusOr<CheckpointRecord> LatestCheckpoint(absl::string_view job_id);
+
+  // Registers a worker or refreshes it (a heartbeat), stamping last_heartbeat.
+  absl::Status UpsertWorker(const WorkerRecord& worker);
+  absl::StatusOr<std::vector<WorkerRecord>> ListWorkers();
+  absl::Status SetWorkerState(absl::string_view worker_id, WorkerState state);
+
+  const std::string& path() const { return path_; }
+
+ private:
+  Store(std::string path, StoreEnv* env, std::unique_ptr<sqlite::Database> db);
+
+  // Pragmas, verification and schema migration, before the store is handed out.
+  absl::Status Initialize(const StoreOptions& options) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<JobRecord> ReadJob(absl::string_view job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RequireJob(absl::string_view job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<int64_t> AppendEventLocked(absl::string_view job_id, absl::string_view kind,
+                                            absl::string_view payload, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string path_;
+  StoreEnv* const env_;
+  absl::Mutex mu_;
+  std::unique_ptr<sqlite::Database> db_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace moetrain::server
+
+#endif  // MOETRAIN_SERVER_CORE_STORE_H_
