@@ -8,65 +8,22 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/backend/cpu/gemm.h"
+#include "engine/backend/cpu/rows.h"
 #include "engine/core/status.h"
 #include "engine/core/thread_pool.h"
 
 namespace moetrain {
 namespace {
 
-// Row loops that GCC vectorises, built for AVX2 and AVX-512 as well and picked at load time.
-#define MOETRAIN_MODEL_ROW_CLONES __attribute__((target_clones("default", "avx2", "avx512f")))
-
-bool IsAct(DType dtype) { return dtype == DType::kF32 || dtype == DType::kBF16; }
-
-// CheckTensor, and contiguous: the kernels address row r as data + r · columns.
-absl::Status CheckDense(const TensorView& t, const char* name, DType dtype,
-                        std::initializer_list<int64_t> shape) {
-  MOETRAIN_RETURN_IF_ERROR(CheckTensor(t, name, dtype, shape));
-  if (!t.is_contiguous()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": must be contiguous, got a strided ", t.DebugString(), " view"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckAct(const TensorView& t, const char* name, std::initializer_list<int64_t> shape) {
-  if (t.empty() || !IsAct(t.dtype())) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": expected an f32 or bf16 tensor, got ",
-                                                   t.empty() ? "none" : t.DebugString()));
-  }
-  return CheckDense(t, name, t.dtype(), shape);
-}
-
-// Per-thread scratch rows, for widening bf16 inputs and narrowing f32 results.
-float* Scratch(int slot, int64_t n) {
-  thread_local std::vector<float> buffers[2];
-  std::vector<float>& b = buffers[slot];
-  if (static_cast<int64_t>(b.size()) < n) b.resize(n);
-  return b.data();
-}
-
-// Row r of an act tensor as f32: in place, or widened into scratch `slot`.
-const float* ReadRow(const TensorView& t, int64_t r, int64_t cols, int slot) {
-  if (t.dtype() == DType::kF32) return t.data<float>() + r * cols;
-  float* tmp = Scratch(slot, cols);
-  ConvertBF16ToF32(t.data<BF16>() + r * cols, tmp, cols);
-  return tmp;
-}
-
-// Where to compute row r of an act output (in place when f32); FinishRow narrows it if bf16.
-float* WriteRow(const TensorView& t, int64_t r, int64_t cols, int slot) {
-  return t.dtype() == DType::kF32 ? t.data<float>() + r * cols : Scratch(slot, cols);
-}
-void FinishRow(const TensorView& t, int64_t r, int64_t cols, const float* row) {
-  if (t.dtype() == DType::kBF16) ConvertF32ToBF16(row, t.data<BF16>() + r * cols, cols);
-}
-
-// Rows per task so that each task touches ~64 KiB.
-int64_t Grain(int64_t cols) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)); }
+using cpu::CheckAct;
+using cpu::FinishRow;
+using cpu::ReadRow;
+using cpu::RowGrain;
+using cpu::Scratch;
+using cpu::WriteRow;
 
 // Σ a_i·b_i with 16 independent partial sums (so the loop vectorises) combined in a fixed order.
-MOETRAIN_MODEL_ROW_CLONES float Dot(const float* a, const float* b, int64_t n) {
+MOETRAIN_ROW_CLONES float Dot(const float* a, const float* b, int64_t n) {
   constexpr int kLanes = 16;
   float lanes[kLanes] = {};
   int64_t i = 0;
@@ -79,15 +36,15 @@ MOETRAIN_MODEL_ROW_CLONES float Dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
-MOETRAIN_MODEL_ROW_CLONES void RmsNormRow(const float* x, const float* w, float rstd, int64_t n,
-                                          float* out) {
+MOETRAIN_ROW_CLONES void RmsNormRow(const float* x, const float* w, float rstd, int64_t n,
+                                    float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] * rstd * w[i];
 }
 
 // d_x (+)= rstd·(g − x̂·⟨g, x̂⟩/D) with g = dy ⊙ w, x̂ = x·rstd; d_w_partial += dy ⊙ x̂.
-MOETRAIN_MODEL_ROW_CLONES void RmsNormBackwardRow(const float* x, const float* w, const float* dy,
-                                                  float rstd, int64_t n, bool accumulate,
-                                                  float* scratch, float* d_x, float* d_w_partial) {
+MOETRAIN_ROW_CLONES void RmsNormBackwardRow(const float* x, const float* w, const float* dy,
+                                            float rstd, int64_t n, bool accumulate, float* scratch,
+                                            float* d_x, float* d_w_partial) {
   float* g = scratch;
   for (int64_t i = 0; i < n; ++i) g[i] = dy[i] * w[i];
   const float c = Dot(g, x, n) * rstd * rstd / static_cast<float>(n);
@@ -99,7 +56,7 @@ MOETRAIN_MODEL_ROW_CLONES void RmsNormBackwardRow(const float* x, const float* w
   for (int64_t i = 0; i < n; ++i) d_w_partial[i] += dy[i] * (x[i] * rstd);
 }
 
-MOETRAIN_MODEL_ROW_CLONES void AddRow(const float* src, int64_t n, float* dst) {
+MOETRAIN_ROW_CLONES void AddRow(const float* src, int64_t n, float* dst) {
   for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
@@ -129,13 +86,13 @@ TensorView Workspace(Tensor& storage, DType dtype, std::initializer_list<int64_t
 
 absl::Status RmsNormForward(TensorView x, TensorView weight, float eps, TensorView out,
                             TensorView rstd) {
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(x, "rms_norm x", DType::kF32, {-1, -1}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(x, "rms_norm x", DType::kF32, {-1, -1}));
   const int64_t t = x.dim(0), d = x.dim(1);
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(weight, "rms_norm weight", DType::kF32, {d}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(weight, "rms_norm weight", DType::kF32, {d}));
   MOETRAIN_RETURN_IF_ERROR(CheckAct(out, "rms_norm out", {t, d}));
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(rstd, "rms_norm rstd", DType::kF32, {t}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(rstd, "rms_norm rstd", DType::kF32, {t}));
   const float* w = weight.data<float>();
-  DefaultThreadPool().ParallelFor(t, Grain(d), [&](int64_t begin, int64_t end) {
+  DefaultThreadPool().ParallelFor(t, RowGrain(d), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* row = x.data<float>() + r * d;
       const float mean_square = Dot(row, row, d) / static_cast<float>(d);
@@ -150,13 +107,13 @@ absl::Status RmsNormForward(TensorView x, TensorView weight, float eps, TensorVi
 }
 
 absl::Status RmsNormBackward(const RmsNormBackwardArgs& args) {
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(args.x, "rms_norm x", DType::kF32, {-1, -1}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(args.x, "rms_norm x", DType::kF32, {-1, -1}));
   const int64_t t = args.x.dim(0), d = args.x.dim(1);
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(args.weight, "rms_norm weight", DType::kF32, {d}));
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(args.rstd, "rms_norm rstd", DType::kF32, {t}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(args.weight, "rms_norm weight", DType::kF32, {d}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(args.rstd, "rms_norm rstd", DType::kF32, {t}));
   MOETRAIN_RETURN_IF_ERROR(CheckAct(args.d_out, "rms_norm d_out", {t, d}));
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(args.d_x, "rms_norm d_x", DType::kF32, {t, d}));
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(args.d_weight, "rms_norm d_weight", DType::kF32, {d}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(args.d_x, "rms_norm d_x", DType::kF32, {t, d}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(args.d_weight, "rms_norm d_weight", DType::kF32, {d}));
   if (t == 0) return absl::OkStatus();
 
   // The weight gradient sums over tokens: each block of rows sums into its own partial row, and
@@ -192,14 +149,14 @@ absl::Status RmsNormBackward(const RmsNormBackwardArgs& args) {
 // Token embedding
 
 absl::Status EmbeddingForward(TensorView table, TensorView tokens, TensorView out) {
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(table, "embedding table", DType::kF32, {-1, -1}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(table, "embedding table", DType::kF32, {-1, -1}));
   const int64_t v = table.dim(0), d = table.dim(1);
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(tokens, "embedding tokens", DType::kI32, {-1}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(tokens, "embedding tokens", DType::kI32, {-1}));
   const int64_t t = tokens.dim(0);
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(out, "embedding out", DType::kF32, {t, d}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(out, "embedding out", DType::kF32, {t, d}));
   MOETRAIN_RETURN_IF_ERROR(CheckTokens(tokens, v, "tokens"));
   const int32_t* ids = tokens.data<int32_t>();
-  DefaultThreadPool().ParallelFor(t, Grain(d), [&](int64_t begin, int64_t end) {
+  DefaultThreadPool().ParallelFor(t, RowGrain(d), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       std::memcpy(out.data<float>() + r * d, table.data<float>() + ids[r] * d, d * sizeof(float));
     }
@@ -208,11 +165,11 @@ absl::Status EmbeddingForward(TensorView table, TensorView tokens, TensorView ou
 }
 
 absl::Status EmbeddingBackward(TensorView tokens, TensorView d_out, TensorView d_table) {
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(d_table, "embedding d_table", DType::kF32, {-1, -1}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(d_table, "embedding d_table", DType::kF32, {-1, -1}));
   const int64_t v = d_table.dim(0), d = d_table.dim(1);
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(tokens, "embedding tokens", DType::kI32, {-1}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(tokens, "embedding tokens", DType::kI32, {-1}));
   const int64_t t = tokens.dim(0);
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(d_out, "embedding d_out", DType::kF32, {t, d}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(d_out, "embedding d_out", DType::kF32, {t, d}));
   MOETRAIN_RETURN_IF_ERROR(CheckTokens(tokens, v, "tokens"));
 
   // Counting sort of positions by token id (stable), so each vocabulary row is owned by one
@@ -228,7 +185,7 @@ absl::Status EmbeddingBackward(TensorView tokens, TensorView d_out, TensorView d
   }
   // Rows per task so that a task adds ~64 KiB of gradients on average.
   const int64_t row_cost = d + t * d / v;
-  DefaultThreadPool().ParallelFor(v, Grain(row_cost), [&](int64_t begin, int64_t end) {
+  DefaultThreadPool().ParallelFor(v, RowGrain(row_cost), [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       float* dst = d_table.data<float>() + row * d;
       for (int64_t j = row_begin[row]; j < row_begin[row + 1]; ++j) {
@@ -248,8 +205,9 @@ absl::Status CheckLmHeadArgs(const LmHeadLossArgs& args) {
   MOETRAIN_RETURN_IF_ERROR(CheckAct(args.hidden, "lm_head hidden", {-1, -1}));
   const int64_t t = args.hidden.dim(0), d = args.hidden.dim(1);
   if (t < 1) return absl::InvalidArgumentError("lm_head hidden: needs at least one token");
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(args.weight, "lm_head weight", args.hidden.dtype(), {-1, d}));
-  MOETRAIN_RETURN_IF_ERROR(CheckDense(args.targets, "lm_head targets", DType::kI32, {t}));
+  MOETRAIN_RETURN_IF_ERROR(
+      CheckDenseTensor(args.weight, "lm_head weight", args.hidden.dtype(), {-1, d}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(args.targets, "lm_head targets", DType::kI32, {t}));
   if (args.chunk_tokens < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("lm_head chunk_tokens = ", args.chunk_tokens, " must not be negative"));
@@ -264,8 +222,10 @@ absl::StatusOr<float> LmHeadLoss(const LmHeadLossArgs& args, const LmHeadLossGra
   const int64_t t = args.hidden.dim(0), d = args.hidden.dim(1), v = args.weight.dim(0);
   const DType act = args.hidden.dtype();
   if (grads != nullptr) {
-    MOETRAIN_RETURN_IF_ERROR(CheckDense(grads->d_hidden, "lm_head d_hidden", DType::kF32, {t, d}));
-    MOETRAIN_RETURN_IF_ERROR(CheckDense(grads->d_weight, "lm_head d_weight", DType::kF32, {v, d}));
+    MOETRAIN_RETURN_IF_ERROR(
+        CheckDenseTensor(grads->d_hidden, "lm_head d_hidden", DType::kF32, {t, d}));
+    MOETRAIN_RETURN_IF_ERROR(
+        CheckDenseTensor(grads->d_weight, "lm_head d_weight", DType::kF32, {v, d}));
   }
   LmHeadLossWorkspace local;
   LmHeadLossWorkspace& ws = workspace != nullptr ? *workspace : local;
@@ -284,7 +244,7 @@ absl::StatusOr<float> LmHeadLoss(const LmHeadLossArgs& args, const LmHeadLossGra
     TensorView hidden = args.hidden.Slice(t0, t0 + rows);
     TensorView z = logits.Slice(0, rows);
     MOETRAIN_RETURN_IF_ERROR(cpu::Gemm({.a = hidden, .b = args.weight, .c = z, .trans_b = true}));
-    DefaultThreadPool().ParallelFor(rows, Grain(v), [&](int64_t begin, int64_t end) {
+    DefaultThreadPool().ParallelFor(rows, RowGrain(v), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         float* row = z.data<float>() + r * v;
         const int32_t target = targets[t0 + r];

@@ -5,53 +5,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/backend/cpu/rows.h"
 #include "engine/core/status.h"
 #include "engine/core/thread_pool.h"
 
 namespace moetrain::cpu {
 namespace {
-
-bool IsAct(DType dtype) { return dtype == DType::kF32 || dtype == DType::kBF16; }
-
-absl::Status CheckAct(const TensorView& t, const char* name, std::initializer_list<int64_t> shape) {
-  if (t.empty() || !IsAct(t.dtype())) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": expected an f32 or bf16 tensor, got ",
-                                                   t.empty() ? "none" : t.DebugString()));
-  }
-  return CheckDenseTensor(t, name, t.dtype(), shape);
-}
-
-// Per-thread scratch rows for widening bf16 inputs and narrowing f32 results.
-float* Scratch(int slot, int64_t n) {
-  thread_local std::vector<float> buffers[3];
-  std::vector<float>& b = buffers[slot];
-  if (static_cast<int64_t>(b.size()) < n) b.resize(n);
-  return b.data();
-}
-
-// Row r of an act tensor with `cols` columns, as f32 (widened into scratch `slot` if bf16).
-const float* ReadRow(const TensorView& t, int64_t r, int64_t cols, int slot) {
-  if (t.dtype() == DType::kF32) return t.data<float>() + r * cols;
-  float* tmp = Scratch(slot, cols);
-  ConvertBF16ToF32(t.data<BF16>() + r * cols, tmp, cols);
-  return tmp;
-}
-
-// Where to compute row r of an act output: in place when f32, else in scratch `slot`, which
-// FinishRow then narrows into the tensor.
-float* WriteRow(const TensorView& t, int64_t r, int64_t cols, int slot) {
-  return t.dtype() == DType::kF32 ? t.data<float>() + r * cols : Scratch(slot, cols);
-}
-void FinishRow(const TensorView& t, int64_t r, int64_t cols, const float* row) {
-  if (t.dtype() == DType::kBF16) ConvertF32ToBF16(row, t.data<BF16>() + r * cols, cols);
-}
-
-// Rows per task so that each task touches ~64 KiB.
-int64_t Grain(int64_t cols) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)); }
-
-// The row loops below are plain loops that GCC vectorises; target_clones builds them for AVX2 and
-// AVX-512 as well and picks one at load time, so the binary still runs on any x86-64.
-#define MOETRAIN_ROW_CLONES __attribute__((target_clones("default", "avx2", "avx512f")))
 
 // e^x for x in float range, within ~2 ulp: e^x = 2^n · e^r with n = round(x·log2 e) and
 // |r| ≤ ln2/2, e^r by its Taylor series to r⁸ (truncation < 6e-9). Unlike std::exp it has no
@@ -132,7 +91,7 @@ absl::Status SwigluForward(TensorView gate_up, TensorView out) {
         absl::StrCat("swiglu gate_up: ", gate_up.dim(1), " columns is not even"));
   }
   MOETRAIN_RETURN_IF_ERROR(CheckAct(out, "swiglu out", {rows, f}));
-  DefaultThreadPool().ParallelFor(rows, Grain(2 * f), [&](int64_t begin, int64_t end) {
+  DefaultThreadPool().ParallelFor(rows, RowGrain(2 * f), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* gate = gate_up.data<float>() + r * 2 * f;
       const float* up = gate + f;
@@ -149,7 +108,7 @@ absl::Status SwigluBackward(TensorView gate_up, TensorView d_out, TensorView d_g
   const int64_t rows = gate_up.dim(0), f = gate_up.dim(1) / 2;
   MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(d_out, "swiglu d_out", DType::kF32, {rows, f}));
   MOETRAIN_RETURN_IF_ERROR(CheckAct(d_gate_up, "swiglu d_gate_up", {rows, 2 * f}));
-  DefaultThreadPool().ParallelFor(rows, Grain(2 * f), [&](int64_t begin, int64_t end) {
+  DefaultThreadPool().ParallelFor(rows, RowGrain(2 * f), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* gate = gate_up.data<float>() + r * 2 * f;
       const float* up = gate + f;
@@ -177,7 +136,7 @@ absl::Status GatherRows(TensorView src, TensorView index, TensorView dst) {
   }
   const char* s = static_cast<const char*>(src.raw());
   char* d = static_cast<char*>(dst.raw());
-  DefaultThreadPool().ParallelFor(rows, Grain(cols), [&](int64_t begin, int64_t end) {
+  DefaultThreadPool().ParallelFor(rows, RowGrain(cols), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
       std::memcpy(d + r * row_bytes, s + idx[r] * row_bytes, row_bytes);
   });
@@ -211,7 +170,7 @@ absl::Status CombineRows(TensorView rows, TensorView pair_row, TensorView weight
     MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(extra, "combine extra", DType::kF32, {tokens, d}));
   }
   MOETRAIN_RETURN_IF_ERROR(CheckAct(out, "combine out", {tokens, d}));
-  DefaultThreadPool().ParallelFor(tokens, Grain(d * k), [&](int64_t begin, int64_t end) {
+  DefaultThreadPool().ParallelFor(tokens, RowGrain(d * k), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       float* o = WriteRow(out, t, d, 0);
       if (extra.empty()) {
@@ -240,7 +199,7 @@ absl::Status CombineRowsBackward(TensorView d_out, TensorView rows, TensorView p
   MOETRAIN_RETURN_IF_ERROR(CheckAct(d_rows, "combine d_rows", {rows.dim(0), d}));
   MOETRAIN_RETURN_IF_ERROR(
       CheckDenseTensor(d_weights, "combine d_weights", DType::kF32, {tokens, k}));
-  DefaultThreadPool().ParallelFor(tokens, Grain(d * k), [&](int64_t begin, int64_t end) {
+  DefaultThreadPool().ParallelFor(tokens, RowGrain(d * k), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const float* g = ReadRow(d_out, t, d, 0);
       for (int64_t j = 0; j < k; ++j) {
@@ -269,7 +228,7 @@ absl::Status SumPairRows(TensorView rows, TensorView pair_row, absl::Span<const 
     MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(a, "sum addend", DType::kF32, {tokens, d}));
   }
   MOETRAIN_RETURN_IF_ERROR(CheckAct(out, "sum out", {tokens, d}));
-  DefaultThreadPool().ParallelFor(tokens, Grain(d * k), [&](int64_t begin, int64_t end) {
+  DefaultThreadPool().ParallelFor(tokens, RowGrain(d * k), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       float* o = WriteRow(out, t, d, 0);
       std::memset(o, 0, d * sizeof(float));
@@ -286,7 +245,7 @@ absl::Status SumPairRows(TensorView rows, TensorView pair_row, absl::Span<const 
 }
 
 absl::Status ConvertTensor(TensorView src, TensorView dst) {
-  if (src.empty() || dst.empty() || !IsAct(src.dtype()) || !IsAct(dst.dtype()) ||
+  if (src.empty() || dst.empty() || !IsActDType(src.dtype()) || !IsActDType(dst.dtype()) ||
       src.shape() != dst.shape() || !src.is_contiguous() || !dst.is_contiguous()) {
     return absl::InvalidArgumentError(
         absl::StrCat("convert: cannot convert ", src.empty() ? "none" : src.DebugString(), " into ",
