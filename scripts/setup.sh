@@ -8,6 +8,7 @@ packages=(
   libabsl-dev libdnnl-dev libgtest-dev nlohmann-json3-dev libssl-dev
   libprotobuf-dev protobuf-compiler libyaml-cpp-dev libcli11-dev libsqlite3-dev
   libgrpc++-dev protobuf-compiler-grpc  # proto/ moetrain_grpc: the coordinator and worker services
+  libcpp-httplib-dev  # server/http moetrain_http: /metrics, /healthz, /readyz
   prometheus  # promtool, which tests/server/http/metrics_test.cc runs on the /metrics text
 )
 

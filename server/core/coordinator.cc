@@ -1,0 +1,223 @@
+#include "server/core/coordinator.h"
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "engine/core/status.h"
+#include "moetrain/v1/job_spec.h"
+
+namespace moetrain::server {
+namespace {
+
+constexpr int kWatchBatch = 256;
+constexpr int kMaxPageSize = 1000;
+constexpr int kCancelTries = 8;
+
+// The store compares spec hashes for idempotency, so equal specs must give equal bytes.
+std::string SerializeDeterministic(const v1::JobSpec& spec) {
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    spec.SerializeToCodedStream(&coded);
+  }
+  return bytes;
+}
+
+absl::Status ValidateSubmissionId(absl::string_view submission_id) {
+  if (submission_id.empty()) return absl::InvalidArgumentError("submission_id is required");
+  if (submission_id.size() > kMaxSubmissionIdLength) {
+    return absl::InvalidArgumentError(absl::StrCat("submission_id has ", submission_id.size(),
+                                                   " characters, more than ",
+                                                   kMaxSubmissionIdLength));
+  }
+  for (char c : submission_id) {
+    if (c < 0x20 || c > 0x7e) {
+      return absl::InvalidArgumentError("submission_id holds a non-printable character");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateJobNameForPath(absl::string_view name) {
+  // ValidateJobSpec restricts the alphabet too; this check holds even if that one is relaxed,
+  // because the name may end up in paths.
+  if (name.empty()) return absl::InvalidArgumentError("name is required");
+  if (name == "." || name == ".." || absl::StrContains(name, "/") ||
+      absl::StrContains(name, "\\") || absl::StrContains(name, "..") || name.front() == '.' ||
+      name.find('\0') != absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "name = '", name, "' could escape a directory ('/', '\\', '..' or a ", "leading '.')"));
+  }
+  return absl::OkStatus();
+}
+
+Coordinator::Coordinator(Store* store) : store_(store) {}
+
+Coordinator::~Coordinator() { Shutdown(); }
+
+absl::StatusOr<JobRecord> Coordinator::Submit(absl::string_view submission_id,
+                                              const v1::JobSpec& spec, int32_t priority) {
+  MOETRAIN_RETURN_IF_ERROR(ValidateSubmissionId(submission_id));
+  MOETRAIN_RETURN_IF_ERROR(ValidateJobNameForPath(spec.name()));
+  MOETRAIN_ASSIGN_OR_RETURN(v1::JobSpec resolved, ResolveJobSpec(spec));
+
+  NewJob job;
+  job.submission_id = std::string(submission_id);
+  job.name = resolved.name();
+  job.spec = SerializeDeterministic(resolved);
+  job.priority = priority;
+
+  absl::MutexLock submit_lock(&submit_mu_);
+  MOETRAIN_ASSIGN_OR_RETURN(JobRecord record, store_->CreateJob(job));
+  // A new job has no events yet; a repeated submission finds its "submitted" event. Checking
+  // instead of trusting CreateJob also repairs a crash between the two writes.
+  MOETRAIN_ASSIGN_OR_RETURN(std::vector<EventRecord> first, store_->ReadEvents(record.id, 1, 1));
+  if (first.empty()) {
+    MOETRAIN_RETURN_IF_ERROR(AppendEvent(record.id, kSubmittedEventKind, "submitted").status());
+  }
+  return record;
+}
+
+absl::StatusOr<JobRecord> Coordinator::SubmitSerialized(absl::string_view submission_id,
+                                                        absl::string_view spec_bytes,
+                                                        int32_t priority) {
+  v1::JobSpec spec;
+  if (!spec.ParseFromString(std::string(spec_bytes))) {
+    return absl::InvalidArgumentError("spec: not a serialized moetrain.v1.JobSpec");
+  }
+  return Submit(submission_id, spec, priority);
+}
+
+absl::StatusOr<JobRecord> Coordinator::Get(absl::string_view job_id) {
+  return store_->GetJob(job_id);
+}
+
+absl::StatusOr<JobPage> Coordinator::List(const ListOptions& options) {
+  if (options.page_size < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size = ", options.page_size, " is negative"));
+  }
+  if (options.match_nothing) return JobPage{};
+  ListJobsOptions store_options;
+  store_options.page_size = std::min(options.page_size, kMaxPageSize);
+  store_options.page_token = options.page_token;
+
+  std::vector<JobState> states = options.states;
+  std::sort(states.begin(), states.end());
+  states.erase(std::unique(states.begin(), states.end()), states.end());
+  if (states.size() == 1) store_options.state = states.front();
+  MOETRAIN_ASSIGN_OR_RETURN(JobPage page, store_->ListJobs(store_options));
+  if (states.size() > 1) {
+    // The store filters on one state; for several, filter its unfiltered page. The page may come
+    // out short (even empty) with a next token, which the API allows.
+    std::vector<JobRecord> kept;
+    for (JobRecord& job : page.jobs) {
+      if (std::binary_search(states.begin(), states.end(), job.state)) {
+        kept.push_back(std::move(job));
+      }
+    }
+    page.jobs = std::move(kept);
+  }
+  return page;
+}
+
+absl::StatusOr<JobRecord> Coordinator::Cancel(absl::string_view job_id, absl::string_view reason) {
+  const std::string why = reason.empty() ? "cancelled" : std::string(reason);
+  for (int attempt = 0; attempt < kCancelTries; ++attempt) {
+    MOETRAIN_ASSIGN_OR_RETURN(JobRecord job, store_->GetJob(job_id));
+    if (IsFinal(job.state)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", job.id, " is ", JobStateName(job.state), ", a final state; nothing to cancel"));
+    }
+    absl::StatusOr<JobRecord> cancelled = Transition(job.id, job.state, JobState::kCancelled, why);
+    // FailedPrecondition: the state moved between the read and the transition; look again.
+    if (!absl::IsFailedPrecondition(cancelled.status())) return cancelled;
+  }
+  return absl::UnavailableError(
+      absl::StrCat("job ", job_id, " kept changing state while being cancelled; retry"));
+}
+
+absl::Status Coordinator::Watch(absl::string_view job_id, const WatchOptions& options,
+                                const EventCallback& callback) {
+  if (options.from_sequence < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("from_sequence = ", options.from_sequence, " is below 1"));
+  }
+  MOETRAIN_RETURN_IF_ERROR(store_->GetJob(job_id).status());
+  int64_t next = options.from_sequence;
+  for (;;) {
+    // Read the generation before the store: an append after this read moves it, so the wait
+    // below cannot miss it.
+    uint64_t seen;
+    {
+      absl::MutexLock lock(&mu_);
+      if (shutdown_) return absl::OkStatus();
+      seen = generation_;
+    }
+    MOETRAIN_ASSIGN_OR_RETURN(std::vector<EventRecord> events,
+                              store_->ReadEvents(job_id, next, kWatchBatch));
+    for (const EventRecord& event : events) {
+      if (!callback(event)) return absl::OkStatus();
+      next = event.sequence + 1;
+      if (event.kind == kStateChangeEventKind) {
+        absl::StatusOr<StateChange> change = DecodeStateChange(event.payload);
+        if (change.ok() && IsFinal(change->to)) return absl::OkStatus();
+      }
+    }
+    if (!events.empty()) continue;
+    // Nothing left: a final job will have no more events (its final state change was appended
+    // with the state, so it is behind us already, or before from_sequence).
+    MOETRAIN_ASSIGN_OR_RETURN(JobRecord job, store_->GetJob(job_id));
+    if (IsFinal(job.state)) {
+      MOETRAIN_ASSIGN_OR_RETURN(std::vector<EventRecord> late, store_->ReadEvents(job_id, next, 1));
+      if (late.empty()) return absl::OkStatus();
+      continue;
+    }
+    if (options.is_cancelled && options.is_cancelled()) return absl::OkStatus();
+    // The deadline also bounds how late an event appended behind the coordinator's back (another
+    // process on the same file) is seen.
+    absl::MutexLock lock(&mu_);
+    const absl::Time deadline = absl::Now() + options.cancel_check_interval;
+    while (generation_ == seen && !shutdown_) {
+      if (appended_.WaitWithDeadline(&mu_, deadline)) break;
+    }
+    if (shutdown_) return absl::OkStatus();
+  }
+}
+
+absl::StatusOr<JobRecord> Coordinator::Transition(absl::string_view job_id, JobState from,
+                                                  JobState to, absl::string_view reason) {
+  absl::StatusOr<JobRecord> job = store_->TransitionJob(job_id, from, to, reason);
+  if (job.ok()) NotifyAppended();
+  return job;
+}
+
+absl::StatusOr<int64_t> Coordinator::AppendEvent(absl::string_view job_id, absl::string_view kind,
+                                                 absl::string_view payload) {
+  absl::StatusOr<int64_t> sequence = store_->AppendEvent(job_id, kind, payload);
+  if (sequence.ok()) NotifyAppended();
+  return sequence;
+}
+
+void Coordinator::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shutdown_ = true;
+  appended_.SignalAll();
+}
+
+void Coordinator::NotifyAppended() {
+  absl::MutexLock lock(&mu_);
+  ++generation_;
+  appended_.SignalAll();
+}
+
+}  // namespace moetrain::server

@@ -1,0 +1,122 @@
+// The coordinator's job API, transport-free: submit, inspect, list, cancel and watch jobs over a
+// Store. The gRPC and HTTP endpoints convert their messages to these calls and back; every
+// decision (validation, idempotency, which states may be cancelled) is made here.
+//
+// Every event of a job is appended through the coordinator (state changes by TransitionJob inside
+// Transition), so that watchers blocked in Watch wake on a condition variable when one arrives
+// instead of polling the store.
+#ifndef MOETRAIN_SERVER_CORE_COORDINATOR_H_
+#define MOETRAIN_SERVER_CORE_COORDINATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "moetrain/v1/job.pb.h"
+#include "server/core/job_state.h"
+#include "server/core/store.h"
+
+namespace moetrain::server {
+
+// The first event of every job, appended by Submit; the payload is the reason text. It stands for
+// the change from no state to PENDING.
+inline constexpr char kSubmittedEventKind[] = "submitted";
+
+// Longest submission id a client may choose.
+inline constexpr size_t kMaxSubmissionIdLength = 128;
+
+struct ListOptions {
+  // Jobs in any of these states; empty = every state.
+  std::vector<JobState> states;
+  int page_size = 0;  // 0 = the default (100); capped at 1000
+  std::string page_token;
+  // A filter that was given but named no real state (the wire's UNSPECIFIED): matches nothing.
+  bool match_nothing = false;
+};
+
+struct WatchOptions {
+  // First store sequence to deliver (store sequences start at 1).
+  int64_t from_sequence = 1;
+  // Asked between waits; true ends the watch with OK. A watcher blocked on the condition variable
+  // wakes at once for a new event and at least every cancel_check_interval for this question,
+  // because some callers (a synchronous gRPC handler) cannot be notified of a cancellation.
+  std::function<bool()> is_cancelled;
+  absl::Duration cancel_check_interval = absl::Milliseconds(200);
+};
+
+// Called once per event, in sequence order; returning false ends the watch with OK (the
+// receiver went away).
+using EventCallback = std::function<bool(const EventRecord& event)>;
+
+class Coordinator {
+ public:
+  // `store` is not owned and must outlive the coordinator.
+  explicit Coordinator(Store* store);
+  ~Coordinator();
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  // Resolves (defaults + validation) and stores the spec as a PENDING job. InvalidArgument naming
+  // the field for a bad spec or submission id; nothing is stored then. The same submission id
+  // with the same resolved spec returns the first job; with another spec, AlreadyExists.
+  absl::StatusOr<JobRecord> Submit(absl::string_view submission_id, const v1::JobSpec& spec,
+                                   int32_t priority);
+  // The same for a serialized moetrain.v1.JobSpec.
+  absl::StatusOr<JobRecord> SubmitSerialized(absl::string_view submission_id,
+                                             absl::string_view spec_bytes, int32_t priority);
+
+  absl::StatusOr<JobRecord> Get(absl::string_view job_id);
+  absl::StatusOr<JobPage> List(const ListOptions& options);
+
+  // PENDING, SCHEDULED, RUNNING or RESTARTING → CANCELLED, recording `reason` ("cancelled" when
+  // empty). FailedPrecondition for a job already in a final state.
+  absl::StatusOr<JobRecord> Cancel(absl::string_view job_id, absl::string_view reason);
+
+  // Delivers the job's events with sequence >= from_sequence, the recorded ones first, then new
+  // ones as they are appended, without gaps or duplicates. Returns OK after the event that moves
+  // the job to a final state (or at once when the job is final and no events are left), when the
+  // callback returns false, when options.is_cancelled says so, or after Shutdown. NotFound for an
+  // unknown job.
+  absl::Status Watch(absl::string_view job_id, const WatchOptions& options,
+                     const EventCallback& callback);
+
+  // For the components that drive jobs (scheduler, worker reports): they append through here so
+  // that watchers wake.
+  absl::StatusOr<JobRecord> Transition(absl::string_view job_id, JobState from, JobState to,
+                                       absl::string_view reason);
+  absl::StatusOr<int64_t> AppendEvent(absl::string_view job_id, absl::string_view kind,
+                                      absl::string_view payload);
+
+  // Ends every Watch in progress (with OK) and makes new ones return at once.
+  void Shutdown();
+
+ private:
+  // Wakes every watcher: something was appended.
+  void NotifyAppended();
+
+  Store* const store_;
+  // Serializes Submit, so that two concurrent calls with one submission id append one
+  // "submitted" event.
+  absl::Mutex submit_mu_;
+  absl::Mutex mu_;
+  absl::CondVar appended_;
+  // Bumped on every append; a watcher waits until it moves.
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Names a job spec may have without being able to leave the directory it is joined to: OK, or
+// InvalidArgument naming spec name and value.
+absl::Status ValidateJobNameForPath(absl::string_view name);
+
+}  // namespace moetrain::server
+
+#endif  // MOETRAIN_SERVER_CORE_COORDINATOR_H_

@@ -1,0 +1,205 @@
+#include "server/http/http_server.h"
+
+#include <httplib.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace moetrain::server {
+namespace {
+
+constexpr char kMetricsPath[] = "/metrics";
+constexpr char kHealthzPath[] = "/healthz";
+constexpr char kReadyzPath[] = "/readyz";
+// Every path nobody serves is counted under this one label value: paths come from the client,
+// and one time series per typo would grow the registry without bound.
+constexpr char kOtherPath[] = "other";
+constexpr char kMetricsContentType[] = "text/plain; version=0.0.4; charset=utf-8";
+constexpr char kTextContentType[] = "text/plain; charset=utf-8";
+// A probe or scrape that holds a connection open must not hold up Stop for long.
+constexpr time_t kKeepAliveTimeoutSeconds = 1;
+
+// SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, which lets a second process bind a port
+// already in use and silently take half of its connections.
+void ReuseAddressOnly(int socket_fd) {
+  int yes = 1;
+  setsockopt(socket_fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+}
+
+std::string Address(const HttpServerOptions& options) {
+  return absl::StrCat(options.host, ":", options.port);
+}
+
+}  // namespace
+
+struct HttpServer::RouteMetrics {
+  Family<Counter>* requests;     // {path, code}
+  Gauge* up;                     // 1 until STOPPED
+  Family<Gauge>* state_by_name;  // {state}, 1 for the current state
+};
+
+absl::Status HttpServerOptions::Validate() const {
+  if (host.empty()) return absl::InvalidArgumentError("http.host is empty");
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("http.port = ", port, " is outside [0, 65535]"));
+  }
+  if (registry == nullptr) return absl::InvalidArgumentError("http.registry is null");
+  if (readiness == nullptr) return absl::InvalidArgumentError("http.readiness is null");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(const HttpServerOptions& options) {
+  if (absl::Status status = options.Validate(); !status.ok()) return status;
+  auto metrics = std::make_unique<RouteMetrics>();
+  absl::StatusOr<Family<Counter>*> requests = options.registry->AddCounter(
+      "moetrain_http_requests_total", "HTTP requests served, by path and status code.",
+      {"path", "code"});
+  if (!requests.ok()) return requests.status();
+  metrics->requests = *requests;
+  absl::StatusOr<Family<Gauge>*> up =
+      options.registry->AddGauge("moetrain_up", "1 while the coordinator is up, 0 once stopped.");
+  if (!up.ok()) return up.status();
+  absl::StatusOr<Gauge*> up_gauge = (*up)->WithLabels({});
+  if (!up_gauge.ok()) return up_gauge.status();
+  metrics->up = *up_gauge;
+  absl::StatusOr<Family<Gauge>*> state = options.registry->AddGauge(
+      "moetrain_readiness_state", "1 for the coordinator's readiness state, 0 for the others.",
+      {"state"});
+  if (!state.ok()) return state.status();
+  metrics->state_by_name = *state;
+  // Every state is written from the first scrape on, so that a query for one always finds it.
+  for (ReadinessState s : kAllReadinessStates) {
+    absl::StatusOr<Gauge*> gauge = metrics->state_by_name->WithLabels({ReadinessStateName(s)});
+    if (!gauge.ok()) return gauge.status();
+  }
+  return std::unique_ptr<HttpServer>(new HttpServer(options, std::move(metrics)));
+}
+
+HttpServer::HttpServer(const HttpServerOptions& options,
+                       std::unique_ptr<RouteMetrics> route_metrics)
+    : options_(options), metrics_(std::move(route_metrics)) {
+  RouteMetrics* metrics = metrics_.get();
+  readiness_listener_ =
+      options_.readiness->AddListener([metrics](ReadinessState state, const std::string&) {
+        metrics->up->Set(state == ReadinessState::kStopped ? 0.0 : 1.0);
+        for (ReadinessState s : kAllReadinessStates) {
+          // The children exist since Create, so the lookup cannot fail.
+          absl::StatusOr<Gauge*> gauge =
+              metrics->state_by_name->WithLabels({ReadinessStateName(s)});
+          if (gauge.ok()) (*gauge)->Set(s == state ? 1.0 : 0.0);
+        }
+      });
+}
+
+HttpServer::~HttpServer() {
+  Stop();
+  options_.readiness->RemoveListener(readiness_listener_);
+}
+
+absl::Status HttpServer::Start() {
+  std::lock_guard<std::mutex> lock(lifecycle_mu_);
+  if (server_ != nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("HTTP server on ", options_.host, ":", port(), " is already started"));
+  }
+  // A fresh httplib::Server per start: one that has been stopped is not meant to listen again.
+  auto server = std::make_unique<httplib::Server>();
+  server->set_socket_options(ReuseAddressOnly);
+  server->set_keep_alive_timeout(kKeepAliveTimeoutSeconds);
+  // One catch-all route per method, so that every request, 404s included, is answered and
+  // counted in one place before its response is written.
+  const httplib::Server::Handler handler = [this](const httplib::Request& request,
+                                                  httplib::Response& response) {
+    Handle(request, &response);
+  };
+  server->Get(".*", handler);
+  server->Post(".*", handler);
+  server->Put(".*", handler);
+  server->Patch(".*", handler);
+  server->Delete(".*", handler);
+  server->Options(".*", handler);
+
+  int bound_port = options_.port;
+  if (options_.port == 0) {
+    bound_port = server->bind_to_any_port(options_.host);
+  } else if (!server->bind_to_port(options_.host, options_.port)) {
+    bound_port = -1;
+  }
+  if (bound_port <= 0) {
+    return absl::UnavailableError(absl::StrCat("cannot bind the HTTP server to ", Address(options_),
+                                               ": the port is in use or the host is not local"));
+  }
+
+  auto listening_done = std::make_shared<std::atomic<bool>>(false);
+  httplib::Server* raw_server = server.get();
+  listen_thread_ = std::thread([raw_server, listening_done] {
+    raw_server->listen_after_bind();
+    listening_done->store(true, std::memory_order_release);
+  });
+  // httplib's stop() is lost if it comes before the accept loop is running, so Start returns
+  // only once it is.
+  while (!raw_server->is_running() && !listening_done->load(std::memory_order_acquire)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!raw_server->is_running()) {
+    listen_thread_.join();
+    return absl::UnavailableError(
+        absl::StrCat("the HTTP server on ", options_.host, ":", bound_port, " stopped listening"));
+  }
+  server_ = std::move(server);
+  port_.store(bound_port, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+void HttpServer::Stop() {
+  std::lock_guard<std::mutex> lock(lifecycle_mu_);
+  if (server_ == nullptr) return;
+  server_->stop();
+  listen_thread_.join();
+  server_.reset();
+  port_.store(0, std::memory_order_release);
+}
+
+void HttpServer::Handle(const httplib::Request& request, httplib::Response* response) {
+  const std::string& path = request.path;
+  const bool known = path == kMetricsPath || path == kHealthzPath || path == kReadyzPath;
+  const bool readable = request.method == "GET" || request.method == "HEAD";
+  std::string body;
+  const char* content_type = kTextContentType;
+  int code = 200;
+  if (!known) {
+    code = 404;
+    body = "not found\n";
+  } else if (!readable) {
+    code = 405;
+    body = "method not allowed\n";
+    response->set_header("Allow", "GET, HEAD");
+  } else if (path == kHealthzPath) {
+    const bool up = options_.readiness->state() != ReadinessState::kStopped;
+    code = up ? 200 : 503;
+    body = up ? "ok" : "stopped";
+  } else if (path == kReadyzPath) {
+    std::string reason;
+    const ReadinessState state = options_.readiness->Get(&reason);
+    code = state == ReadinessState::kServing ? 200 : 503;
+    body = absl::StrCat(ReadinessStateName(state), ": ", reason);
+  }
+
+  // Counted before a /metrics body is made, so that a scrape sees itself.
+  const std::string code_text = absl::StrCat(code);
+  absl::StatusOr<Counter*> counter =
+      metrics_->requests->WithLabels({known ? path : kOtherPath, code_text});
+  if (counter.ok()) (*counter)->Increment();
+
+  if (known && readable && path == kMetricsPath) {
+    body = options_.registry->Serialize();
+    content_type = kMetricsContentType;
+  }
+  response->status = code;
+  response->set_content(std::move(body), content_type);
+}
+
+}  // namespace moetrain::server

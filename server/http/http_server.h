@@ -1,0 +1,92 @@
+// The coordinator's HTTP endpoint: Prometheus metrics and health probes.
+//
+//   GET /metrics   the registry in the text format 0.0.4
+//   GET /healthz   200 "ok" while the process is up (any readiness state but STOPPED), else 503
+//   GET /readyz    200 while SERVING, else 503 with the state and its reason
+//   anything else  404 (405 for another method on one of the paths above)
+//
+//   MOETRAIN_ASSIGN_OR_RETURN(std::unique_ptr<HttpServer> http,
+//       HttpServer::Create({.host = "0.0.0.0", .port = 9090, .registry = &registry,
+//                           .readiness = &readiness}));
+//   MOETRAIN_RETURN_IF_ERROR(http->Start());   // http->port() is the bound port
+//   ...
+//   http->Stop();
+//
+// Create adds to the registry `moetrain_http_requests_total{path,code}`, `moetrain_up` and
+// `moetrain_readiness_state{state}` (1 for the current state, 0 for the others), so one registry
+// serves one HttpServer. The registry and the readiness outlive the server.
+#ifndef MOETRAIN_SERVER_HTTP_HTTP_SERVER_H_
+#define MOETRAIN_SERVER_HTTP_HTTP_SERVER_H_
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/core/readiness.h"
+#include "server/http/metrics.h"
+
+namespace httplib {
+class Server;
+struct Request;
+struct Response;
+}  // namespace httplib
+
+namespace moetrain::server {
+
+struct HttpServerOptions {
+  // Only this address is bound: "127.0.0.1" for local scrapes, "0.0.0.0" for all interfaces.
+  std::string host = "127.0.0.1";
+  // 0 picks a free port; port() then tells which.
+  int port = 0;
+  MetricsRegistry* registry = nullptr;  // not owned
+  Readiness* readiness = nullptr;       // not owned
+
+  // InvalidArgument for an empty host, a port outside [0, 65535] or a missing registry or
+  // readiness.
+  absl::Status Validate() const;
+};
+
+class HttpServer {
+ public:
+  // InvalidArgument for bad options; AlreadyExists when the registry already has this server's
+  // metrics.
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Create(const HttpServerOptions& options);
+
+  ~HttpServer();  // stops
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds host:port and serves on a thread of its own until Stop. FailedPrecondition when already
+  // started; Unavailable when the address cannot be bound (in use, not local). A stopped server
+  // may be started again.
+  absl::Status Start();
+  // Stops accepting, finishes the requests in flight and joins. Does nothing when not started.
+  void Stop();
+
+  // The bound port while started, else 0.
+  int port() const { return port_.load(std::memory_order_acquire); }
+
+ private:
+  struct RouteMetrics;
+
+  HttpServer(const HttpServerOptions& options, std::unique_ptr<RouteMetrics> route_metrics);
+  void Handle(const httplib::Request& request, httplib::Response* response);
+
+  const HttpServerOptions options_;
+  const std::unique_ptr<RouteMetrics> metrics_;
+  Readiness::ListenerId readiness_listener_ = 0;
+
+  std::mutex lifecycle_mu_;  // serializes Start and Stop
+  std::unique_ptr<httplib::Server> server_ ABSL_GUARDED_BY(lifecycle_mu_);
+  std::thread listen_thread_ ABSL_GUARDED_BY(lifecycle_mu_);
+  std::atomic<int> port_{0};
+};
+
+}  // namespace moetrain::server
+
+#endif  // MOETRAIN_SERVER_HTTP_HTTP_SERVER_H_

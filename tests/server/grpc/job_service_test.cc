@@ -1,0 +1,340 @@
+// JobService end to end: a real grpc::Server on 127.0.0.1 (ephemeral port) over a Coordinator and
+// a SQLite store in a fresh temporary directory, called through the generated stub.
+
+#include "server/grpc/job_service.h"
+
+#include <grpcpp/grpcpp.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "moetrain/v1/coordinator.grpc.pb.h"
+
+namespace moetrain::server {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+constexpr char kToken[] = "s3cret-token";
+
+class JobServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::temp_directory_path() / "job_service_test.XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+    absl::StatusOr<std::unique_ptr<Store>> store =
+        Store::Open((fs::path(dir_) / "coordinator.db").string());
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    coordinator_ = std::make_unique<Coordinator>(store_.get());
+    JobServiceOptions options;
+    options.bearer_token = kToken;
+    options.watch_cancel_check_interval = absl::Milliseconds(20);
+    service_ = std::make_unique<JobService>(coordinator_.get(), options);
+
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    ASSERT_NE(port, 0);
+    stub_ = v1::JobService::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  }
+
+  void TearDown() override {
+    if (coordinator_) coordinator_->Shutdown();
+    if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    server_.reset();
+    service_.reset();
+    coordinator_.reset();
+    store_.reset();
+    fs::remove_all(dir_);
+  }
+
+  static void Authorize(grpc::ClientContext* context, const std::string& token = kToken) {
+    context->AddMetadata("authorization", "Bearer " + token);
+    context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  }
+
+  static v1::SubmitJobRequest Submission(const std::string& submission_id,
+                                         const std::string& name = "tiny") {
+    v1::SubmitJobRequest request;
+    request.set_submission_id(submission_id);
+    request.mutable_spec()->set_name(name);
+    request.set_priority(3);
+    return request;
+  }
+
+  v1::Job MustSubmit(const std::string& submission_id) {
+    grpc::ClientContext context;
+    Authorize(&context);
+    v1::Job job;
+    grpc::Status status = stub_->SubmitJob(&context, Submission(submission_id), &job);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return job;
+  }
+
+  int64_t StoredJobs() {
+    absl::StatusOr<JobPage> page = store_->ListJobs({});
+    EXPECT_TRUE(page.ok()) << page.status();
+    return page.ok() ? static_cast<int64_t>(page->jobs.size()) : -1;
+  }
+
+  std::string dir_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<JobService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::JobService::Stub> stub_;
+};
+
+TEST_F(JobServiceTest, SubmitGetListCancel) {
+  v1::Job job = MustSubmit("sub-1");
+  EXPECT_FALSE(job.id().empty());
+  EXPECT_EQ(job.submission_id(), "sub-1");
+  EXPECT_EQ(job.name(), "tiny");
+  EXPECT_EQ(job.state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(job.priority(), 3);
+  EXPECT_TRUE(job.spec().model().has_hidden_size());  // defaults applied
+  EXPECT_GT(job.create_time().seconds(), 1600000000);
+  EXPECT_FALSE(job.has_latest_checkpoint_step());
+
+  // Idempotent on the submission id.
+  EXPECT_EQ(MustSubmit("sub-1").id(), job.id());
+  {
+    grpc::ClientContext context;
+    Authorize(&context);
+    v1::Job other;
+    grpc::Status status = stub_->SubmitJob(&context, Submission("sub-1", "renamed"), &other);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::ALREADY_EXISTS) << status.error_message();
+  }
+
+  {
+    grpc::ClientContext context;
+    Authorize(&context);
+    v1::GetJobRequest request;
+    request.set_job_id(job.id());
+    v1::Job got;
+    grpc::Status status = stub_->GetJob(&context, request, &got);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(got.id(), job.id());
+    EXPECT_EQ(got.spec().name(), "tiny");
+  }
+  {
+    grpc::ClientContext context;
+    Authorize(&context);
+    v1::GetJobRequest request;
+    request.set_job_id("job-missing");
+    v1::Job got;
+    EXPECT_EQ(stub_->GetJob(&context, request, &got).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+
+  v1::Job second = MustSubmit("sub-2");
+  v1::Job third = MustSubmit("sub-3");
+  std::vector<std::string> listed;
+  std::string token;
+  int pages = 0;
+  do {
+    grpc::ClientContext context;
+    Authorize(&context);
+    v1::ListJobsRequest request;
+    request.set_page_size(2);
+    request.set_page_token(token);
+    v1::ListJobsResponse response;
+    grpc::Status status = stub_->ListJobs(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    for (const v1::Job& j : response.jobs()) listed.push_back(j.id());
+    token = response.next_page_token();
+    ++pages;
+  } while (!token.empty() && pages < 10);
+  EXPECT_EQ(pages, 2);
+  EXPECT_EQ(listed, (std::vector<std::string>{job.id(), second.id(), third.id()}));
+
+  {
+    grpc::ClientContext context;
+    Authorize(&context);
+    v1::CancelJobRequest request;
+    request.set_job_id(second.id());
+    request.set_reason("changed my mind");
+    v1::Job cancelled;
+    grpc::Status status = stub_->CancelJob(&context, request, &cancelled);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(cancelled.state(), v1::JOB_STATE_CANCELLED);
+    EXPECT_EQ(cancelled.state_reason(), "changed my mind");
+  }
+  {
+    grpc::ClientContext context;
+    Authorize(&context);
+    v1::CancelJobRequest request;
+    request.set_job_id(second.id());
+    v1::Job cancelled;
+    EXPECT_EQ(stub_->CancelJob(&context, request, &cancelled).error_code(),
+              grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  {
+    grpc::ClientContext context;
+    Authorize(&context);
+    v1::ListJobsRequest request;
+    request.add_states(v1::JOB_STATE_CANCELLED);
+    v1::ListJobsResponse response;
+    ASSERT_TRUE(stub_->ListJobs(&context, request, &response).ok());
+    ASSERT_EQ(response.jobs_size(), 1);
+    EXPECT_EQ(response.jobs(0).id(), second.id());
+  }
+  {
+    grpc::ClientContext context;
+    Authorize(&context);
+    v1::ListJobsRequest request;
+    request.add_states(v1::JOB_STATE_UNSPECIFIED);
+    v1::ListJobsResponse response;
+    ASSERT_TRUE(stub_->ListJobs(&context, request, &response).ok());
+    EXPECT_EQ(response.jobs_size(), 0);
+  }
+}
+
+TEST_F(JobServiceTest, WatchStreamsFromASequenceAndEndsAtTheFinalState) {
+  v1::Job job = MustSubmit("w");
+  ASSERT_TRUE(coordinator_->AppendEvent(job.id(), "log", "hello").ok());
+
+  grpc::ClientContext context;
+  Authorize(&context);
+  v1::WatchJobRequest request;
+  request.set_job_id(job.id());
+  request.set_from_sequence(1);
+  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader = stub_->WatchJob(&context, request);
+
+  v1::JobEvent event;
+  ASSERT_TRUE(reader->Read(&event));
+  EXPECT_EQ(event.sequence(), 1);
+  EXPECT_EQ(event.log_line().text(), "log: hello");
+
+  // A live event, then the cancellation that ends the stream.
+  ASSERT_TRUE(coordinator_->AppendEvent(job.id(), "log", "live").ok());
+  ASSERT_TRUE(reader->Read(&event));
+  EXPECT_EQ(event.sequence(), 2);
+  ASSERT_TRUE(coordinator_->Cancel(job.id(), "stop").ok());
+  ASSERT_TRUE(reader->Read(&event));
+  EXPECT_EQ(event.sequence(), 3);
+  ASSERT_TRUE(event.has_state_change());
+  EXPECT_EQ(event.state_change().from(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(event.state_change().to(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(event.state_change().reason(), "stop");
+  EXPECT_FALSE(reader->Read(&event));
+  grpc::Status status = reader->Finish();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+
+  // From the beginning of a final job: the whole history, starting with the submission.
+  grpc::ClientContext again;
+  Authorize(&again);
+  request.set_from_sequence(0);
+  reader = stub_->WatchJob(&again, request);
+  std::vector<int64_t> sequences;
+  while (reader->Read(&event)) sequences.push_back(event.sequence());
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(sequences, (std::vector<int64_t>{0, 1, 2, 3}));
+}
+
+TEST_F(JobServiceTest, WatchEndsWhenTheClientCancels) {
+  v1::Job job = MustSubmit("c");
+  grpc::ClientContext context;
+  Authorize(&context);
+  v1::WatchJobRequest request;
+  request.set_job_id(job.id());
+  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader = stub_->WatchJob(&context, request);
+  v1::JobEvent event;
+  ASSERT_TRUE(reader->Read(&event));
+  EXPECT_EQ(event.sequence(), 0);
+  EXPECT_EQ(event.state_change().to(), v1::JOB_STATE_PENDING);
+  context.TryCancel();
+  EXPECT_FALSE(reader->Read(&event));
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  // The server's handler returns; TearDown's Shutdown would hang otherwise.
+}
+
+TEST_F(JobServiceTest, MissingOrWrongTokenIsUnauthenticated) {
+  for (const char* token : {"", "wrong", "s3cret-token-longer", "s3cret-tokeX"}) {
+    grpc::ClientContext context;
+    if (*token != '\0') Authorize(&context, token);
+    v1::Job job;
+    grpc::Status status = stub_->SubmitJob(&context, Submission("sub-1"), &job);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << token;
+  }
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", kToken);  // no "Bearer "
+    v1::GetJobRequest request;
+    request.set_job_id("job-x");
+    v1::Job job;
+    EXPECT_EQ(stub_->GetJob(&context, request, &job).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  {
+    grpc::ClientContext context;
+    v1::ListJobsResponse response;
+    EXPECT_EQ(stub_->ListJobs(&context, {}, &response).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  {
+    grpc::ClientContext context;
+    v1::Job job;
+    EXPECT_EQ(stub_->CancelJob(&context, {}, &job).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader = stub_->WatchJob(&context, {});
+    v1::JobEvent event;
+    EXPECT_FALSE(reader->Read(&event));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  EXPECT_EQ(StoredJobs(), 0);
+}
+
+TEST_F(JobServiceTest, MalformedSpecIsInvalidArgumentNamingTheFieldAndStoresNothing) {
+  v1::SubmitJobRequest request = Submission("sub-bad");
+  request.mutable_spec()->mutable_model()->mutable_moe()->set_top_k(99);
+  grpc::ClientContext context;
+  Authorize(&context);
+  v1::Job job;
+  grpc::Status status = stub_->SubmitJob(&context, request, &job);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("model.moe.top_k"));
+
+  grpc::ClientContext escape;
+  Authorize(&escape);
+  status = stub_->SubmitJob(&escape, Submission("sub-escape", "../../etc"), &job);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("name"));
+  EXPECT_EQ(StoredJobs(), 0);
+}
+
+TEST(ConstantTimeEqualsTest, ComparesWholeStrings) {
+  EXPECT_TRUE(ConstantTimeEquals("", ""));
+  EXPECT_TRUE(ConstantTimeEquals("abc", "abc"));
+  EXPECT_FALSE(ConstantTimeEquals("abc", "abd"));
+  EXPECT_FALSE(ConstantTimeEquals("abc", "ab"));
+  EXPECT_FALSE(ConstantTimeEquals("", "a"));
+  // A length difference is not hidden by a NUL padding.
+  EXPECT_FALSE(ConstantTimeEquals(absl::string_view("ab\0", 3), "ab"));
+}
+
+TEST(ToGrpcStatusTest, KeepsCodeAndMessage) {
+  grpc::Status status = ToGrpcStatus(absl::FailedPreconditionError("job x is FAILED"));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(status.error_message(), "job x is FAILED");
+  EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
+}
+
+}  // namespace
+}  // namespace moetrain::server
