@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "engine/core/fast_math.h"
 
 namespace moetrain {
 namespace {
@@ -160,15 +161,7 @@ float F8E5M2ToFloat(F8E5M2 x) {
   return F8FiniteToFloat(x.bits, kE5M2);
 }
 
-// Plain loops that GCC vectorises; target_clones compiles them for AVX2 and AVX-512 too and picks
-// one at load time, since the build targets baseline x86-64.
-#if defined(__x86_64__) && defined(__GNUC__)
-#define MOETRAIN_BULK_CLONES __attribute__((target_clones("default", "avx2", "avx512f")))
-#else
-#define MOETRAIN_BULK_CLONES
-#endif
-
-MOETRAIN_BULK_CLONES
+MOETRAIN_CLONES
 void ConvertF32ToBF16(const float* src, BF16* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     uint32_t bits;
@@ -177,7 +170,7 @@ void ConvertF32ToBF16(const float* src, BF16* dst, int64_t n) {
   }
 }
 
-MOETRAIN_BULK_CLONES
+MOETRAIN_CLONES
 void ConvertBF16ToF32(const BF16* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t bits = static_cast<uint32_t>(src[i].bits) << 16;

@@ -12,6 +12,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "engine/core/fast_math.h"
 #include "engine/core/status.h"
 #include "engine/core/thread_pool.h"
 
@@ -22,33 +23,6 @@ namespace {
 // have a constant trip count and GCC turns them into whole vector registers.
 constexpr int64_t kBlock = 64;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// x86-64-v3 and v4 bring FMA (plain "avx2" does not); the resolver picks one clone at load time,
-// so the binary runs on any x86-64 and a given machine always runs the same code.
-#define MOETRAIN_ATTN_CLONES \
-  __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
-
-// e^x in f32 within a few ulp, and exactly 0 for x < −87 (so masked entries, −inf, give 0):
-// x = n·ln2 + r with |r| ≤ ln2/2 (ln2 split in two so that n·ln2 is exact), e^r by Horner to r⁷.
-// No branches and no errno, unlike std::exp, so the tile loops over it vectorise.
-inline float Exp(float x) {
-  const float clamped = std::min(std::max(x, -87.0f), 88.0f);
-  constexpr float kRoundToInt = 12582912.0f;  // 1.5·2²³: adding and subtracting it rounds
-  const float n = (clamped * 1.44269504088896341f + kRoundToInt) - kRoundToInt;
-  const float r = (clamped - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
-  float p = 1.0f / 5040;
-  p = p * r + 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float two_n;
-  std::memcpy(&two_n, &bits, sizeof(two_n));
-  return x < -87.0f ? 0.0f : p * two_n;
-}
 
 // `rows` rows of C += A · B with A(r, t) = a[r·a_row + t·a_col]: the rows' accumulators stay in
 // registers (16 zmm for four rows under AVX-512) while B streams through once.
@@ -76,8 +50,8 @@ inline __attribute__((always_inline)) void PanelRows(const float* a, int64_t a_r
 // PanelRows (a_col = 1 reads rows of a tensor, a_row = 1 its transpose), B and C contiguous
 // panels; c_scale (kBlock) scales each column of C, null overwrites C. Every product of the
 // attention is one of these, with the tile edge as C's columns: ~150 GFLOPS per AVX-512 core.
-MOETRAIN_ATTN_CLONES void PanelGemm(const float* a, int64_t a_row, int64_t a_col, int rows,
-                                    int64_t depth, const float* b, float* c, const float* c_scale) {
+MOETRAIN_CLONES void PanelGemm(const float* a, int64_t a_row, int64_t a_col, int rows,
+                               int64_t depth, const float* b, float* c, const float* c_scale) {
   int r = 0;
   for (; r + 4 <= rows; r += 4) {
     PanelRows<4>(a + r * a_row, a_row, a_col, depth, b, c + r * kBlock, c_scale);
@@ -101,8 +75,8 @@ const float* Ones() {
 // running max m, rescales its running sum l and returns the rescale factor in alpha, then turns
 // st into e^(s − m) and adds it to l. Columns are lanes, so the reductions over keys are plain
 // vector operations, in a fixed order.
-MOETRAIN_ATTN_CLONES void OnlineSoftmaxTile(float* st, int num_keys, bool diagonal, float scale,
-                                            float* m, float* l, float* alpha) {
+MOETRAIN_CLONES void OnlineSoftmaxTile(float* st, int num_keys, bool diagonal, float scale,
+                                       float* m, float* l, float* alpha) {
   float new_max[kBlock];
   for (int i = 0; i < kBlock; ++i) new_max[i] = m[i];
   for (int j = 0; j < num_keys; ++j) {
@@ -114,14 +88,14 @@ MOETRAIN_ATTN_CLONES void OnlineSoftmaxTile(float* st, int num_keys, bool diagon
     }
   }
   for (int i = 0; i < kBlock; ++i) {
-    alpha[i] = Exp(m[i] - new_max[i]);  // m = −inf on the first tile: alpha = 0
+    alpha[i] = FastExp(m[i] - new_max[i]);  // m = −inf on the first tile: alpha = 0
     l[i] *= alpha[i];
     m[i] = new_max[i];
   }
   for (int j = 0; j < num_keys; ++j) {
     float* row = st + j * kBlock;
     for (int i = 0; i < kBlock; ++i) {
-      row[i] = Exp(row[i] - m[i]);
+      row[i] = FastExp(row[i] - m[i]);
       l[i] += row[i];
     }
   }
@@ -129,14 +103,14 @@ MOETRAIN_ATTN_CLONES void OnlineSoftmaxTile(float* st, int num_keys, bool diagon
 
 // Backward of the softmax on a tile whose rows are queries (keys are lanes): s ← P = e^(s·scale −
 // lse_i), masked after the query on the diagonal; dp ← dS = P ⊙ (dP − D_i).
-MOETRAIN_ATTN_CLONES void SoftmaxGradRows(float* s, float* dp, int rows, bool diagonal, float scale,
-                                          const float* lse, const float* dot) {
+MOETRAIN_CLONES void SoftmaxGradRows(float* s, float* dp, int rows, bool diagonal, float scale,
+                                     const float* lse, const float* dot) {
   for (int i = 0; i < rows; ++i) {
     float* s_row = s + i * kBlock;
     float* dp_row = dp + i * kBlock;
     const float lse_i = lse[i], dot_i = dot[i];  // loaded once: the stores could alias them
     for (int j = 0; j < kBlock; ++j) {
-      const float p = diagonal && j > i ? 0.0f : Exp(s_row[j] * scale - lse_i);
+      const float p = diagonal && j > i ? 0.0f : FastExp(s_row[j] * scale - lse_i);
       s_row[j] = p;
       dp_row[j] = p * (dp_row[j] - dot_i);
     }
@@ -144,13 +118,13 @@ MOETRAIN_ATTN_CLONES void SoftmaxGradRows(float* s, float* dp, int rows, bool di
 }
 
 // The same on a transposed tile (rows are keys, queries are lanes, lse and D per lane).
-MOETRAIN_ATTN_CLONES void SoftmaxGradCols(float* st, float* dpt, int rows, bool diagonal,
-                                          float scale, const float* lse, const float* dot) {
+MOETRAIN_CLONES void SoftmaxGradCols(float* st, float* dpt, int rows, bool diagonal, float scale,
+                                     const float* lse, const float* dot) {
   for (int j = 0; j < rows; ++j) {
     float* s_row = st + j * kBlock;
     float* dp_row = dpt + j * kBlock;
     for (int i = 0; i < kBlock; ++i) {
-      const float p = diagonal && j > i ? 0.0f : Exp(s_row[i] * scale - lse[i]);
+      const float p = diagonal && j > i ? 0.0f : FastExp(s_row[i] * scale - lse[i]);
       s_row[i] = p;
       dp_row[i] = p * (dp_row[i] - dot[i]);
     }
@@ -159,8 +133,8 @@ MOETRAIN_ATTN_CLONES void SoftmaxGradCols(float* st, float* dpt, int rows, bool 
 
 // RoPE on one head: (x_i, x_{i+half}) rotated by the angle whose cos and sin are given;
 // sign = −1 rotates back.
-MOETRAIN_ATTN_CLONES void RotateHead(float* x, const float* cos, const float* sin, int64_t half,
-                                     float sign) {
+MOETRAIN_CLONES void RotateHead(float* x, const float* cos, const float* sin, int64_t half,
+                                float sign) {
   for (int64_t i = 0; i < half; ++i) {
     const float x1 = x[i];
     const float x2 = x[i + half];

@@ -23,7 +23,7 @@ using cpu::Scratch;
 using cpu::WriteRow;
 
 // Σ a_i·b_i with 16 independent partial sums (so the loop vectorises) combined in a fixed order.
-MOETRAIN_ROW_CLONES float Dot(const float* a, const float* b, int64_t n) {
+MOETRAIN_CLONES float Dot(const float* a, const float* b, int64_t n) {
   constexpr int kLanes = 16;
   float lanes[kLanes] = {};
   int64_t i = 0;
@@ -36,15 +36,14 @@ MOETRAIN_ROW_CLONES float Dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
-MOETRAIN_ROW_CLONES void RmsNormRow(const float* x, const float* w, float rstd, int64_t n,
-                                    float* out) {
+MOETRAIN_CLONES void RmsNormRow(const float* x, const float* w, float rstd, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] * rstd * w[i];
 }
 
 // d_x (+)= rstd·(g − x̂·⟨g, x̂⟩/D) with g = dy ⊙ w, x̂ = x·rstd; d_w_partial += dy ⊙ x̂.
-MOETRAIN_ROW_CLONES void RmsNormBackwardRow(const float* x, const float* w, const float* dy,
-                                            float rstd, int64_t n, bool accumulate, float* scratch,
-                                            float* d_x, float* d_w_partial) {
+MOETRAIN_CLONES void RmsNormBackwardRow(const float* x, const float* w, const float* dy, float rstd,
+                                        int64_t n, bool accumulate, float* scratch, float* d_x,
+                                        float* d_w_partial) {
   float* g = scratch;
   for (int64_t i = 0; i < n; ++i) g[i] = dy[i] * w[i];
   const float c = Dot(g, x, n) * rstd * rstd / static_cast<float>(n);
@@ -56,7 +55,7 @@ MOETRAIN_ROW_CLONES void RmsNormBackwardRow(const float* x, const float* w, cons
   for (int64_t i = 0; i < n; ++i) d_w_partial[i] += dy[i] * (x[i] * rstd);
 }
 
-MOETRAIN_ROW_CLONES void AddRow(const float* src, int64_t n, float* dst) {
+MOETRAIN_CLONES void AddRow(const float* src, int64_t n, float* dst) {
   for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 

@@ -12,41 +12,15 @@
 namespace moetrain::cpu {
 namespace {
 
-// e^x for x in float range, within ~2 ulp: e^x = 2^n · e^r with n = round(x·log2 e) and
-// |r| ≤ ln2/2, e^r by its Taylor series to r⁸ (truncation < 6e-9). Unlike std::exp it has no
-// branches or errno, so loops over it vectorise; SwiGLU spends most of its time here.
-inline float Exp(float x) {
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2Hi = 0.693145751953125f;  // ln 2 split so that n·kLn2Hi is exact
-  constexpr float kLn2Lo = 1.42860682030941723e-6f;
-  constexpr float kRound = 12582912.0f;  // 1.5·2^23: adding it rounds to an integer
-  x = std::min(std::max(x, -87.0f), 88.0f);
-  const float n = (x * kLog2e + kRound) - kRound;
-  const float r = (x - n * kLn2Hi) - n * kLn2Lo;
-  float p = 1.0f / 40320;
-  p = p * r + 1.0f / 5040;
-  p = p * r + 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
+inline float Sigmoid(float x) { return 1.0f / (1.0f + FastExp(-x)); }
 
-inline float Sigmoid(float x) { return 1.0f / (1.0f + Exp(-x)); }
-
-MOETRAIN_ROW_CLONES void SwigluRow(const float* gate, const float* up, float* out, int64_t f) {
+MOETRAIN_CLONES void SwigluRow(const float* gate, const float* up, float* out, int64_t f) {
   for (int64_t i = 0; i < f; ++i) out[i] = gate[i] * Sigmoid(gate[i]) * up[i];
 }
 
 // silu(g) = g·σ(g); silu'(g) = σ(g)·(1 + g·(1 − σ(g))).
-MOETRAIN_ROW_CLONES void SwigluRowBackward(const float* gate, const float* up, const float* d,
-                                           float* d_gate, float* d_up, int64_t f) {
+MOETRAIN_CLONES void SwigluRowBackward(const float* gate, const float* up, const float* d,
+                                       float* d_gate, float* d_up, int64_t f) {
   for (int64_t i = 0; i < f; ++i) {
     const float s = Sigmoid(gate[i]);
     d_up[i] = d[i] * gate[i] * s;
@@ -55,14 +29,14 @@ MOETRAIN_ROW_CLONES void SwigluRowBackward(const float* gate, const float* up, c
 }
 
 // out += w·y.
-MOETRAIN_ROW_CLONES void AxpyRow(float w, const float* y, float* out, int64_t n) {
+MOETRAIN_CLONES void AxpyRow(float w, const float* y, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] += w * y[i];
 }
 
 // d_y = w·g, and returns ⟨g, y⟩, summed in 16 interleaved partial sums: a fixed order (the
 // same result on every run and thread count), and one that vectorises without -ffast-math.
-MOETRAIN_ROW_CLONES float ScaleAndDotRow(float w, const float* g, const float* y, float* d_y,
-                                         int64_t n) {
+MOETRAIN_CLONES float ScaleAndDotRow(float w, const float* g, const float* y, float* d_y,
+                                     int64_t n) {
   constexpr int kLanes = 16;
   float partial[kLanes] = {};
   int64_t i = 0;

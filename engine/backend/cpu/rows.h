@@ -11,11 +11,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/core/dtype.h"
+#include "engine/core/fast_math.h"
 #include "engine/core/tensor.h"
-
-// Row loops that GCC vectorises, built for AVX2 and AVX-512 as well and picked at load time, so
-// that binaries still run on any x86-64.
-#define MOETRAIN_ROW_CLONES __attribute__((target_clones("default", "avx2", "avx512f")))
 
 namespace moetrain::cpu {
 
