@@ -229,16 +229,9 @@ int EvalCheckpoint(const EvalOptions& options) {
   }
   absl::StatusOr<Transformer> model = Transformer::Create(*model_config, DType::kF32);
   if (!model.ok()) return Fail(model.status());
-  for (NamedParameter& p : model->parameters()) {
-    auto it = checkpoint->model_tensors.find(p.name);
-    if (it == checkpoint->model_tensors.end() || it->second.numel() != p.value.numel() ||
-        it->second.dtype() != DType::kF32) {
-      return Fail(absl::DataLossError(
-          absl::StrCat(options.checkpoint, ": parameter ", p.name, " is missing or mis-shaped")));
-    }
-    std::memcpy(p.value.raw(), it->second.view().raw(), p.value.numel() * sizeof(float));
+  if (absl::Status status = RestoreModelParameters(*checkpoint, &*model); !status.ok()) {
+    return Fail(status);
   }
-  model->SyncComputeWeights();
 
   absl::StatusOr<TokenFile> file =
       TokenFile::Open(options.data_path, *format, model_config->vocab_size, seq_len + 1);

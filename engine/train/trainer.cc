@@ -21,7 +21,33 @@ double Seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+absl::Status CopyCheckpointTensor(const std::string& path,
+                                  const std::map<std::string, Tensor>& tensors,
+                                  const std::string& name, TensorView dst) {
+  auto it = tensors.find(name);
+  if (it == tensors.end()) {
+    return absl::DataLossError(absl::StrCat(path, ": tensor ", name, " is missing"));
+  }
+  const Tensor& src = it->second;
+  if (src.dtype() != DType::kF32 || src.view().shape() != dst.shape()) {
+    return absl::DataLossError(absl::StrCat(path, ": tensor ", name, " is ",
+                                            src.view().DebugString(), ", expected ",
+                                            dst.DebugString()));
+  }
+  std::memcpy(dst.raw(), src.view().raw(), dst.numel() * sizeof(float));
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status RestoreModelParameters(const LoadedCheckpoint& loaded, Transformer* model) {
+  for (const NamedParameter& p : model->parameters()) {
+    MOETRAIN_RETURN_IF_ERROR(
+        CopyCheckpointTensor(loaded.path, loaded.model_tensors, p.name, p.value));
+  }
+  model->SyncComputeWeights();
+  return absl::OkStatus();
+}
 
 absl::Status TrainerConfig::Validate() const {
   MOETRAIN_RETURN_IF_ERROR(model.Validate());
@@ -275,23 +301,8 @@ absl::Status Trainer::Resume(TrainObserver* observer) {
         absl::StrCat(loaded.path, " holds a different model than this job's spec"));
   }
   auto copy = [&](const std::map<std::string, Tensor>& tensors, const std::string& name,
-                  TensorView dst) -> absl::Status {
-    auto it = tensors.find(name);
-    if (it == tensors.end()) {
-      return absl::DataLossError(absl::StrCat(loaded.path, ": tensor ", name, " is missing"));
-    }
-    const Tensor& src = it->second;
-    if (src.dtype() != DType::kF32 || src.numel() != dst.numel()) {
-      return absl::DataLossError(absl::StrCat(loaded.path, ": tensor ", name, " is ",
-                                              src.view().DebugString(), ", expected ",
-                                              dst.DebugString()));
-    }
-    std::memcpy(dst.raw(), src.view().raw(), dst.numel() * sizeof(float));
-    return absl::OkStatus();
-  };
-  for (const NamedParameter& p : model_->parameters()) {
-    MOETRAIN_RETURN_IF_ERROR(copy(loaded.model_tensors, p.name, p.value));
-  }
+                  TensorView dst) { return CopyCheckpointTensor(loaded.path, tensors, name, dst); };
+  MOETRAIN_RETURN_IF_ERROR(RestoreModelParameters(loaded, model_.get()));
   for (int64_t i = 0; i < optimizer_->num_params(); ++i) {
     const std::string& name = optimizer_->param(i).name;
     MOETRAIN_RETURN_IF_ERROR(
@@ -310,7 +321,6 @@ absl::Status Trainer::Resume(TrainObserver* observer) {
   MOETRAIN_ASSIGN_OR_RETURN(DataPosition position, DataPosition::FromJson(manifest.value(
                                                        "data_position", nlohmann::json())));
   MOETRAIN_RETURN_IF_ERROR(data_->Restore(position));
-  model_->SyncComputeWeights();
   model_->ZeroGrads();
   step_ = loaded.step;
   tokens_seen_ = loaded.tokens_seen;

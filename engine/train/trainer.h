@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "engine/model/model_config.h"
 #include "engine/model/transformer.h"
+#include "engine/train/checkpoint.h"
 #include "engine/train/data.h"
 #include "engine/train/lr_schedule.h"
 #include "engine/train/optimizer.h"
@@ -118,6 +119,11 @@ class Trainer {
   int64_t step_ = 0;
   int64_t tokens_seen_ = 0;
 };
+
+// Copies a checkpoint's model tensors into `model`'s masters (by parameter name, f32, exact
+// shapes) and refreshes its compute weights; DataLoss naming the checkpoint and the tensor when
+// one is missing or mis-shaped.
+absl::Status RestoreModelParameters(const LoadedCheckpoint& loaded, Transformer* model);
 
 // The Hugging Face config.json of a model (DeepSeek-V3 key names, plus moetrain_* keys for what
 // they do not cover).
