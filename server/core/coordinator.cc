@@ -4,6 +4,7 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -76,14 +77,10 @@ absl::StatusOr<JobRecord> Coordinator::Submit(absl::string_view submission_id,
   job.spec = SerializeDeterministic(resolved);
   job.priority = priority;
 
-  absl::MutexLock submit_lock(&submit_mu_);
   MOETRAIN_ASSIGN_OR_RETURN(JobRecord record, store_->CreateJob(job));
-  // A new job has no events yet; a repeated submission finds its "submitted" event. Checking
-  // instead of trusting CreateJob also repairs a crash between the two writes.
-  MOETRAIN_ASSIGN_OR_RETURN(std::vector<EventRecord> first, store_->ReadEvents(record.id, 1, 1));
-  if (first.empty()) {
-    MOETRAIN_RETURN_IF_ERROR(AppendEvent(record.id, kSubmittedEventKind, "submitted").status());
-  }
+  // Told for repeats too: waking the watchers and the scheduler once more costs nothing.
+  NotifyAppended();
+  if (submitted_listener_) submitted_listener_(record.id);
   return record;
 }
 
@@ -110,24 +107,11 @@ absl::StatusOr<JobPage> Coordinator::List(const ListOptions& options) {
   ListJobsOptions store_options;
   store_options.page_size = std::min(options.page_size, kMaxPageSize);
   store_options.page_token = options.page_token;
-
-  std::vector<JobState> states = options.states;
-  std::sort(states.begin(), states.end());
-  states.erase(std::unique(states.begin(), states.end()), states.end());
-  if (states.size() == 1) store_options.state = states.front();
-  MOETRAIN_ASSIGN_OR_RETURN(JobPage page, store_->ListJobs(store_options));
-  if (states.size() > 1) {
-    // The store filters on one state; for several, filter its unfiltered page. The page may come
-    // out short (even empty) with a next token, which the API allows.
-    std::vector<JobRecord> kept;
-    for (JobRecord& job : page.jobs) {
-      if (std::binary_search(states.begin(), states.end(), job.state)) {
-        kept.push_back(std::move(job));
-      }
-    }
-    page.jobs = std::move(kept);
-  }
-  return page;
+  store_options.states = options.states;
+  std::sort(store_options.states.begin(), store_options.states.end());
+  store_options.states.erase(std::unique(store_options.states.begin(), store_options.states.end()),
+                             store_options.states.end());
+  return store_->ListJobs(store_options);
 }
 
 absl::StatusOr<JobRecord> Coordinator::Cancel(absl::string_view job_id, absl::string_view reason) {
@@ -174,6 +158,7 @@ absl::Status Coordinator::Watch(absl::string_view job_id, const WatchOptions& op
       }
     }
     if (!events.empty()) continue;
+    if (options.no_wait) return absl::OkStatus();
     // Nothing left: a final job will have no more events (its final state change was appended
     // with the state, so it is behind us already, or before from_sequence).
     MOETRAIN_ASSIGN_OR_RETURN(JobRecord job, store_->GetJob(job_id));
@@ -195,8 +180,9 @@ absl::Status Coordinator::Watch(absl::string_view job_id, const WatchOptions& op
 }
 
 absl::StatusOr<JobRecord> Coordinator::Transition(absl::string_view job_id, JobState from,
-                                                  JobState to, absl::string_view reason) {
-  absl::StatusOr<JobRecord> job = store_->TransitionJob(job_id, from, to, reason);
+                                                  JobState to, absl::string_view reason,
+                                                  const TransitionOptions& options) {
+  absl::StatusOr<JobRecord> job = store_->TransitionJob(job_id, from, to, reason, options);
   if (job.ok()) NotifyAppended();
   return job;
 }
@@ -208,10 +194,39 @@ absl::StatusOr<int64_t> Coordinator::AppendEvent(absl::string_view job_id, absl:
   return sequence;
 }
 
+absl::StatusOr<int64_t> Coordinator::RecordStepMetrics(absl::string_view job_id,
+                                                       const v1::StepMetrics& metrics) {
+  absl::StatusOr<int64_t> sequence =
+      store_->RecordStepMetrics(job_id, metrics.SerializeAsString());
+  if (sequence.ok()) NotifyAppended();
+  return sequence;
+}
+
+absl::StatusOr<std::vector<CheckpointRecord>> Coordinator::ListCheckpoints(
+    absl::string_view job_id) {
+  MOETRAIN_ASSIGN_OR_RETURN(std::vector<CheckpointRecord> all, store_->ListCheckpoints(job_id));
+  std::error_code error;
+  const bool root_visible =
+      !all.empty() &&
+      std::filesystem::is_directory(std::filesystem::path(all.back().path).parent_path(), error);
+  if (!root_visible) return all;
+  std::vector<CheckpointRecord> present;
+  for (CheckpointRecord& checkpoint : all) {
+    if (std::filesystem::is_directory(checkpoint.path, error)) {
+      present.push_back(std::move(checkpoint));
+    }
+  }
+  return present;
+}
+
 void Coordinator::Shutdown() {
   absl::MutexLock lock(&mu_);
   shutdown_ = true;
   appended_.SignalAll();
+}
+
+void Coordinator::SetSubmittedListener(std::function<void(const std::string& job_id)> listener) {
+  submitted_listener_ = std::move(listener);
 }
 
 void Coordinator::NotifyAppended() {

@@ -20,15 +20,19 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "moetrain/v1/coordinator.pb.h"
 #include "moetrain/v1/job.pb.h"
 #include "server/core/job_state.h"
 #include "server/core/store.h"
 
 namespace moetrain::server {
 
-// The first event of every job, appended by Submit; the payload is the reason text. It stands for
-// the change from no state to PENDING.
-inline constexpr char kSubmittedEventKind[] = "submitted";
+// Event kinds beside the store's own (kSubmittedEventKind, kStateChangeEventKind,
+// kStepMetricsEventKind, whose payload is a serialized moetrain.v1.StepMetrics):
+// a log line of a rank or of the coordinator, as plain text;
+inline constexpr char kLogEventKind[] = "log";
+// a checkpoint that became good, as a serialized moetrain.v1.CheckpointSaved.
+inline constexpr char kCheckpointSavedEventKind[] = "checkpoint_saved";
 
 // Longest submission id a client may choose.
 inline constexpr size_t kMaxSubmissionIdLength = 128;
@@ -50,6 +54,8 @@ struct WatchOptions {
   // because some callers (a synchronous gRPC handler) cannot be notified of a cancellation.
   std::function<bool()> is_cancelled;
   absl::Duration cancel_check_interval = absl::Milliseconds(200);
+  // Deliver the events recorded so far and return, instead of waiting for the job to finish.
+  bool no_wait = false;
 };
 
 // Called once per event, in sequence order; returning false ends the watch with OK (the
@@ -67,6 +73,7 @@ class Coordinator {
   // Resolves (defaults + validation) and stores the spec as a PENDING job. InvalidArgument naming
   // the field for a bad spec or submission id; nothing is stored then. The same submission id
   // with the same resolved spec returns the first job; with another spec, AlreadyExists.
+  // Then calls the submitted listener (SetSubmittedListener).
   absl::StatusOr<JobRecord> Submit(absl::string_view submission_id, const v1::JobSpec& spec,
                                    int32_t priority);
   // The same for a serialized moetrain.v1.JobSpec.
@@ -91,21 +98,30 @@ class Coordinator {
   // For the components that drive jobs (scheduler, worker reports): they append through here so
   // that watchers wake.
   absl::StatusOr<JobRecord> Transition(absl::string_view job_id, JobState from, JobState to,
-                                       absl::string_view reason);
+                                       absl::string_view reason,
+                                       const TransitionOptions& options = {});
   absl::StatusOr<int64_t> AppendEvent(absl::string_view job_id, absl::string_view kind,
                                       absl::string_view payload);
+  absl::StatusOr<int64_t> RecordStepMetrics(absl::string_view job_id, const v1::StepMetrics& metrics);
+
+  // The job's checkpoints whose directories are still there, oldest first (workers prune old
+  // ones). When this process cannot see the directory of a checkpoint's job at all (the workers
+  // mount storage the coordinator does not), every recorded one is listed.
+  absl::StatusOr<std::vector<CheckpointRecord>> ListCheckpoints(absl::string_view job_id);
 
   // Ends every Watch in progress (with OK) and makes new ones return at once.
   void Shutdown();
+
+  // Told the id of the job after every successful Submit (repeats included); the scheduler uses
+  // it to look for work. Set once, before serving.
+  void SetSubmittedListener(std::function<void(const std::string& job_id)> listener);
 
  private:
   // Wakes every watcher: something was appended.
   void NotifyAppended();
 
   Store* const store_;
-  // Serializes Submit, so that two concurrent calls with one submission id append one
-  // "submitted" event.
-  absl::Mutex submit_mu_;
+  std::function<void(const std::string& job_id)> submitted_listener_;
   absl::Mutex mu_;
   absl::CondVar appended_;
   // Bumped on every append; a watcher waits until it moves.

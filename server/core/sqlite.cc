@@ -145,6 +145,34 @@ absl::Status Database::Transaction(absl::FunctionRef<absl::Status()> body) {
   return status;
 }
 
+void Database::BatchTransaction(absl::Span<const absl::FunctionRef<absl::Status()>> bodies,
+                                absl::Span<absl::Status> results) {
+  absl::Status begun = Exec("BEGIN IMMEDIATE");
+  if (!begun.ok()) {
+    for (absl::Status& result : results) result = begun;
+    return;
+  }
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    absl::Status status = Exec("SAVEPOINT body");
+    if (status.ok()) status = bodies[i]();
+    if (!status.ok() && sqlite3_get_autocommit(db_) != 0) {
+      // The error rolled back the whole transaction (SQLITE_FULL, SQLITE_IOERR): what ran before
+      // is gone too.
+      for (absl::Status& result : results) result = status;
+      return;
+    }
+    if (!status.ok()) Exec("ROLLBACK TO body").IgnoreError();
+    Exec("RELEASE body").IgnoreError();
+    results[i] = status;
+  }
+  absl::Status committed = Exec("COMMIT");
+  if (committed.ok()) return;
+  if (sqlite3_get_autocommit(db_) == 0) Exec("ROLLBACK").IgnoreError();
+  for (absl::Status& result : results) {
+    if (result.ok()) result = committed;
+  }
+}
+
 int64_t Database::Changes() const { return sqlite3_changes64(db_); }
 
 void Database::DisableCheckpointOnClose() {

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 
 namespace moetrain::server::sqlite {
 
@@ -104,6 +105,12 @@ class Database {
   // Runs `body` inside BEGIN IMMEDIATE ... COMMIT (the write lock is taken up front, so two
   // writers never deadlock upgrading a read lock); rolls back when the body or COMMIT fails.
   absl::Status Transaction(absl::FunctionRef<absl::Status()> body);
+  // Runs every body in one BEGIN IMMEDIATE ... COMMIT (one fsync for all of them), each inside a
+  // savepoint of its own, so that a body that fails rolls back only its own changes; results[i]
+  // is body i's status. When BEGIN or COMMIT fails, every body that succeeded gets that error
+  // and nothing is kept.
+  void BatchTransaction(absl::Span<const absl::FunctionRef<absl::Status()>> bodies,
+                        absl::Span<absl::Status> results);
   // Rows changed by the last INSERT/UPDATE/DELETE.
   int64_t Changes() const;
   // Keep the file as it is on close (no WAL checkpoint): for a file that failed verification.

@@ -25,7 +25,7 @@ constexpr size_t kMaxSubmissionIdBytes = 1024;
 
 constexpr char kJobColumns[] =
     "id, submission_id, name, spec, spec_sha256, priority, state, state_reason, created_us, "
-    "updated_us, attempt, restarts, latest_checkpoint_step, created_seq";
+    "updated_us, attempt, restarts, latest_checkpoint_step, created_seq, last_step_metrics";
 
 int64_t Micros(absl::Time time) { return absl::ToUnixMicros(time); }
 absl::Time FromMicros(int64_t micros) { return absl::FromUnixMicros(micros); }
@@ -64,6 +64,7 @@ absl::StatusOr<JobRecord> JobFromRow(const sqlite::Statement& row, absl::string_
   job.attempt = static_cast<int32_t>(row.Int(10));
   job.restarts = static_cast<int32_t>(row.Int(11));
   job.latest_checkpoint_step = row.OptionalInt(12);
+  job.last_step_metrics = row.Text(14);
   return job;
 }
 
@@ -72,6 +73,42 @@ absl::Status NoSuchJob(absl::string_view job_id) {
 }
 
 }  // namespace
+
+struct Store::PendingWrite {
+  absl::FunctionRef<absl::Status()> body;
+  absl::Status status;
+  bool done = false;
+};
+
+absl::Status Store::Write(absl::FunctionRef<absl::Status()> body) {
+  PendingWrite write{body, absl::OkStatus(), false};
+  std::vector<PendingWrite*> batch;
+  {
+    absl::MutexLock lock(&queue_mu_);
+    queue_.push_back(&write);
+    // Either a batch carries this write, or nobody is committing and this caller leads.
+    while (!write.done && batch_in_flight_) batch_done_.Wait(&queue_mu_);
+    if (write.done) return write.status;
+    batch.swap(queue_);
+    batch_in_flight_ = true;
+  }
+  std::vector<absl::FunctionRef<absl::Status()>> bodies;
+  bodies.reserve(batch.size());
+  for (PendingWrite* pending : batch) bodies.push_back(pending->body);
+  std::vector<absl::Status> results(batch.size());
+  {
+    absl::MutexLock lock(&mu_);
+    db_->BatchTransaction(bodies, absl::MakeSpan(results));
+  }
+  absl::MutexLock lock(&queue_mu_);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    batch[i]->status = std::move(results[i]);
+    batch[i]->done = true;
+  }
+  batch_in_flight_ = false;
+  batch_done_.SignalAll();
+  return write.status;
+}
 
 absl::StatusOr<JobRecord> Store::ReadJob(absl::string_view job_id) {
   MOETRAIN_ASSIGN_OR_RETURN(
@@ -95,9 +132,8 @@ absl::StatusOr<JobRecord> Store::CreateJob(const NewJob& job) {
                                                    " bytes, more than ", kMaxSubmissionIdBytes));
   }
   const std::string spec_sha256 = Sha256Hex(job.spec);
-  absl::MutexLock lock(&mu_);
   JobRecord result;
-  MOETRAIN_RETURN_IF_ERROR(db_->Transaction([&]() -> absl::Status {
+  MOETRAIN_RETURN_IF_ERROR(Write([&]() -> absl::Status {
     if (!job.submission_id.empty()) {
       MOETRAIN_ASSIGN_OR_RETURN(
           sqlite::Statement existing,
@@ -142,6 +178,8 @@ absl::StatusOr<JobRecord> Store::CreateJob(const NewJob& job) {
         "0, 0)",
         id, submission_id, job.name, sqlite::Blob{job.spec}, spec_sha256, job.priority,
         JobStateName(JobState::kPending), now));
+    MOETRAIN_RETURN_IF_ERROR(
+        AppendEventLocked(id, kSubmittedEventKind, "submitted", FromMicros(now)).status());
     MOETRAIN_ASSIGN_OR_RETURN(result, ReadJob(id));
     return absl::OkStatus();
   }));
@@ -166,17 +204,18 @@ absl::StatusOr<JobPage> Store::ListJobs(const ListJobsOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("page_token '", options.page_token, "' is not one ListJobs returned"));
   }
+  // State names are fixed identifiers (JobStateName), so they are spelled into the SQL; the
+  // jobs_by_state index serves one state or several.
+  std::string filter;
+  for (JobState state : options.states) {
+    absl::StrAppend(&filter, filter.empty() ? " AND state IN ('" : ", '", JobStateName(state), "'");
+  }
+  if (!filter.empty()) filter += ")";
   absl::MutexLock lock(&mu_);
   absl::StatusOr<sqlite::Statement> stmt =
-      options.state.has_value()
-          ? db_->Query(absl::StrCat("SELECT ", kJobColumns,
-                                    " FROM jobs WHERE state = ?1 AND created_seq > ?2 "
-                                    "ORDER BY created_seq LIMIT ?3"),
-                       JobStateName(*options.state), after, page_size + 1)
-          : db_->Query(absl::StrCat("SELECT ", kJobColumns,
-                                    " FROM jobs WHERE created_seq > ?1 ORDER BY created_seq "
-                                    "LIMIT ?2"),
-                       after, page_size + 1);
+      db_->Query(absl::StrCat("SELECT ", kJobColumns, " FROM jobs WHERE created_seq > ?1", filter,
+                              " ORDER BY created_seq LIMIT ?2"),
+                 after, page_size + 1);
   if (!stmt.ok()) return stmt.status();
   JobPage page;
   int64_t last_seq = 0;
@@ -195,16 +234,16 @@ absl::StatusOr<JobPage> Store::ListJobs(const ListJobsOptions& options) {
 }
 
 absl::StatusOr<JobRecord> Store::TransitionJob(absl::string_view job_id, JobState from, JobState to,
-                                               absl::string_view reason) {
+                                               absl::string_view reason,
+                                               const TransitionOptions& options) {
   MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
   if (!IsLegalTransition(from, to)) {
     return absl::FailedPreconditionError(absl::StrCat("job ", job_id, ": ", JobStateName(from),
                                                       " -> ", JobStateName(to),
                                                       " is not a legal transition"));
   }
-  absl::MutexLock lock(&mu_);
   JobRecord result;
-  MOETRAIN_RETURN_IF_ERROR(db_->Transaction([&]() -> absl::Status {
+  MOETRAIN_RETURN_IF_ERROR(Write([&]() -> absl::Status {
     MOETRAIN_ASSIGN_OR_RETURN(JobRecord current, ReadJob(job_id));
     if (current.state != from) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -214,7 +253,8 @@ absl::StatusOr<JobRecord> Store::TransitionJob(absl::string_view job_id, JobStat
     MOETRAIN_RETURN_IF_ERROR(db_->Execute(
         "UPDATE jobs SET state = ?1, state_reason = ?2, updated_us = ?3, restarts = restarts + ?4 "
         "WHERE id = ?5",
-        JobStateName(to), reason, Micros(now), to == JobState::kRestarting ? 1 : 0, job_id));
+        JobStateName(to), reason, Micros(now),
+        to == JobState::kRestarting && options.count_restart ? 1 : 0, job_id));
     MOETRAIN_RETURN_IF_ERROR(AppendEventLocked(job_id, kStateChangeEventKind,
                                                EncodeStateChange({from, to, std::string(reason)}),
                                                now)
@@ -263,12 +303,26 @@ absl::StatusOr<int64_t> Store::AppendEvent(absl::string_view job_id, absl::strin
                                            absl::string_view payload) {
   MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
   if (kind.empty()) return absl::InvalidArgumentError("event kind is empty");
-  absl::MutexLock lock(&mu_);
   int64_t sequence = 0;
-  MOETRAIN_RETURN_IF_ERROR(db_->Transaction([&]() -> absl::Status {
+  MOETRAIN_RETURN_IF_ERROR(Write([&]() -> absl::Status {
     MOETRAIN_RETURN_IF_ERROR(RequireJob(job_id));
     MOETRAIN_ASSIGN_OR_RETURN(sequence, AppendEventLocked(job_id, kind, payload, env_->Now()));
     return absl::OkStatus();
+  }));
+  return sequence;
+}
+
+absl::StatusOr<int64_t> Store::RecordStepMetrics(absl::string_view job_id,
+                                                 absl::string_view payload) {
+  MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
+  int64_t sequence = 0;
+  MOETRAIN_RETURN_IF_ERROR(Write([&]() -> absl::Status {
+    MOETRAIN_RETURN_IF_ERROR(RequireJob(job_id));
+    const absl::Time now = env_->Now();
+    MOETRAIN_ASSIGN_OR_RETURN(sequence,
+                              AppendEventLocked(job_id, kStepMetricsEventKind, payload, now));
+    return db_->Execute("UPDATE jobs SET last_step_metrics = ?1, updated_us = ?2 WHERE id = ?3",
+                        sqlite::Blob{payload}, Micros(now), job_id);
   }));
   return sequence;
 }
@@ -302,9 +356,8 @@ absl::StatusOr<int32_t> Store::StartAttempt(absl::string_view job_id,
   MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
   if (workers.empty()) return absl::InvalidArgumentError("an attempt needs at least one worker");
   for (const std::string& worker : workers) MOETRAIN_RETURN_IF_ERROR(ValidateWorkerId(worker));
-  absl::MutexLock lock(&mu_);
   int32_t attempt = 0;
-  MOETRAIN_RETURN_IF_ERROR(db_->Transaction([&]() -> absl::Status {
+  MOETRAIN_RETURN_IF_ERROR(Write([&]() -> absl::Status {
     MOETRAIN_ASSIGN_OR_RETURN(JobRecord job, ReadJob(job_id));
     MOETRAIN_ASSIGN_OR_RETURN(
         sqlite::Statement open,
@@ -329,8 +382,7 @@ absl::Status Store::EndAttempt(absl::string_view job_id, int32_t attempt,
                                absl::string_view outcome) {
   MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
   if (outcome.empty()) return absl::InvalidArgumentError("attempt outcome is empty");
-  absl::MutexLock lock(&mu_);
-  return db_->Transaction([&]() -> absl::Status {
+  return Write([&]() -> absl::Status {
     MOETRAIN_RETURN_IF_ERROR(RequireJob(job_id));
     MOETRAIN_ASSIGN_OR_RETURN(
         sqlite::Statement stmt,
@@ -373,6 +425,26 @@ absl::StatusOr<std::vector<AttemptRecord>> Store::ListAttempts(absl::string_view
   return attempts;
 }
 
+absl::StatusOr<std::vector<std::pair<std::string, AttemptRecord>>> Store::ListOpenAttempts() {
+  absl::MutexLock lock(&mu_);
+  MOETRAIN_ASSIGN_OR_RETURN(
+      sqlite::Statement stmt,
+      db_->Prepare("SELECT a.job_id, a.attempt, a.workers, a.started_us FROM attempts a "
+                   "JOIN jobs j ON j.id = a.job_id WHERE a.ended_us IS NULL "
+                   "ORDER BY j.created_seq, a.attempt"));
+  std::vector<std::pair<std::string, AttemptRecord>> open;
+  for (;;) {
+    MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
+    if (!row) break;
+    AttemptRecord attempt;
+    attempt.attempt = static_cast<int32_t>(stmt.Int(1));
+    attempt.workers = absl::StrSplit(stmt.Text(2), ',', absl::SkipEmpty());
+    attempt.started_at = FromMicros(stmt.Int(3));
+    open.emplace_back(stmt.Text(0), std::move(attempt));
+  }
+  return open;
+}
+
 absl::Status Store::RecordCheckpoint(absl::string_view job_id, const CheckpointRecord& checkpoint) {
   MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
   if (checkpoint.step < 0 || checkpoint.tokens_seen < 0 || checkpoint.path.empty()) {
@@ -380,15 +452,16 @@ absl::Status Store::RecordCheckpoint(absl::string_view job_id, const CheckpointR
         "checkpoint step = ", checkpoint.step, ", tokens_seen = ", checkpoint.tokens_seen,
         ", path = '", checkpoint.path, "': need step, tokens_seen >= 0 and a path"));
   }
-  absl::MutexLock lock(&mu_);
-  return db_->Transaction([&]() -> absl::Status {
+  return Write([&]() -> absl::Status {
     MOETRAIN_RETURN_IF_ERROR(RequireJob(job_id));
     const int64_t now = Micros(env_->Now());
     MOETRAIN_RETURN_IF_ERROR(db_->Execute(
-        "INSERT INTO checkpoints (job_id, step, path, tokens_seen, time_us) "
-        "VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (job_id, step) DO UPDATE SET "
-        "path = excluded.path, tokens_seen = excluded.tokens_seen, time_us = excluded.time_us",
-        job_id, checkpoint.step, checkpoint.path, checkpoint.tokens_seen, now));
+        "INSERT INTO checkpoints (job_id, step, path, tokens_seen, time_us, attempt) "
+        "VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (job_id, step) DO UPDATE SET "
+        "path = excluded.path, tokens_seen = excluded.tokens_seen, time_us = excluded.time_us, "
+        "attempt = excluded.attempt",
+        job_id, checkpoint.step, checkpoint.path, checkpoint.tokens_seen, now,
+        checkpoint.attempt));
     return db_->Execute(
         "UPDATE jobs SET latest_checkpoint_step = MAX(IFNULL(latest_checkpoint_step, -1), ?1), "
         "updated_us = ?2 WHERE id = ?3",
@@ -402,14 +475,15 @@ absl::StatusOr<std::vector<CheckpointRecord>> Store::ListCheckpoints(absl::strin
   MOETRAIN_RETURN_IF_ERROR(RequireJob(job_id));
   MOETRAIN_ASSIGN_OR_RETURN(
       sqlite::Statement stmt,
-      db_->Query("SELECT step, path, tokens_seen, time_us FROM checkpoints WHERE job_id = ? "
-                 "ORDER BY step",
+      db_->Query("SELECT step, path, tokens_seen, time_us, attempt FROM checkpoints "
+                 "WHERE job_id = ? ORDER BY step",
                  job_id));
   std::vector<CheckpointRecord> checkpoints;
   for (;;) {
     MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
     if (!row) break;
-    checkpoints.push_back({stmt.Int(0), stmt.Text(1), stmt.Int(2), FromMicros(stmt.Int(3))});
+    checkpoints.push_back({stmt.Int(0), stmt.Text(1), stmt.Int(2), FromMicros(stmt.Int(3)),
+                           static_cast<int32_t>(stmt.Int(4))});
   }
   return checkpoints;
 }
@@ -422,8 +496,7 @@ absl::StatusOr<CheckpointRecord> Store::LatestCheckpoint(absl::string_view job_i
 
 absl::Status Store::UpsertWorker(const WorkerRecord& worker) {
   MOETRAIN_RETURN_IF_ERROR(ValidateWorkerId(worker.id));
-  absl::MutexLock lock(&mu_);
-  return db_->Transaction([&]() -> absl::Status {
+  return Write([&]() -> absl::Status {
     return db_->Execute(
         "INSERT INTO workers (id, name, resources, state, last_heartbeat_us) "
         "VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (id) DO UPDATE SET name = excluded.name, "
@@ -461,10 +534,20 @@ absl::StatusOr<std::vector<WorkerRecord>> Store::ListWorkers() {
 
 absl::Status Store::SetWorkerState(absl::string_view worker_id, WorkerState state) {
   MOETRAIN_RETURN_IF_ERROR(ValidateWorkerId(worker_id));
-  absl::MutexLock lock(&mu_);
-  return db_->Transaction([&]() -> absl::Status {
+  return Write([&]() -> absl::Status {
     MOETRAIN_RETURN_IF_ERROR(db_->Execute("UPDATE workers SET state = ? WHERE id = ?",
                                           WorkerStateName(state), worker_id));
+    if (db_->Changes() == 0) {
+      return absl::NotFoundError(absl::StrCat("worker ", worker_id, " not found"));
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status Store::DeleteWorker(absl::string_view worker_id) {
+  MOETRAIN_RETURN_IF_ERROR(ValidateWorkerId(worker_id));
+  return Write([&]() -> absl::Status {
+    MOETRAIN_RETURN_IF_ERROR(db_->Execute("DELETE FROM workers WHERE id = ?", worker_id));
     if (db_->Changes() == 0) {
       return absl::NotFoundError(absl::StrCat("worker ", worker_id, " not found"));
     }

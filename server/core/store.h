@@ -1,6 +1,8 @@
 // The coordinator's durable store: jobs and their state machine, attempts, per-job events,
 // checkpoints and workers, in one SQLite file (WAL, synchronous=FULL: a call that returned OK
-// survives kill -9 and power loss). Every write is one transaction. Thread-safe.
+// survives kill -9 and power loss). Every write is atomic; writes that arrive together share one
+// commit (group commit: one fsync for the batch, each write in a savepoint of its own), so
+// concurrent callers do not queue behind each other's fsyncs. Thread-safe.
 //
 // Errors: NotFound (no such job/worker), InvalidArgument (a malformed id or argument),
 // FailedPrecondition (the state is not what the call needs: stale `from`, illegal transition,
@@ -15,9 +17,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -30,6 +34,12 @@ namespace moetrain::server {
 namespace sqlite {
 class Database;
 }
+
+// The first event of every job, appended by CreateJob in the job's own transaction; the payload is
+// the reason text. It stands for the change from no state to PENDING.
+inline constexpr char kSubmittedEventKind[] = "submitted";
+// Appended by RecordStepMetrics; the payload is the caller's (a serialized moetrain.v1.StepMetrics).
+inline constexpr char kStepMetricsEventKind[] = "step_metrics";
 
 // What the store needs from the world, so tests can pin time and force id collisions.
 class StoreEnv {
@@ -68,13 +78,14 @@ struct JobRecord {
   absl::Time created_at;
   absl::Time updated_at;
   int32_t attempt = 0;   // the latest attempt number, 0 before the first StartAttempt
-  int32_t restarts = 0;  // transitions into RESTARTING
+  int32_t restarts = 0;  // transitions into RESTARTING that counted (TransitionOptions)
   std::optional<int64_t> latest_checkpoint_step;
+  std::string last_step_metrics;  // payload of the newest RecordStepMetrics; empty before one
 };
 
 struct ListJobsOptions {
-  std::optional<JobState> state;  // only jobs in this state
-  int page_size = 100;            // 1..1000; 0 means the default
+  std::vector<JobState> states;  // only jobs in one of these states; empty = every state
+  int page_size = 100;           // 1..1000; 0 means the default
   std::string page_token;         // empty for the first page
 };
 
@@ -102,7 +113,14 @@ struct CheckpointRecord {
   int64_t step = 0;
   std::string path;
   int64_t tokens_seen = 0;
-  absl::Time time;  // set by the store
+  absl::Time time;      // set by the store
+  int32_t attempt = 0;  // the attempt that wrote it
+};
+
+struct TransitionOptions {
+  // Whether entering RESTARTING counts against the job's restarts. Not for an attempt its worker
+  // stopped in good order (SIGTERM) or one that a coordinator restart cut short.
+  bool count_restart = true;
 };
 
 struct WorkerRecord {
@@ -124,7 +142,7 @@ struct StoreOptions {
 
 class Store {
  public:
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;
 
   // Opens or creates the store at `path` and migrates its schema to kSchemaVersion.
   // DataLoss (naming the file) when the file is not a database or is damaged; the file is left
@@ -135,22 +153,28 @@ class Store {
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
 
-  // Creates a PENDING job. A repeated non-empty submission_id returns the existing job when its
-  // spec hash matches, and AlreadyExists when it does not.
+  // Creates a PENDING job and its kSubmittedEventKind event, atomically. A repeated non-empty
+  // submission_id returns the existing job when its spec hash matches, and AlreadyExists when it
+  // does not; nothing is written then.
   absl::StatusOr<JobRecord> CreateJob(const NewJob& job);
   absl::StatusOr<JobRecord> GetJob(absl::string_view job_id);
+  // In creation order, one page at a time.
   absl::StatusOr<JobPage> ListJobs(const ListJobsOptions& options);
   // Moves the job from `from` to `to` and appends a state-change event, atomically.
   // FailedPrecondition when the job is not in `from` or the transition is illegal; nothing
-  // changes then. Entering RESTARTING counts a restart. Returns the updated job.
+  // changes then. Returns the updated job.
   absl::StatusOr<JobRecord> TransitionJob(absl::string_view job_id, JobState from, JobState to,
-                                          absl::string_view reason);
+                                          absl::string_view reason,
+                                          const TransitionOptions& options = {});
   // Every state with its number of jobs (zeros included), for metrics.
   absl::StatusOr<std::map<JobState, int64_t>> CountJobsByState();
 
   // Returns the new event's sequence number.
   absl::StatusOr<int64_t> AppendEvent(absl::string_view job_id, absl::string_view kind,
                                       absl::string_view payload);
+  // Appends a kStepMetricsEventKind event and makes `payload` the job's last_step_metrics,
+  // atomically. Returns the event's sequence number.
+  absl::StatusOr<int64_t> RecordStepMetrics(absl::string_view job_id, absl::string_view payload);
   // Up to `limit` (1..10000) events with sequence >= from_sequence, in order.
   absl::StatusOr<std::vector<EventRecord>> ReadEvents(absl::string_view job_id,
                                                       int64_t from_sequence, int limit);
@@ -162,6 +186,8 @@ class Store {
   // FailedPrecondition when the attempt already ended; outcome must not be empty.
   absl::Status EndAttempt(absl::string_view job_id, int32_t attempt, absl::string_view outcome);
   absl::StatusOr<std::vector<AttemptRecord>> ListAttempts(absl::string_view job_id);
+  // Every attempt that has not ended, with its job id, in (job creation, attempt) order.
+  absl::StatusOr<std::vector<std::pair<std::string, AttemptRecord>>> ListOpenAttempts();
 
   // Records (or, for a step already recorded, replaces) a checkpoint and raises the job's
   // latest_checkpoint_step.
@@ -174,6 +200,8 @@ class Store {
   absl::Status UpsertWorker(const WorkerRecord& worker);
   absl::StatusOr<std::vector<WorkerRecord>> ListWorkers();
   absl::Status SetWorkerState(absl::string_view worker_id, WorkerState state);
+  // NotFound when there is no such worker.
+  absl::Status DeleteWorker(absl::string_view worker_id);
 
   const std::string& path() const { return path_; }
 
@@ -187,11 +215,23 @@ class Store {
   absl::StatusOr<int64_t> AppendEventLocked(absl::string_view job_id, absl::string_view kind,
                                             absl::string_view payload, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `body` (with mu_ held) as one atomic write, in a transaction shared with the writes
+  // queued meanwhile; returns the body's status, or the commit's error.
+  absl::Status Write(absl::FunctionRef<absl::Status()> body) ABSL_LOCKS_EXCLUDED(mu_, queue_mu_);
 
   const std::string path_;
   StoreEnv* const env_;
+  // Held by readers and by the writer of a batch for the whole batch.
   absl::Mutex mu_;
   std::unique_ptr<sqlite::Database> db_ ABSL_GUARDED_BY(mu_);
+
+  // Group commit: a writer queues its body; the first writer that finds no batch in flight
+  // takes the whole queue, commits it, and wakes the others.
+  struct PendingWrite;
+  absl::Mutex queue_mu_;
+  std::vector<PendingWrite*> queue_ ABSL_GUARDED_BY(queue_mu_);
+  bool batch_in_flight_ ABSL_GUARDED_BY(queue_mu_) = false;
+  absl::CondVar batch_done_;
 };
 
 }  // namespace moetrain::server

@@ -1,13 +1,12 @@
 #include "server/grpc/job_service.h"
 
-#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
+#include "server/core/proto_time.h"
 
 namespace moetrain::server {
 namespace {
@@ -54,17 +53,14 @@ std::optional<JobState> FromProto(int state) {
   }
 }
 
-void ToProto(absl::Time time, google::protobuf::Timestamp* timestamp) {
-  const int64_t micros = absl::ToUnixMicros(time);
-  int64_t seconds = micros / 1000000;
-  int64_t remainder = micros % 1000000;
-  if (remainder < 0) {
-    --seconds;
-    remainder += 1000000;
-  }
-  timestamp->set_seconds(seconds);
-  timestamp->set_nanos(static_cast<int32_t>(remainder * 1000));
+void SetStateChange(JobState from, JobState to, const std::string& reason, v1::JobEvent* event) {
+  v1::StateChange* change = event->mutable_state_change();
+  change->set_from(ToProto(from));
+  change->set_to(ToProto(to));
+  change->set_reason(reason);
 }
+
+}  // namespace
 
 absl::Status ToProto(const JobRecord& record, v1::Job* job) {
   job->set_id(record.id);
@@ -83,75 +79,47 @@ absl::Status ToProto(const JobRecord& record, v1::Job* job) {
   if (record.latest_checkpoint_step.has_value()) {
     job->set_latest_checkpoint_step(*record.latest_checkpoint_step);
   }
+  if (!record.last_step_metrics.empty() &&
+      !job->mutable_last_metrics()->ParseFromString(record.last_step_metrics)) {
+    return absl::DataLossError(
+        absl::StrCat("job ", record.id, ": stored step metrics do not parse"));
+  }
   return absl::OkStatus();
 }
 
-// Store sequences start at 1, the wire's at 0.
 void ToProto(const EventRecord& record, v1::JobEvent* event) {
   event->set_sequence(record.sequence - 1);
   ToProto(record.time, event->mutable_time());
   if (record.kind == kStateChangeEventKind) {
-    absl::StatusOr<StateChange> change = DecodeStateChange(record.payload);
-    if (change.ok()) {
-      v1::StateChange* proto = event->mutable_state_change();
-      proto->set_from(ToProto(change->from));
-      proto->set_to(ToProto(change->to));
-      proto->set_reason(change->reason);
+    if (absl::StatusOr<StateChange> change = DecodeStateChange(record.payload); change.ok()) {
+      SetStateChange(change->from, change->to, change->reason, event);
       return;
     }
   } else if (record.kind == kSubmittedEventKind) {
-    v1::StateChange* proto = event->mutable_state_change();
-    proto->set_from(v1::JOB_STATE_UNSPECIFIED);
-    proto->set_to(v1::JOB_STATE_PENDING);
-    proto->set_reason(record.payload);
+    event->mutable_state_change()->set_to(v1::JOB_STATE_PENDING);
+    event->mutable_state_change()->set_reason(record.payload);
+    return;
+  } else if (record.kind == kStepMetricsEventKind) {
+    if (event->mutable_step_metrics()->ParseFromString(record.payload)) return;
+  } else if (record.kind == kCheckpointSavedEventKind) {
+    if (event->mutable_checkpoint_saved()->ParseFromString(record.payload)) return;
+  } else if (record.kind == kLogEventKind) {
+    event->mutable_log_line()->set_text(record.payload);
     return;
   }
-  // A kind this transport does not know yet still reaches the client, as text.
+  // A kind this transport does not know, or a payload that does not decode, still reaches the
+  // client, as text.
   event->mutable_log_line()->set_text(absl::StrCat(record.kind, ": ", record.payload));
 }
 
-}  // namespace
-
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  // absl::StatusCode and grpc::StatusCode share their numbering.
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
-
-bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
-  // Walk the longer length in full; a length mismatch folds into the result, not an early exit.
-  const size_t length = std::max(a.size(), b.size());
-  unsigned char difference = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < length; ++i) {
-    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
-    difference |= static_cast<unsigned char>(x ^ y);
-  }
-  return difference == 0;
-}
-
-JobService::JobService(Coordinator* coordinator, JobServiceOptions options)
-    : coordinator_(coordinator), options_(std::move(options)) {}
-
-grpc::Status JobService::Authenticate(const grpc::ServerContext& context) const {
-  if (options_.bearer_token.empty()) return grpc::Status::OK;
-  const auto& metadata = context.client_metadata();
-  auto it = metadata.find("authorization");
-  if (it == metadata.end()) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "missing 'authorization: Bearer <token>' metadata");
-  }
-  absl::string_view value(it->second.data(), it->second.size());
-  if (!absl::ConsumePrefix(&value, "Bearer ") ||
-      !ConstantTimeEquals(value, options_.bearer_token)) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid bearer token");
-  }
-  return grpc::Status::OK;
-}
+JobService::JobService(Coordinator* coordinator, Fleet* fleet, JobServiceOptions options)
+    : coordinator_(coordinator), fleet_(fleet), options_(std::move(options)) {}
 
 grpc::Status JobService::SubmitJob(grpc::ServerContext* context,
                                    const v1::SubmitJobRequest* request, v1::Job* response) {
-  if (grpc::Status auth = Authenticate(*context); !auth.ok()) return auth;
+  if (grpc::Status admitted = Admit(*context, options_.bearer_token, *request); !admitted.ok()) {
+    return admitted;
+  }
   absl::StatusOr<JobRecord> job =
       coordinator_->Submit(request->submission_id(), request->spec(), request->priority());
   if (!job.ok()) return ToGrpcStatus(job.status());
@@ -160,7 +128,9 @@ grpc::Status JobService::SubmitJob(grpc::ServerContext* context,
 
 grpc::Status JobService::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
                                 v1::Job* response) {
-  if (grpc::Status auth = Authenticate(*context); !auth.ok()) return auth;
+  if (grpc::Status admitted = Admit(*context, options_.bearer_token, *request); !admitted.ok()) {
+    return admitted;
+  }
   absl::StatusOr<JobRecord> job = coordinator_->Get(request->job_id());
   if (!job.ok()) return ToGrpcStatus(job.status());
   return ToGrpcStatus(ToProto(*job, response));
@@ -168,7 +138,9 @@ grpc::Status JobService::GetJob(grpc::ServerContext* context, const v1::GetJobRe
 
 grpc::Status JobService::ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
                                   v1::ListJobsResponse* response) {
-  if (grpc::Status auth = Authenticate(*context); !auth.ok()) return auth;
+  if (grpc::Status admitted = Admit(*context, options_.bearer_token, *request); !admitted.ok()) {
+    return admitted;
+  }
   ListOptions options;
   for (int state : request->states()) {
     if (std::optional<JobState> core = FromProto(state); core.has_value()) {
@@ -191,15 +163,19 @@ grpc::Status JobService::ListJobs(grpc::ServerContext* context, const v1::ListJo
 
 grpc::Status JobService::CancelJob(grpc::ServerContext* context,
                                    const v1::CancelJobRequest* request, v1::Job* response) {
-  if (grpc::Status auth = Authenticate(*context); !auth.ok()) return auth;
-  absl::StatusOr<JobRecord> job = coordinator_->Cancel(request->job_id(), request->reason());
+  if (grpc::Status admitted = Admit(*context, options_.bearer_token, *request); !admitted.ok()) {
+    return admitted;
+  }
+  absl::StatusOr<JobRecord> job = fleet_->Cancel(request->job_id(), request->reason());
   if (!job.ok()) return ToGrpcStatus(job.status());
   return ToGrpcStatus(ToProto(*job, response));
 }
 
 grpc::Status JobService::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                                   grpc::ServerWriter<v1::JobEvent>* writer) {
-  if (grpc::Status auth = Authenticate(*context); !auth.ok()) return auth;
+  if (grpc::Status admitted = Admit(*context, options_.bearer_token, *request); !admitted.ok()) {
+    return admitted;
+  }
   if (request->from_sequence() < 0) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("from_sequence = ", request->from_sequence(), " is negative"));
@@ -208,6 +184,7 @@ grpc::Status JobService::WatchJob(grpc::ServerContext* context, const v1::WatchJ
   options.from_sequence = request->from_sequence() + 1;
   options.is_cancelled = [context] { return context->IsCancelled(); };
   options.cancel_check_interval = options_.watch_cancel_check_interval;
+  options.no_wait = request->no_wait();
   absl::Status status =
       coordinator_->Watch(request->job_id(), options, [writer](const EventRecord& record) {
         v1::JobEvent event;
@@ -218,6 +195,36 @@ grpc::Status JobService::WatchJob(grpc::ServerContext* context, const v1::WatchJ
     return grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the watch");
   }
   return ToGrpcStatus(status);
+}
+
+grpc::Status JobService::ListCheckpoints(grpc::ServerContext* context,
+                                         const v1::ListCheckpointsRequest* request,
+                                         v1::ListCheckpointsResponse* response) {
+  if (grpc::Status admitted = Admit(*context, options_.bearer_token, *request); !admitted.ok()) {
+    return admitted;
+  }
+  absl::StatusOr<std::vector<CheckpointRecord>> checkpoints =
+      coordinator_->ListCheckpoints(request->job_id());
+  if (!checkpoints.ok()) return ToGrpcStatus(checkpoints.status());
+  for (const CheckpointRecord& record : *checkpoints) {
+    v1::Checkpoint* checkpoint = response->add_checkpoints();
+    checkpoint->set_step(record.step);
+    checkpoint->set_path(record.path);
+    checkpoint->set_attempt(record.attempt);
+    checkpoint->set_tokens_seen(record.tokens_seen);
+    ToProto(record.time, checkpoint->mutable_create_time());
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status JobService::ListWorkers(grpc::ServerContext* context,
+                                     const v1::ListWorkersRequest* request,
+                                     v1::ListWorkersResponse* response) {
+  if (grpc::Status admitted = Admit(*context, options_.bearer_token, *request); !admitted.ok()) {
+    return admitted;
+  }
+  for (v1::WorkerInfo& worker : fleet_->ListWorkers()) *response->add_workers() = std::move(worker);
+  return grpc::Status::OK;
 }
 
 }  // namespace moetrain::server

@@ -1,8 +1,7 @@
-// moetrain.v1.JobService over a Coordinator: converts messages to core calls and absl::Status to
-// grpc::Status (same code, message kept). Decides nothing itself beyond authentication.
-//
-// When a token is configured, every call must carry `authorization: Bearer <token>` metadata;
-// anything else is UNAUTHENTICATED. The comparison takes the same time wherever the values differ.
+// moetrain.v1.JobService over the coordinator core: converts messages to core calls (Coordinator
+// for jobs and events, Fleet for cancellation and workers) and absl::Status to grpc::Status (same
+// code, message kept). Decides nothing itself beyond admission: the bearer token when one is
+// configured, and no fields unknown to this build.
 #ifndef MOETRAIN_SERVER_GRPC_JOB_SERVICE_H_
 #define MOETRAIN_SERVER_GRPC_JOB_SERVICE_H_
 
@@ -11,10 +10,11 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "moetrain/v1/coordinator.grpc.pb.h"
 #include "server/core/coordinator.h"
+#include "server/core/fleet.h"
+#include "server/grpc/grpc_util.h"
 
 namespace moetrain::server {
 
@@ -25,16 +25,15 @@ struct JobServiceOptions {
   absl::Duration watch_cancel_check_interval = absl::Milliseconds(200);
 };
 
-// absl::Status → grpc::Status with the same code and message.
-grpc::Status ToGrpcStatus(const absl::Status& status);
-
-// Equal without an early exit, so the time taken does not reveal where `a` and `b` differ.
-bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
+// A stored job as the wire shows it. DataLoss when its stored spec does not parse.
+absl::Status ToProto(const JobRecord& record, v1::Job* job);
+// A stored event as the wire shows it (store sequences start at 1, the wire's at 0).
+void ToProto(const EventRecord& record, v1::JobEvent* event);
 
 class JobService final : public v1::JobService::Service {
  public:
-  // `coordinator` is not owned and must outlive the service.
-  JobService(Coordinator* coordinator, JobServiceOptions options);
+  // `coordinator` and `fleet` are not owned and outlive the service.
+  JobService(Coordinator* coordinator, Fleet* fleet, JobServiceOptions options);
 
   grpc::Status SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
                          v1::Job* response) override;
@@ -46,11 +45,15 @@ class JobService final : public v1::JobService::Service {
                          v1::Job* response) override;
   grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                         grpc::ServerWriter<v1::JobEvent>* writer) override;
+  grpc::Status ListCheckpoints(grpc::ServerContext* context,
+                               const v1::ListCheckpointsRequest* request,
+                               v1::ListCheckpointsResponse* response) override;
+  grpc::Status ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest* request,
+                           v1::ListWorkersResponse* response) override;
 
  private:
-  grpc::Status Authenticate(const grpc::ServerContext& context) const;
-
   Coordinator* const coordinator_;
+  Fleet* const fleet_;
   const JobServiceOptions options_;
 };
 

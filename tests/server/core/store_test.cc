@@ -23,139 +23,12 @@
 #include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/server/core/store_test_util.h"
 
 namespace moetrain::server {
 namespace {
 
-namespace fs = std::filesystem;
-using S = JobState;
 using ::testing::HasSubstr;
-
-#define ASSERT_OK(expr)                   \
-  do {                                    \
-    auto status_ = (expr);                \
-    ASSERT_TRUE(status_.ok()) << status_; \
-  } while (0)
-
-// A clock that ticks one second per call (or as told), and ids from a queue when one is given.
-class FakeEnv : public StoreEnv {
- public:
-  absl::Time Now() override {
-    absl::MutexLock lock(&mu_);
-    now_ += step_;
-    return now_;
-  }
-  std::string NewJobId() override {
-    absl::MutexLock lock(&mu_);
-    if (ids_.empty()) return DefaultStoreEnv()->NewJobId();
-    std::string id = ids_.front();
-    if (ids_.size() > 1 || !repeat_last_) ids_.pop_front();
-    return id;
-  }
-  void QueueIds(std::vector<std::string> ids, bool repeat_last = false) {
-    absl::MutexLock lock(&mu_);
-    ids_.assign(ids.begin(), ids.end());
-    repeat_last_ = repeat_last;
-  }
-  void SetStep(absl::Duration step) {
-    absl::MutexLock lock(&mu_);
-    step_ = step;
-  }
-
- private:
-  absl::Mutex mu_;
-  absl::Time now_ = absl::FromUnixSeconds(1'700'000'000);
-  absl::Duration step_ = absl::Seconds(1);
-  std::deque<std::string> ids_;
-  bool repeat_last_ = false;
-};
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void WriteFile(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
-}
-
-// One query's first column of the first row, through a plain sqlite3 connection.
-std::string RawQuery(const std::string& path, const std::string& sql) {
-  sqlite3* db = nullptr;
-  EXPECT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  sqlite3_stmt* stmt = nullptr;
-  std::string value;
-  EXPECT_EQ(sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr), SQLITE_OK) << sql;
-  if (sqlite3_step(stmt) == SQLITE_ROW && sqlite3_column_text(stmt, 0) != nullptr) {
-    value = reinterpret_cast<const char*>(sqlite3_column_text(stmt, 0));
-  }
-  sqlite3_finalize(stmt);
-  sqlite3_close(db);
-  return value;
-}
-
-void RawExec(const std::string& path, const std::string& sql) {
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  char* error = nullptr;
-  EXPECT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error), SQLITE_OK)
-      << (error ? error : "");
-  sqlite3_free(error);
-  sqlite3_close(db);
-}
-
-class StoreTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "store_test.XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-    path_ = (fs::path(dir_) / "coordinator.db").string();
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::unique_ptr<Store> OpenStore(StoreOptions options = {}) {
-    if (options.env == nullptr) options.env = &env_;
-    auto store = Store::Open(path_, options);
-    EXPECT_TRUE(store.ok()) << store.status();
-    return store.ok() ? std::move(*store) : nullptr;
-  }
-
-  static NewJob Job(std::string name, std::string submission_id = "", std::string spec = "spec") {
-    NewJob job;
-    job.name = std::move(name);
-    job.submission_id = std::move(submission_id);
-    job.spec = std::move(spec);
-    return job;
-  }
-
-  // Drives a fresh job along legal transitions into `state`.
-  std::string JobIn(Store& store, S state) {
-    auto job = store.CreateJob(Job("walk"));
-    EXPECT_TRUE(job.ok()) << job.status();
-    const std::map<S, std::vector<S>> paths = {
-        {S::kPending, {}},
-        {S::kScheduled, {S::kScheduled}},
-        {S::kRunning, {S::kScheduled, S::kRunning}},
-        {S::kRestarting, {S::kScheduled, S::kRunning, S::kRestarting}},
-        {S::kSucceeded, {S::kScheduled, S::kRunning, S::kSucceeded}},
-        {S::kFailed, {S::kScheduled, S::kRunning, S::kFailed}},
-        {S::kCancelled, {S::kCancelled}},
-    };
-    S at = S::kPending;
-    for (S next : paths.at(state)) {
-      auto moved = store.TransitionJob(job->id, at, next, "walk");
-      EXPECT_TRUE(moved.ok()) << moved.status();
-      at = next;
-    }
-    return job->id;
-  }
-
-  FakeEnv env_;
-  std::string dir_;
-  std::string path_;
-};
 
 TEST_F(StoreTest, CreateAndGet) {
   auto store = OpenStore();
@@ -278,7 +151,7 @@ TEST_F(StoreTest, ListJobsPagesInCreationOrder) {
   EXPECT_EQ(store->ListJobs(options)->next_page_token, "");
 
   options = {};
-  options.state = S::kScheduled;
+  options.states = {S::kScheduled};
   options.page_size = 4;
   std::vector<std::string> scheduled;
   do {
@@ -351,7 +224,8 @@ TEST_F(StoreTest, StaleFromChangesNothing) {
   EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(stale.status().message(), HasSubstr("RUNNING"));
   EXPECT_EQ(store->GetJob(id)->state, S::kRunning);
-  EXPECT_EQ(store->ReadEvents(id, 0, 100)->size(), 2u);
+  // Submitted, PENDING → SCHEDULED, SCHEDULED → RUNNING: nothing from the stale call.
+  EXPECT_EQ(store->ReadEvents(id, 0, 100)->size(), 3u);
   EXPECT_EQ(store->TransitionJob("job-nope", S::kPending, S::kScheduled, "").status().code(),
             absl::StatusCode::kNotFound);
 }
@@ -404,13 +278,13 @@ TEST_F(StoreTest, ExactlyOneRacingTransitionWins) {
   for (int round = 0; round < 5; ++round) {
     std::string id = JobIn(*shared, S::kPending);
     RaceTransitions(std::vector<Store*>(kThreads, shared.get()), id);
-    EXPECT_EQ(shared->ReadEvents(id, 0, 100)->size(), 1u);
+    EXPECT_EQ(shared->ReadEvents(id, 0, 100)->size(), 2u);  // submitted + the winner
 
     id = JobIn(*shared, S::kPending);
     std::vector<Store*> stores;
     for (auto& store : own) stores.push_back(store.get());
     RaceTransitions(stores, id);
-    EXPECT_EQ(shared->ReadEvents(id, 0, 100)->size(), 1u);
+    EXPECT_EQ(shared->ReadEvents(id, 0, 100)->size(), 2u);  // submitted + the winner
   }
 }
 
@@ -441,11 +315,13 @@ TEST_F(StoreTest, EventSequencesAreGaplessUnderConcurrentAppends) {
   }
   for (std::thread& thread : threads) thread.join();
 
-  const int64_t total = 2 * kThreads * kPerThread;
+  // The job's own "submitted" event is sequence 1.
+  const int64_t total = 2 * kThreads * kPerThread + 1;
   auto events = shared->ReadEvents(id, 0, 10000);
   ASSERT_OK(events.status());
   ASSERT_EQ(static_cast<int64_t>(events->size()), total);
-  for (int64_t i = 0; i < total; ++i) {
+  EXPECT_EQ((*events)[0].kind, kSubmittedEventKind);
+  for (int64_t i = 1; i < total; ++i) {
     const EventRecord& event = (*events)[i];
     EXPECT_EQ(event.sequence, i + 1);
     EXPECT_EQ(event.kind, "log");
@@ -457,25 +333,26 @@ TEST_F(StoreTest, ReadEventsFromAnOffset) {
   auto store = OpenStore();
   ASSERT_NE(store, nullptr);
   std::string id = JobIn(*store, S::kPending);
+  // Sequence 1 is the job's "submitted" event; step i lands at i + 1.
   for (int i = 1; i <= 10; ++i) {
-    EXPECT_EQ(*store->AppendEvent(id, "step", absl::StrCat("step ", i)), i);
+    EXPECT_EQ(*store->AppendEvent(id, "step", absl::StrCat("step ", i)), i + 1);
   }
-  auto window = store->ReadEvents(id, 4, 3);
+  auto window = store->ReadEvents(id, 5, 3);
   ASSERT_OK(window.status());
   ASSERT_EQ(window->size(), 3u);
-  EXPECT_EQ((*window)[0].sequence, 4);
+  EXPECT_EQ((*window)[0].sequence, 5);
   EXPECT_EQ((*window)[0].payload, "step 4");
-  EXPECT_EQ((*window)[2].sequence, 6);
-  EXPECT_EQ(store->ReadEvents(id, 9, 100)->size(), 2u);
-  EXPECT_TRUE(store->ReadEvents(id, 11, 100)->empty());
+  EXPECT_EQ((*window)[2].sequence, 7);
+  EXPECT_EQ(store->ReadEvents(id, 10, 100)->size(), 2u);
+  EXPECT_TRUE(store->ReadEvents(id, 12, 100)->empty());
   EXPECT_EQ(store->ReadEvents(id, 0, 0).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(store->ReadEvents(id, -1, 5).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(store->ReadEvents("job-nope", 0, 5).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(store->AppendEvent("job-nope", "x", "").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(store->AppendEvent(id, "", "").status().code(), absl::StatusCode::kInvalidArgument);
-  // Events of another job count from 1 on their own.
+  // Events of another job count from 1 (its "submitted") on their own.
   std::string other = JobIn(*store, S::kPending);
-  EXPECT_EQ(*store->AppendEvent(other, "step", ""), 1);
+  EXPECT_EQ(*store->AppendEvent(other, "step", ""), 2);
 }
 
 TEST_F(StoreTest, Attempts) {
@@ -607,7 +484,7 @@ TEST_F(StoreTest, ReopenKeepsEverything) {
   EXPECT_EQ(job->attempt, 1);
   EXPECT_EQ(job->latest_checkpoint_step, 50);
   auto events = store->ReadEvents(id, 0, 100);
-  ASSERT_EQ(events->size(), 3u);
+  ASSERT_EQ(events->size(), 4u);  // submitted, two transitions, "hello"
   EXPECT_EQ(events->back().payload, "hello");
   EXPECT_EQ(store->ListAttempts(id)->size(), 1u);
   EXPECT_EQ(store->LatestCheckpoint(id)->path, "/c/50");
@@ -616,7 +493,7 @@ TEST_F(StoreTest, ReopenKeepsEverything) {
   // The idempotency key survives too, and sequences continue.
   EXPECT_EQ(store->CreateJob(Job("second", "sub-2"))->name, "second");
   EXPECT_EQ(store->ListJobs({})->jobs.size(), 2u);
-  EXPECT_EQ(*store->AppendEvent(id, "log", ""), 4);
+  EXPECT_EQ(*store->AppendEvent(id, "log", ""), 5);
 }
 
 TEST_F(StoreTest, SchemaVersionIsRecorded) {
@@ -774,9 +651,10 @@ TEST_P(StoreDurabilityTest, CommittedTransitionSurvivesAbruptExit) {
   EXPECT_EQ(job->state_reason, "child");
   auto events = store->ReadEvents(id, 0, 10);
   ASSERT_OK(events.status());
-  ASSERT_EQ(events->size(), 2u);
-  EXPECT_EQ((*events)[0].kind, kStateChangeEventKind);
-  EXPECT_EQ((*events)[1].payload, "after");
+  ASSERT_EQ(events->size(), 3u);
+  EXPECT_EQ((*events)[0].kind, kSubmittedEventKind);
+  EXPECT_EQ((*events)[1].kind, kStateChangeEventKind);
+  EXPECT_EQ((*events)[2].payload, "after");
 }
 
 INSTANTIATE_TEST_SUITE_P(Deaths, StoreDurabilityTest,

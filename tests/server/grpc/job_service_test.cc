@@ -3,10 +3,13 @@
 
 #include "server/grpc/job_service.h"
 
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <stdlib.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -37,10 +40,16 @@ class JobServiceTest : public ::testing::Test {
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
     coordinator_ = std::make_unique<Coordinator>(store_.get());
+    FleetOptions fleet_options;
+    fleet_options.checkpoint_dir = (fs::path(dir_) / "checkpoints").string();
+    absl::StatusOr<std::unique_ptr<Fleet>> fleet =
+        Fleet::Create(store_.get(), coordinator_.get(), nullptr, fleet_options);
+    ASSERT_TRUE(fleet.ok()) << fleet.status();
+    fleet_ = std::move(*fleet);
     JobServiceOptions options;
     options.bearer_token = kToken;
     options.watch_cancel_check_interval = absl::Milliseconds(20);
-    service_ = std::make_unique<JobService>(coordinator_.get(), options);
+    service_ = std::make_unique<JobService>(coordinator_.get(), fleet_.get(), options);
 
     grpc::ServerBuilder builder;
     int port = 0;
@@ -49,8 +58,9 @@ class JobServiceTest : public ::testing::Test {
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
     ASSERT_NE(port, 0);
-    stub_ = v1::JobService::NewStub(
-        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+    channel_ =
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+    stub_ = v1::JobService::NewStub(channel_);
   }
 
   void TearDown() override {
@@ -58,6 +68,7 @@ class JobServiceTest : public ::testing::Test {
     if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
     server_.reset();
     service_.reset();
+    fleet_.reset();
     coordinator_.reset();
     store_.reset();
     fs::remove_all(dir_);
@@ -95,6 +106,8 @@ class JobServiceTest : public ::testing::Test {
   std::string dir_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<Fleet> fleet_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<JobService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<v1::JobService::Stub> stub_;
@@ -206,7 +219,7 @@ TEST_F(JobServiceTest, SubmitGetListCancel) {
 
 TEST_F(JobServiceTest, WatchStreamsFromASequenceAndEndsAtTheFinalState) {
   v1::Job job = MustSubmit("w");
-  ASSERT_TRUE(coordinator_->AppendEvent(job.id(), "log", "hello").ok());
+  ASSERT_TRUE(coordinator_->AppendEvent(job.id(), kLogEventKind, "hello").ok());
 
   grpc::ClientContext context;
   Authorize(&context);
@@ -218,12 +231,13 @@ TEST_F(JobServiceTest, WatchStreamsFromASequenceAndEndsAtTheFinalState) {
   v1::JobEvent event;
   ASSERT_TRUE(reader->Read(&event));
   EXPECT_EQ(event.sequence(), 1);
-  EXPECT_EQ(event.log_line().text(), "log: hello");
+  EXPECT_EQ(event.log_line().text(), "hello");
 
   // A live event, then the cancellation that ends the stream.
-  ASSERT_TRUE(coordinator_->AppendEvent(job.id(), "log", "live").ok());
+  ASSERT_TRUE(coordinator_->AppendEvent(job.id(), "note", "live").ok());
   ASSERT_TRUE(reader->Read(&event));
   EXPECT_EQ(event.sequence(), 2);
+  EXPECT_EQ(event.log_line().text(), "note: live") << "an unknown kind arrives as text";
   ASSERT_TRUE(coordinator_->Cancel(job.id(), "stop").ok());
   ASSERT_TRUE(reader->Read(&event));
   EXPECT_EQ(event.sequence(), 3);
@@ -317,6 +331,138 @@ TEST_F(JobServiceTest, MalformedSpecIsInvalidArgumentNamingTheFieldAndStoresNoth
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(), HasSubstr("name"));
   EXPECT_EQ(StoredJobs(), 0);
+}
+
+TEST_F(JobServiceTest, StepsCheckpointsAndLogsReachTheWatcherTyped) {
+  v1::Job job = MustSubmit("typed");
+  v1::StepMetrics metrics;
+  metrics.set_step(7);
+  metrics.set_loss(2.5);
+  metrics.set_tokens_seen(896);
+  metrics.add_expert_load_per_layer(1.25);
+  ASSERT_TRUE(coordinator_->RecordStepMetrics(job.id(), metrics).ok());
+  v1::CheckpointSaved saved;
+  saved.set_step(7);
+  saved.set_path("/c/step-00000007");
+  ASSERT_TRUE(coordinator_->AppendEvent(job.id(), kCheckpointSavedEventKind,
+                                        saved.SerializeAsString())
+                  .ok());
+
+  // no_wait: what is recorded, then the end of the stream although the job is not final.
+  grpc::ClientContext context;
+  Authorize(&context);
+  v1::WatchJobRequest request;
+  request.set_job_id(job.id());
+  request.set_no_wait(true);
+  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader = stub_->WatchJob(&context, request);
+  std::vector<v1::JobEvent> events;
+  for (v1::JobEvent event; reader->Read(&event);) events.push_back(event);
+  ASSERT_TRUE(reader->Finish().ok());
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_TRUE(events[0].has_state_change());
+  ASSERT_TRUE(events[1].has_step_metrics());
+  EXPECT_EQ(events[1].step_metrics().step(), 7);
+  EXPECT_EQ(events[1].step_metrics().expert_load_per_layer(0), 1.25);
+  ASSERT_TRUE(events[2].has_checkpoint_saved());
+  EXPECT_EQ(events[2].checkpoint_saved().path(), "/c/step-00000007");
+
+  // The job carries its newest step report.
+  grpc::ClientContext get_context;
+  Authorize(&get_context);
+  v1::GetJobRequest get;
+  get.set_job_id(job.id());
+  v1::Job got;
+  ASSERT_TRUE(stub_->GetJob(&get_context, get, &got).ok());
+  EXPECT_EQ(got.last_metrics().step(), 7);
+  EXPECT_EQ(got.last_metrics().loss(), 2.5);
+}
+
+TEST_F(JobServiceTest, ListsCheckpointsAndWorkers) {
+  v1::Job job = MustSubmit("ckpt");
+  CheckpointRecord checkpoint;
+  checkpoint.step = 5;
+  checkpoint.path = (fs::path(dir_) / "gone" / "step-00000005").string();
+  checkpoint.tokens_seen = 640;
+  checkpoint.attempt = 1;
+  ASSERT_TRUE(store_->RecordCheckpoint(job.id(), checkpoint).ok());
+  {
+    grpc::ClientContext context;
+    Authorize(&context);
+    v1::ListCheckpointsRequest request;
+    request.set_job_id(job.id());
+    v1::ListCheckpointsResponse response;
+    ASSERT_TRUE(stub_->ListCheckpoints(&context, request, &response).ok());
+    // The directory is not visible to this process at all: the record is listed as it is.
+    ASSERT_EQ(response.checkpoints_size(), 1);
+    EXPECT_EQ(response.checkpoints(0).step(), 5);
+    EXPECT_EQ(response.checkpoints(0).tokens_seen(), 640);
+    EXPECT_EQ(response.checkpoints(0).attempt(), 1);
+  }
+  // Once the job's directory exists, only checkpoints still on disk are listed.
+  fs::create_directories(fs::path(dir_) / "gone");
+  {
+    grpc::ClientContext context;
+    Authorize(&context);
+    v1::ListCheckpointsRequest request;
+    request.set_job_id(job.id());
+    v1::ListCheckpointsResponse response;
+    ASSERT_TRUE(stub_->ListCheckpoints(&context, request, &response).ok());
+    EXPECT_EQ(response.checkpoints_size(), 0);
+  }
+  v1::RegisterWorkerRequest registration;
+  registration.set_name("node-a");
+  registration.mutable_resources()->set_device_count(1);
+  registration.mutable_resources()->set_threads(2);
+  ASSERT_TRUE(fleet_->Register(registration).ok());
+  grpc::ClientContext context;
+  Authorize(&context);
+  v1::ListWorkersResponse workers;
+  ASSERT_TRUE(stub_->ListWorkers(&context, v1::ListWorkersRequest(), &workers).ok());
+  ASSERT_EQ(workers.workers_size(), 1);
+  EXPECT_EQ(workers.workers(0).name(), "node-a");
+  EXPECT_EQ(workers.workers(0).state(), v1::WORKER_STATE_IDLE);
+  EXPECT_EQ(workers.workers(0).threads(), 2);
+}
+
+TEST_F(JobServiceTest, RequestsWithUnknownFieldsAreRejectedAndStoreNothing) {
+  v1::SubmitJobRequest request = Submission("unknown-field");
+  // Field 99 of JobSpec: what a newer client would send.
+  request.mutable_spec()->GetReflection()->MutableUnknownFields(request.mutable_spec())
+      ->AddVarint(99, 1);
+  grpc::ClientContext context;
+  Authorize(&context);
+  v1::Job job;
+  grpc::Status status = stub_->SubmitJob(&context, request, &job);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("spec holds field number 99"));
+  EXPECT_TRUE(store_->ListJobs({})->jobs.empty());
+}
+
+TEST_F(JobServiceTest, TruncatedRequestBytesChangeNothing) {
+  // The bytes of a valid SubmitJobRequest, cut short, sent through the generic stub.
+  const std::string whole = Submission("truncated").SerializeAsString();
+  grpc::GenericStub generic(channel_);
+  for (size_t length : {whole.size() - 1, whole.size() / 2, size_t{3}}) {
+    grpc::ClientContext context;
+    Authorize(&context);
+    grpc::Slice slice(whole.substr(0, length));
+    grpc::ByteBuffer request(&slice, 1), response;
+    std::mutex mu;
+    std::condition_variable done_cv;
+    bool done = false;
+    grpc::Status status;
+    generic.UnaryCall(&context, "/moetrain.v1.JobService/SubmitJob", grpc::StubOptions(), &request,
+                      &response, [&](grpc::Status s) {
+                        std::lock_guard<std::mutex> lock(mu);
+                        status = std::move(s);
+                        done = true;
+                        done_cv.notify_one();
+                      });
+    std::unique_lock<std::mutex> lock(mu);
+    done_cv.wait(lock, [&] { return done; });
+    EXPECT_FALSE(status.ok()) << "length " << length;
+  }
+  EXPECT_TRUE(store_->ListJobs({})->jobs.empty());
 }
 
 TEST(ConstantTimeEqualsTest, ComparesWholeStrings) {

@@ -1,0 +1,184 @@
+#include "server/coordinator_server.h"
+
+#include <grpcpp/health_check_service_interface.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "engine/core/status.h"
+#include "server/core/log.h"
+#include "server/grpc/rpc_metrics.h"
+
+namespace moetrain::server {
+namespace {
+
+constexpr auto kShutdownGrace = std::chrono::seconds(5);
+
+struct HostPort {
+  std::string host;
+  int port = 0;
+};
+
+// "host:port", "[v6]:port"; the flag's name goes into the error.
+absl::StatusOr<HostPort> ParseHostPort(absl::string_view flag, const std::string& address) {
+  const size_t colon = address.rfind(':');
+  HostPort parsed;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &parsed.port) || parsed.port < 0 ||
+      parsed.port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " = '", address, "' is not host:port with a port in [0, 65535]"));
+  }
+  parsed.host = address.substr(0, colon);
+  if (parsed.host.size() > 2 && parsed.host.front() == '[' && parsed.host.back() == ']') {
+    parsed.host = parsed.host.substr(1, parsed.host.size() - 2);
+  }
+  return parsed;
+}
+
+absl::StatusOr<std::string> ReadPem(absl::string_view flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(flag, ": cannot read '", path, "'"));
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  if (contents.str().find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": '", path, "' is not a PEM file"));
+  }
+  return contents.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(
+    const CoordinatorServerOptions& options) {
+  if (options.tls_cert_file.empty()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions ssl;
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  MOETRAIN_ASSIGN_OR_RETURN(pair.cert_chain, ReadPem("--tls-cert", options.tls_cert_file));
+  MOETRAIN_ASSIGN_OR_RETURN(pair.private_key, ReadPem("--tls-key", options.tls_key_file));
+  ssl.pem_key_cert_pairs.push_back(std::move(pair));
+  if (!options.tls_client_ca_file.empty()) {
+    MOETRAIN_ASSIGN_OR_RETURN(ssl.pem_root_certs,
+                              ReadPem("--tls-client-ca", options.tls_client_ca_file));
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
+}  // namespace
+
+absl::Status CoordinatorServerOptions::Validate() const {
+  if (!listen.empty()) MOETRAIN_RETURN_IF_ERROR(ParseHostPort("--listen", listen).status());
+  if (!http_listen.empty()) {
+    MOETRAIN_RETURN_IF_ERROR(ParseHostPort("--http-listen", http_listen).status());
+  }
+  if (state_db.empty()) return absl::InvalidArgumentError("--state-db is empty");
+  if (tls_cert_file.empty() != tls_key_file.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together: give both or neither");
+  }
+  if (!tls_client_ca_file.empty() && tls_cert_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-client-ca needs --tls-cert and --tls-key (mTLS is TLS with client certificates)");
+  }
+  if (max_receive_message_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_receive_message_bytes = ", max_receive_message_bytes, " must be positive"));
+  }
+  return fleet.Validate();
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    const CoordinatorServerOptions& options) {
+  MOETRAIN_RETURN_IF_ERROR(options.Validate());
+  std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
+  absl::Status built = server->Build(options);
+  if (!built.ok()) {
+    server->Shutdown();
+    return built;
+  }
+  return server;
+}
+
+absl::Status CoordinatorServer::Build(const CoordinatorServerOptions& options) {
+  MOETRAIN_ASSIGN_OR_RETURN(store_, Store::Open(options.state_db));
+  coordinator_ = std::make_unique<Coordinator>(store_.get());
+  MOETRAIN_ASSIGN_OR_RETURN(metrics_, ServiceMetrics::Create(&registry_));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      fleet_, Fleet::Create(store_.get(), coordinator_.get(), metrics_.get(), options.fleet));
+  coordinator_->SetSubmittedListener([fleet = fleet_.get()](const std::string&) { fleet->Wake(); });
+  registry_.AddCollector([this] {
+    absl::StatusOr<std::map<JobState, int64_t>> jobs = store_->CountJobsByState();
+    if (jobs.ok()) metrics_->SetJobsByState(*jobs);
+    metrics_->SetWorkersByState(fleet_->CountWorkersByState());
+  });
+
+  JobServiceOptions job_options;
+  job_options.bearer_token = options.bearer_token;
+  job_service_ = std::make_unique<JobService>(coordinator_.get(), fleet_.get(), job_options);
+  worker_service_ = std::make_unique<WorkerService>(fleet_.get(), options.bearer_token);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  if (!options.listen.empty()) {
+    MOETRAIN_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                              Credentials(options));
+    builder.AddListeningPort(options.listen, credentials, &grpc_port_);
+  }
+  builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  builder.RegisterService(job_service_.get());
+  builder.RegisterService(worker_service_.get());
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+  MOETRAIN_ASSIGN_OR_RETURN(
+      creators.emplace_back(),
+      MakeRpcMetricsInterceptorFactory(
+          &registry_, {"moetrain.v1.JobService", "moetrain.v1.WorkerService"}));
+  builder.experimental().SetInterceptorCreators(std::move(creators));
+  grpc_ = builder.BuildAndStart();
+  if (grpc_ == nullptr || (!options.listen.empty() && grpc_port_ == 0)) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on --listen = '", options.listen,
+                     "' (address in use, or not an address of this machine)"));
+  }
+  grpc::HealthCheckServiceInterface* health = grpc_->GetHealthCheckService();
+  health_listener_ = readiness_.AddListener([health](ReadinessState state, const std::string&) {
+    health->SetServingStatus(state == ReadinessState::kServing);
+  });
+
+  if (!options.http_listen.empty()) {
+    MOETRAIN_ASSIGN_OR_RETURN(HostPort http, ParseHostPort("--http-listen", options.http_listen));
+    HttpServerOptions http_options;
+    http_options.host = http.host;
+    http_options.port = http.port;
+    http_options.registry = &registry_;
+    http_options.readiness = &readiness_;
+    MOETRAIN_ASSIGN_OR_RETURN(http_, HttpServer::Create(http_options));
+    MOETRAIN_RETURN_IF_ERROR(http_->Start());
+  }
+  fleet_->Start();
+  return readiness_.Transition(ReadinessState::kServing,
+                               absl::StrCat("serving jobs from ", options.state_db));
+}
+
+std::shared_ptr<grpc::Channel> CoordinatorServer::InProcessChannel() {
+  return grpc_->InProcessChannel(grpc::ChannelArguments());
+}
+
+void CoordinatorServer::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  readiness_.Transition(ReadinessState::kDraining, "shutting down").IgnoreError();
+  // Long-lived calls end first (watches, polls), so the server's shutdown does not wait on them.
+  if (coordinator_ != nullptr) coordinator_->Shutdown();
+  if (fleet_ != nullptr) fleet_->Stop();
+  if (grpc_ != nullptr) grpc_->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
+  if (http_ != nullptr) http_->Stop();
+  readiness_.Transition(ReadinessState::kStopped, "stopped").IgnoreError();
+  readiness_.RemoveListener(health_listener_);
+}
+
+CoordinatorServer::~CoordinatorServer() { Shutdown(); }
+
+}  // namespace moetrain::server

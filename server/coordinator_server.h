@@ -1,0 +1,99 @@
+// The whole coordinator in one object, for `moetrain-coordinator` and for the in-process
+// coordinator of `moetrain run`: the store, the job API, the fleet, the gRPC services
+// (JobService, WorkerService, grpc.health.v1.Health) and the HTTP endpoint (/metrics, /healthz,
+// /readyz), started and stopped in order around one readiness state.
+//
+//   MOETRAIN_ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorServer> server,
+//                             CoordinatorServer::Start(options));
+//   ... server->grpc_port(), server->InProcessChannel() ...
+//   server->Shutdown();   // also on destruction
+//
+// Start: STARTING → open the store (a damaged file fails here, untouched) → reload the fleet →
+// listen (gRPC, then HTTP) → SERVING. Shutdown: DRAINING (health probes fail, watches end, long
+// polls return) → stop the servers, finishing calls in flight → STOPPED.
+#ifndef MOETRAIN_SERVER_COORDINATOR_SERVER_H_
+#define MOETRAIN_SERVER_COORDINATOR_SERVER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/core/coordinator.h"
+#include "server/core/fleet.h"
+#include "server/core/readiness.h"
+#include "server/core/service_metrics.h"
+#include "server/core/store.h"
+#include "server/grpc/job_service.h"
+#include "server/grpc/worker_service.h"
+#include "server/http/http_server.h"
+#include "server/http/metrics.h"
+
+namespace moetrain::server {
+
+struct CoordinatorServerOptions {
+  // gRPC address, host:port; port 0 picks a free one (grpc_port() tells which). Empty = no
+  // listening socket: in-process clients only.
+  std::string listen = "127.0.0.1:7070";
+  // HTTP address for /metrics and health, host:port; empty = no HTTP endpoint.
+  std::string http_listen = "127.0.0.1:7071";
+  // The SQLite state file; created when missing.
+  std::string state_db = "moetrain-coordinator.db";
+  // Every call must carry it when not empty.
+  std::string bearer_token;
+  // PEM files. With a certificate and key the gRPC port speaks TLS; with a client CA too, clients
+  // must present a certificate it signed (mTLS).
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
+  // Largest request the gRPC server accepts.
+  int max_receive_message_bytes = 4 << 20;
+  FleetOptions fleet;
+
+  // InvalidArgument naming the option: bad addresses, a key without a certificate (or the other
+  // way round), a client CA without both, a non-positive message size; and the fleet's options.
+  absl::Status Validate() const;
+};
+
+class CoordinatorServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
+      const CoordinatorServerOptions& options);
+  ~CoordinatorServer();  // Shutdown()
+  CoordinatorServer(const CoordinatorServer&) = delete;
+  CoordinatorServer& operator=(const CoordinatorServer&) = delete;
+
+  // Idempotent; the first call does the work.
+  void Shutdown();
+
+  // Bound ports; 0 when not listening.
+  int grpc_port() const { return grpc_port_; }
+  int http_port() const { return http_ != nullptr ? http_->port() : 0; }
+  // A channel into this server without a socket (no TLS; the bearer token still applies).
+  std::shared_ptr<grpc::Channel> InProcessChannel();
+  Readiness& readiness() { return readiness_; }
+
+ private:
+  CoordinatorServer() = default;
+  absl::Status Build(const CoordinatorServerOptions& options);
+
+  Readiness readiness_;
+  MetricsRegistry registry_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<ServiceMetrics> metrics_;
+  std::unique_ptr<Fleet> fleet_;
+  std::unique_ptr<JobService> job_service_;
+  std::unique_ptr<WorkerService> worker_service_;
+  std::unique_ptr<grpc::Server> grpc_;
+  std::unique_ptr<HttpServer> http_;
+  Readiness::ListenerId health_listener_ = 0;
+  int grpc_port_ = 0;
+  bool shut_down_ = false;
+};
+
+}  // namespace moetrain::server
+
+#endif  // MOETRAIN_SERVER_COORDINATOR_SERVER_H_

@@ -1,0 +1,540 @@
+// The calls of workers (registration, heartbeats, polls, reports, rendezvous) and of the job API
+// (cancel, workers). The control loop and the life of attempts are in fleet_control.cc.
+#include "server/core/fleet.h"
+
+#include <algorithm>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/core/status.h"
+#include "server/core/fleet_internal.h"
+#include "server/core/log.h"
+#include "server/core/proto_time.h"
+
+namespace moetrain::server {
+namespace {
+
+constexpr size_t kMaxNameBytes = 256;
+constexpr size_t kMaxVersionBytes = 64;
+constexpr size_t kMaxKeyBytes = 256;
+constexpr size_t kMaxValueBytes = 1 << 20;
+constexpr int kMaxLogLines = 1000;
+constexpr size_t kMaxLogLineBytes = 16 << 10;
+// How often a long poll asks whether its caller went away.
+constexpr absl::Duration kCancelCheck = absl::Milliseconds(200);
+
+std::string NewWorkerId() {
+  static constexpr char kBase32[] = "abcdefghijklmnopqrstuvwxyz234567";
+  thread_local std::random_device random;
+  uint64_t bits = (static_cast<uint64_t>(random()) << 32) | random();
+  std::string id = "w-";
+  for (int i = 0; i < 12; ++i, bits >>= 5) id.push_back(kBase32[bits & 31]);
+  return id;
+}
+
+absl::Status CheckKey(absl::string_view key) {
+  if (key.empty() || key.size() > kMaxKeyBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key has ", key.size(), " bytes; a key has 1 to ", kMaxKeyBytes));
+  }
+  return absl::OkStatus();
+}
+
+v1::WorkerState ToProto(WorkerState state) {
+  switch (state) {
+    case WorkerState::kIdle:
+      return v1::WORKER_STATE_IDLE;
+    case WorkerState::kBusy:
+      return v1::WORKER_STATE_BUSY;
+    case WorkerState::kDraining:
+      return v1::WORKER_STATE_DRAINING;
+    case WorkerState::kLost:
+      return v1::WORKER_STATE_LOST;
+  }
+  return v1::WORKER_STATE_UNSPECIFIED;
+}
+
+// "step-00000100", as the engine names step directories.
+std::string StepDirName(int64_t step) {
+  std::string digits = absl::StrCat(step);
+  if (digits.size() < 8) digits.insert(0, 8 - digits.size(), '0');
+  return absl::StrCat("step-", digits);
+}
+
+}  // namespace
+
+Fleet::Fleet(Store* store, Coordinator* coordinator, ServiceMetrics* metrics, FleetOptions options)
+    : store_(store), coordinator_(coordinator), metrics_(metrics), options_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(Store* store, Coordinator* coordinator,
+                                                     ServiceMetrics* metrics,
+                                                     FleetOptions options) {
+  MOETRAIN_RETURN_IF_ERROR(options.Validate());
+  if (options.reconcile_grace == absl::ZeroDuration()) {
+    options.reconcile_grace = options.heartbeat_timeout;
+  }
+  std::unique_ptr<Fleet> fleet(new Fleet(store, coordinator, metrics, std::move(options)));
+  MOETRAIN_RETURN_IF_ERROR(fleet->Reload());
+  return fleet;
+}
+
+Fleet::~Fleet() { Stop(); }
+
+void Fleet::Start() {
+  absl::MutexLock lock(&mu_);
+  if (control_thread_.joinable() || stopping_) return;
+  control_thread_ = std::thread([this] { ControlLoop(); });
+}
+
+void Fleet::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    changed_.SignalAll();
+  }
+  if (control_thread_.joinable()) control_thread_.join();
+}
+
+void Fleet::Wake() {
+  absl::MutexLock lock(&mu_);
+  RequestSchedule();
+}
+
+absl::StatusOr<Fleet::WorkerEntry*> Fleet::FindWorker(absl::string_view worker_id) {
+  if (stopping_) return absl::UnavailableError("the coordinator is shutting down");
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) {
+    return absl::NotFoundError(absl::StrCat("worker '", worker_id, "' is not registered"));
+  }
+  if (it->second->lost) {
+    return absl::NotFoundError(absl::StrCat(
+        "worker ", worker_id, " was declared lost; its ranks were given away: register again"));
+  }
+  return it->second.get();
+}
+
+absl::StatusOr<Fleet::AttemptEntry*> Fleet::FindCurrentAttempt(absl::string_view job_id,
+                                                               int64_t attempt) {
+  if (stopping_) return absl::UnavailableError("the coordinator is shutting down");
+  auto it = attempts_.find(job_id);
+  if (it == attempts_.end() || it->second->attempt != attempt) {
+    absl::StatusOr<JobRecord> job = store_->GetJob(job_id);
+    if (!job.ok()) return job.status();
+    return absl::FailedPreconditionError(
+        absl::StrCat("attempt ", attempt, " of job ", job_id, " is not running (the job is ",
+                     JobStateName(job->state), ", attempt ", job->attempt, ")"));
+  }
+  return it->second.get();
+}
+
+absl::StatusOr<Fleet::AttemptEntry*> Fleet::FindAttempt(absl::string_view worker_id,
+                                                        absl::string_view job_id, int64_t attempt,
+                                                        int32_t rank) {
+  MOETRAIN_RETURN_IF_ERROR(FindWorker(worker_id).status());
+  MOETRAIN_ASSIGN_OR_RETURN(AttemptEntry * entry, FindCurrentAttempt(job_id, attempt));
+  const int32_t member = entry->MemberOf(rank);
+  if (member < 0 || entry->workers[member] != worker_id) {
+    return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " of attempt ", attempt,
+                                                      " of job ", job_id,
+                                                      " was not given to worker ", worker_id));
+  }
+  return entry;
+}
+
+WorkerState Fleet::StateOf(const WorkerEntry& worker) const {
+  if (worker.lost) return WorkerState::kLost;
+  return worker.slot.has_value() ? WorkerState::kBusy : WorkerState::kIdle;
+}
+
+absl::StatusOr<v1::RegisterWorkerResponse> Fleet::Register(
+    const v1::RegisterWorkerRequest& request) {
+  const v1::WorkerResources& resources = request.resources();
+  if (request.name().size() > kMaxNameBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("name has ", request.name().size(), " bytes, more than ", kMaxNameBytes));
+  }
+  if (request.version().size() > kMaxVersionBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("version has ", request.version().size(),
+                                                   " bytes, more than ", kMaxVersionBytes));
+  }
+  if (resources.device_count() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resources.device_count = ", resources.device_count(), " is below 1"));
+  }
+  if (resources.threads() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resources.threads = ", resources.threads(), " is below 1"));
+  }
+  if (!v1::ResourceConfig::Device_IsValid(resources.device())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resources.device = ", resources.device(), " is not a known device kind"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return absl::UnavailableError("the coordinator is shutting down");
+  auto worker = std::make_unique<WorkerEntry>();
+  do {
+    worker->id = NewWorkerId();
+  } while (workers_.count(worker->id) != 0);
+  worker->name = request.name().empty() ? worker->id : request.name();
+  worker->version = request.version();
+  worker->resources = resources;
+  worker->last_heartbeat = absl::Now();
+  MOETRAIN_RETURN_IF_ERROR(PersistWorker(*worker));
+  Log(absl::StrCat("worker ", worker->id, " (", worker->name, ", ",
+                   v1::ResourceConfig::Device_Name(resources.device()), " x",
+                   resources.device_count(), ", ", resources.threads(), " threads, version ",
+                   worker->version, ") registered"));
+  v1::RegisterWorkerResponse response;
+  response.set_worker_id(worker->id);
+  ToProto(options_.heartbeat_interval, response.mutable_heartbeat_interval());
+  ToProto(options_.heartbeat_timeout, response.mutable_heartbeat_timeout());
+  workers_.emplace(worker->id, std::move(worker));
+  RequestSchedule();
+  return response;
+}
+
+absl::Status Fleet::PersistWorker(const WorkerEntry& worker) {
+  WorkerRecord record;
+  record.id = worker.id;
+  record.name = worker.name;
+  v1::RegisterWorkerRequest registration;  // the resources and version, as registered
+  *registration.mutable_resources() = worker.resources;
+  registration.set_version(worker.version);
+  registration.set_name(worker.name);
+  record.resources = registration.SerializeAsString();
+  record.state = worker.lost ? WorkerState::kLost : WorkerState::kIdle;
+  return store_->UpsertWorker(record);
+}
+
+absl::StatusOr<v1::HeartbeatResponse> Fleet::Heartbeat(const v1::HeartbeatRequest& request) {
+  absl::MutexLock lock(&mu_);
+  MOETRAIN_ASSIGN_OR_RETURN(WorkerEntry * worker, FindWorker(request.worker_id()));
+  worker->last_heartbeat = absl::Now();
+  v1::HeartbeatResponse response;
+  bool slot_listed = false;
+  for (const v1::RunningAttempt& running : request.running()) {
+    const bool own = worker->slot.has_value() &&
+                     worker->slot->Is(running.job_id(), running.attempt()) &&
+                     worker->slot->assignment.rank() == running.rank();
+    if (own && !worker->slot->stopping) {
+      slot_listed = true;
+      auto it = attempts_.find(running.job_id());
+      if (it != attempts_.end() && it->second->attempt == running.attempt()) {
+        MOETRAIN_RETURN_IF_ERROR(MarkStarted(*it->second, it->second->MemberOf(running.rank())));
+      }
+      continue;
+    }
+    slot_listed |= own;
+    // Stopping, or not (any longer) this worker's to run: stop it.
+    v1::AttemptRef* stop = response.add_cancel();
+    stop->set_job_id(running.job_id());
+    stop->set_attempt(running.attempt());
+  }
+  // A rank told to stop that the worker no longer lists has ended (or never began): the worker
+  // is free. One that was never told to stop and is not listed yet has not been picked up.
+  if (worker->slot.has_value() && worker->slot->stopping && !slot_listed) ReleaseSlot(*worker);
+  return response;
+}
+
+absl::StatusOr<v1::GetAssignmentResponse> Fleet::GetAssignment(
+    const v1::GetAssignmentRequest& request, const std::function<bool()>& is_cancelled) {
+  const absl::Duration wait =
+      std::clamp(FromProto(request.wait_timeout()), absl::ZeroDuration(),
+                 options_.max_assignment_wait);
+  const absl::Time deadline = absl::Now() + wait;
+  // A delivered assignment is sent again only if its rank has not shown up after this long
+  // (the first response may have been lost).
+  const absl::Duration redeliver_after = 2 * options_.heartbeat_interval;
+  absl::MutexLock lock(&mu_);
+  for (;;) {
+    MOETRAIN_ASSIGN_OR_RETURN(WorkerEntry * worker, FindWorker(request.worker_id()));
+    const absl::Time now = absl::Now();
+    v1::GetAssignmentResponse response;
+    if (worker->slot.has_value()) {
+      Slot& slot = *worker->slot;
+      if (slot.stopping && !slot.stop_sent) {
+        slot.stop_sent = true;
+        v1::AttemptRef* stop = response.add_cancel();
+        stop->set_job_id(slot.assignment.job_id());
+        stop->set_attempt(slot.assignment.attempt());
+        return response;
+      }
+      if (!slot.stopping && !slot.started &&
+          (!slot.delivered || now - slot.delivered_at >= redeliver_after)) {
+        slot.delivered = true;
+        slot.delivered_at = now;
+        *response.mutable_assignment() = slot.assignment;
+        return response;
+      }
+    }
+    if (now >= deadline || (is_cancelled && is_cancelled())) return response;
+    changed_.WaitWithDeadline(&mu_, std::min(deadline, now + kCancelCheck));
+  }
+}
+
+absl::Status Fleet::MarkStarted(AttemptEntry& attempt, int member) {
+  if (member < 0 || attempt.started[member]) return absl::OkStatus();
+  attempt.started[member] = true;
+  auto worker = workers_.find(attempt.workers[member]);
+  if (worker != workers_.end() && worker->second->slot.has_value()) {
+    worker->second->slot->started = true;
+  }
+  if (std::find(attempt.started.begin(), attempt.started.end(), false) != attempt.started.end()) {
+    return absl::OkStatus();
+  }
+  return coordinator_
+      ->Transition(attempt.job_id, JobState::kScheduled, JobState::kRunning,
+                   absl::StrCat("all ", attempt.world_size(), " ranks of attempt ",
+                                attempt.attempt, " are running"))
+      .status();
+}
+
+absl::Status Fleet::ReportStep(const v1::ReportStepRequest& request) {
+  absl::MutexLock lock(&mu_);
+  MOETRAIN_ASSIGN_OR_RETURN(AttemptEntry * attempt,
+                            FindAttempt(request.worker_id(), request.job_id(), request.attempt(),
+                                        request.rank()));
+  MOETRAIN_RETURN_IF_ERROR(MarkStarted(*attempt, attempt->MemberOf(request.rank())));
+  const v1::StepMetrics& metrics = request.metrics();
+  // Rank 0 speaks for the job; the others' reports only show that they are alive.
+  if (request.rank() != 0 || metrics.step() <= attempt->last_step) return absl::OkStatus();
+  MOETRAIN_RETURN_IF_ERROR(coordinator_->RecordStepMetrics(request.job_id(), metrics).status());
+  attempt->last_step = metrics.step();
+  const int64_t new_tokens = std::max<int64_t>(0, metrics.tokens_seen() - attempt->last_tokens_seen);
+  attempt->last_tokens_seen = std::max(attempt->last_tokens_seen, metrics.tokens_seen());
+  if (metrics_ != nullptr) metrics_->OnStep(request.job_id(), metrics, new_tokens);
+  return absl::OkStatus();
+}
+
+absl::Status Fleet::ReportLog(const v1::ReportLogRequest& request) {
+  if (request.lines_size() > kMaxLogLines) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(request.lines_size(), " lines in one call; at most ", kMaxLogLines));
+  }
+  absl::MutexLock lock(&mu_);
+  MOETRAIN_ASSIGN_OR_RETURN(AttemptEntry * attempt,
+                            FindAttempt(request.worker_id(), request.job_id(), request.attempt(),
+                                        request.rank()));
+  MOETRAIN_RETURN_IF_ERROR(MarkStarted(*attempt, attempt->MemberOf(request.rank())));
+  const std::string prefix =
+      attempt->world_size() > 1 ? absl::StrCat("[rank ", request.rank(), "] ") : "";
+  for (const std::string& line : request.lines()) {
+    MOETRAIN_RETURN_IF_ERROR(
+        coordinator_
+            ->AppendEvent(request.job_id(), kLogEventKind,
+                          absl::StrCat(prefix, absl::string_view(line).substr(0, kMaxLogLineBytes)))
+            .status());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Fleet::ReportCheckpoint(const v1::ReportCheckpointRequest& request) {
+  absl::MutexLock lock(&mu_);
+  MOETRAIN_ASSIGN_OR_RETURN(AttemptEntry * attempt,
+                            FindAttempt(request.worker_id(), request.job_id(), request.attempt(),
+                                        request.rank()));
+  const int32_t member = attempt->MemberOf(request.rank());
+  MOETRAIN_RETURN_IF_ERROR(MarkStarted(*attempt, member));
+  const Slot& slot = *workers_.at(request.worker_id())->slot;
+  const std::string expected =
+      absl::StrCat(slot.assignment.checkpoint_dir(), "/", StepDirName(request.step()));
+  if (request.step() < 1 || request.path() != expected) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint step ", request.step(), " at '",
+                                                   request.path(), "': expected a step >= 1 at '",
+                                                   expected, "'"));
+  }
+  if (metrics_ != nullptr) {
+    metrics_->OnCheckpoint(request.job_id(), FromProto(request.write_duration()), absl::Now());
+  }
+  std::set<int32_t>& members = attempt->checkpoint_members[request.step()];
+  members.insert(member);
+  if (members.size() < attempt->workers.size()) return absl::OkStatus();
+  attempt->checkpoint_members.erase(attempt->checkpoint_members.begin(),
+                                    attempt->checkpoint_members.upper_bound(request.step()));
+  CheckpointRecord record;
+  record.step = request.step();
+  record.path = request.path();
+  record.tokens_seen = request.tokens_seen();
+  record.attempt = attempt->attempt;
+  MOETRAIN_RETURN_IF_ERROR(store_->RecordCheckpoint(request.job_id(), record));
+  v1::CheckpointSaved saved;
+  saved.set_step(request.step());
+  saved.set_path(request.path());
+  saved.set_tokens_seen(request.tokens_seen());
+  return coordinator_
+      ->AppendEvent(request.job_id(), kCheckpointSavedEventKind, saved.SerializeAsString())
+      .status();
+}
+
+absl::Status Fleet::ReportAttemptEnd(const v1::ReportAttemptEndRequest& request) {
+  absl::MutexLock lock(&mu_);
+  MOETRAIN_ASSIGN_OR_RETURN(WorkerEntry * worker, FindWorker(request.worker_id()));
+  if (!worker->slot.has_value() || !worker->slot->Is(request.job_id(), request.attempt()) ||
+      worker->slot->assignment.rank() != request.rank()) {
+    return absl::FailedPreconditionError(absl::StrCat("worker ", request.worker_id(),
+                                                      " holds no rank ", request.rank(),
+                                                      " of attempt ", request.attempt(),
+                                                      " of job ", request.job_id()));
+  }
+  auto it = attempts_.find(request.job_id());
+  if (it == attempts_.end() || it->second->attempt != request.attempt()) {
+    // A rank of an attempt that is over already (stopped, cancelled, replaced) has wound down.
+    ReleaseSlot(*worker);
+    return absl::OkStatus();
+  }
+  AttemptEntry& attempt = *it->second;
+  const int32_t member = attempt.MemberOf(request.rank());
+  const std::string who =
+      absl::StrCat("rank ", request.rank(), " on worker ", worker->id, " (", worker->name, ")");
+  switch (request.outcome()) {
+    case v1::ATTEMPT_OUTCOME_SUCCEEDED: {
+      MOETRAIN_RETURN_IF_ERROR(MarkStarted(attempt, member));
+      attempt.succeeded[member] = true;
+      ReleaseSlot(*worker);
+      if (std::find(attempt.succeeded.begin(), attempt.succeeded.end(), false) !=
+          attempt.succeeded.end()) {
+        return absl::OkStatus();
+      }
+      return FinishAttempt(attempt, request.step());
+    }
+    case v1::ATTEMPT_OUTCOME_FAILED:
+      ReleaseSlot(*worker);
+      return EndAttemptUnsuccessfully(attempt, "failed",
+                                      absl::StrCat(who, " failed: ", request.message()),
+                                      /*count_restart=*/true);
+    case v1::ATTEMPT_OUTCOME_CANCELLED:
+    case v1::ATTEMPT_OUTCOME_STOPPED:
+      // Nobody told this rank to stop (that would have ended the attempt already): its worker
+      // is shutting down, after a checkpoint.
+      ReleaseSlot(*worker);
+      return EndAttemptUnsuccessfully(
+          attempt, "stopped",
+          absl::StrCat(who, " stopped at step ", request.step(),
+                       request.message().empty() ? "" : absl::StrCat(": ", request.message())),
+          /*count_restart=*/false);
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("outcome = ", request.outcome(), " is not a known attempt outcome"));
+  }
+}
+
+void Fleet::ReleaseSlot(WorkerEntry& worker) {
+  worker.slot.reset();
+  RequestSchedule();
+}
+
+void Fleet::OrderStop(const AttemptEntry& attempt) {
+  for (const std::string& id : attempt.workers) {
+    auto it = workers_.find(id);
+    if (it == workers_.end() || !it->second->slot.has_value()) continue;
+    WorkerEntry& worker = *it->second;
+    if (!worker.slot->Is(attempt.job_id, attempt.attempt)) continue;
+    if (!worker.slot->delivered) {
+      ReleaseSlot(worker);  // never handed out: nothing to stop
+    } else {
+      worker.slot->stopping = true;
+      worker.slot->stop_sent = false;
+    }
+  }
+  changed_.SignalAll();
+}
+
+absl::Status Fleet::KvSet(absl::string_view job_id, int64_t attempt, absl::string_view key,
+                          absl::string_view value) {
+  MOETRAIN_RETURN_IF_ERROR(CheckKey(key));
+  if (value.size() > kMaxValueBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("value has ", value.size(), " bytes, more than ", kMaxValueBytes));
+  }
+  absl::MutexLock lock(&mu_);
+  MOETRAIN_ASSIGN_OR_RETURN(AttemptEntry * entry, FindCurrentAttempt(job_id, attempt));
+  entry->kv.insert_or_assign(std::string(key), std::string(value));
+  changed_.SignalAll();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<std::string>> Fleet::KvGet(absl::string_view job_id, int64_t attempt,
+                                                        absl::string_view key) {
+  MOETRAIN_RETURN_IF_ERROR(CheckKey(key));
+  absl::MutexLock lock(&mu_);
+  MOETRAIN_ASSIGN_OR_RETURN(AttemptEntry * entry, FindCurrentAttempt(job_id, attempt));
+  auto it = entry->kv.find(key);
+  if (it == entry->kv.end()) return std::optional<std::string>();
+  return std::optional<std::string>(it->second);
+}
+
+absl::StatusOr<std::string> Fleet::KvWait(absl::string_view job_id, int64_t attempt,
+                                          absl::string_view key, absl::Duration timeout,
+                                          const std::function<bool()>& is_cancelled) {
+  MOETRAIN_RETURN_IF_ERROR(CheckKey(key));
+  const absl::Time deadline =
+      timeout > absl::ZeroDuration() ? absl::Now() + timeout : absl::InfiniteFuture();
+  absl::MutexLock lock(&mu_);
+  for (;;) {
+    // Looked up on every round: the attempt may end while this call waits.
+    MOETRAIN_ASSIGN_OR_RETURN(AttemptEntry * entry, FindCurrentAttempt(job_id, attempt));
+    auto it = entry->kv.find(key);
+    if (it != entry->kv.end()) return it->second;
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("key '", key, "' of attempt ", attempt,
+                                                      " of job ", job_id, " was not set within ",
+                                                      absl::FormatDuration(timeout)));
+    }
+    if (is_cancelled && is_cancelled()) {
+      return absl::CancelledError("the caller stopped waiting");
+    }
+    changed_.WaitWithDeadline(&mu_, std::min(deadline, now + kCancelCheck));
+  }
+}
+
+absl::StatusOr<JobRecord> Fleet::Cancel(absl::string_view job_id, absl::string_view reason) {
+  absl::MutexLock lock(&mu_);
+  MOETRAIN_ASSIGN_OR_RETURN(JobRecord job, coordinator_->Cancel(job_id, reason));
+  auto it = attempts_.find(job_id);
+  if (it != attempts_.end()) {
+    MOETRAIN_RETURN_IF_ERROR(store_->EndAttempt(job_id, it->second->attempt, "cancelled"));
+    OrderStop(*it->second);
+    attempts_.erase(it);
+  }
+  waiting_reasons_.erase(std::string(job_id));
+  Log(absl::StrCat("job ", job_id, " cancelled: ", job.state_reason));
+  return job;
+}
+
+std::vector<v1::WorkerInfo> Fleet::ListWorkers() {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::WorkerInfo> list;
+  for (const auto& [id, worker] : workers_) {
+    v1::WorkerInfo& info = list.emplace_back();
+    info.set_id(id);
+    info.set_name(worker->name);
+    info.set_device(worker->resources.device());
+    info.set_device_count(worker->resources.device_count());
+    info.set_threads(worker->resources.threads());
+    info.set_version(worker->version);
+    info.set_state(ToProto(StateOf(*worker)));
+    ToProto(worker->last_heartbeat, info.mutable_last_heartbeat());
+    if (worker->slot.has_value()) {
+      info.set_current_job_id(worker->slot->assignment.job_id());
+      info.set_current_attempt(worker->slot->assignment.attempt());
+    }
+  }
+  return list;
+}
+
+std::map<WorkerState, int64_t> Fleet::CountWorkersByState() {
+  std::map<WorkerState, int64_t> counts;
+  for (WorkerState state : kAllWorkerStates) counts[state] = 0;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, worker] : workers_) ++counts[StateOf(*worker)];
+  return counts;
+}
+
+void Fleet::RequestSchedule() {
+  schedule_requested_ = true;
+  changed_.SignalAll();
+}
+
+}  // namespace moetrain::server

@@ -1,0 +1,202 @@
+// The coordinator's side of the workers: registration and liveness, the gang scheduler's passes,
+// assignment delivery, progress reports, the per-attempt rendezvous, and fault handling. Every
+// job that has workers goes through here; the job API (Coordinator) handles the rest.
+//
+// Life of an attempt:
+//   scheduling pass   PENDING/RESTARTING job + enough IDLE workers → store.StartAttempt, job →
+//                     SCHEDULED, one slot per worker (its rank), assignments wait for the polls
+//   GetAssignment     delivers a worker's slot; Heartbeat and reports show the rank started; once
+//                     every rank has, the job goes RUNNING
+//   ReportStep/Log/Checkpoint   events, metrics; a checkpoint is good once every rank reported it
+//   ReportAttemptEnd  SUCCEEDED from every rank → job SUCCEEDED. FAILED from one rank, a worker
+//                     lost (no heartbeat for heartbeat_timeout) or a rank that never starts →
+//                     the attempt fails: RESTARTING (from the latest good checkpoint) while
+//                     restarts are left, else FAILED; the other ranks are told to stop. STOPPED
+//                     (the worker's SIGTERM) → RESTARTING without counting a restart.
+//   Cancel            job → CANCELLED, its ranks are told to stop.
+// A worker stays BUSY until its rank reports its end (or the worker is lost), so a gang never
+// shares a worker with a rank that is still winding down.
+//
+// Every change is written to the store before it is acted on or announced. On start, Create
+// reloads the workers and the attempts in flight and waits reconcile_grace for their workers to
+// report; ranks reported running continue, the other attempts restart from their checkpoints
+// (without counting a restart), and nothing is scheduled until the grace period ends.
+//
+// Fencing: every report names (job, attempt, rank); one about an attempt that is not the job's
+// current one, or a rank not given to the calling worker, is FailedPrecondition. A worker that is
+// unknown or was declared lost gets NotFound and registers again.
+//
+// Thread-safe. Long polls (GetAssignment, KvWait) block on a condition variable; Stop wakes them.
+#ifndef MOETRAIN_SERVER_CORE_FLEET_H_
+#define MOETRAIN_SERVER_CORE_FLEET_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "moetrain/v1/worker.pb.h"
+#include "server/core/coordinator.h"
+#include "server/core/job_state.h"
+#include "server/core/service_metrics.h"
+#include "server/core/store.h"
+
+namespace moetrain::server {
+
+// How a job's checkpoint directory is named under FleetOptions::checkpoint_dir.
+enum class CheckpointNaming {
+  kJobId,    // <dir>/<job id>: unique, the service's layout
+  kJobName,  // <dir>/<spec.name>: `moetrain run`, where a person names and resumes jobs by name
+};
+
+struct FleetOptions {
+  // Told to workers at registration.
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  // A worker silent this long is LOST and its rank's attempt fails.
+  absl::Duration heartbeat_timeout = absl::Seconds(10);
+  // After a start that found attempts in flight: how long their workers have to report them
+  // before they are restarted; no scheduling meanwhile. Zero = heartbeat_timeout.
+  absl::Duration reconcile_grace = absl::ZeroDuration();
+  // Longest GetAssignment wait a worker may ask for.
+  absl::Duration max_assignment_wait = absl::Seconds(60);
+  // How often the control loop looks for lost workers, ended grace and work to schedule (it
+  // also runs at once after a submit or a freed worker).
+  absl::Duration control_interval = absl::Milliseconds(250);
+  // Lost workers are forgotten (dropped from ListWorkers and the store) after this long.
+  absl::Duration forget_lost_after = absl::Hours(24);
+  // Root of every job's checkpoint directory, as the workers see it.
+  std::string checkpoint_dir = "checkpoints";
+  CheckpointNaming checkpoint_naming = CheckpointNaming::kJobId;
+
+  // InvalidArgument naming the field: non-positive durations, heartbeat_interval not below
+  // heartbeat_timeout, an empty checkpoint_dir.
+  absl::Status Validate() const;
+};
+
+class Fleet {
+ public:
+  // Reloads workers and attempts in flight from the store. `store`, `coordinator` and `metrics`
+  // (may be null) are not owned and outlive the fleet.
+  static absl::StatusOr<std::unique_ptr<Fleet>> Create(Store* store, Coordinator* coordinator,
+                                                       ServiceMetrics* metrics,
+                                                       FleetOptions options);
+  ~Fleet();  // Stop()
+  Fleet(const Fleet&) = delete;
+  Fleet& operator=(const Fleet&) = delete;
+
+  // Starts the control loop. Stop ends it and every long poll; later calls fail Unavailable.
+  void Start();
+  void Stop();
+  // Looks for work to schedule soon: a job was submitted.
+  void Wake();
+
+  // WorkerService. Requests are validated here (ids, ranges); errors as described above.
+  absl::StatusOr<v1::RegisterWorkerResponse> Register(const v1::RegisterWorkerRequest& request);
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
+  // Waits up to min(request.wait_timeout, max_assignment_wait); `is_cancelled` is asked at least
+  // every 200 ms (the client went away).
+  absl::StatusOr<v1::GetAssignmentResponse> GetAssignment(
+      const v1::GetAssignmentRequest& request, const std::function<bool()>& is_cancelled);
+  absl::Status ReportStep(const v1::ReportStepRequest& request);
+  absl::Status ReportLog(const v1::ReportLogRequest& request);
+  absl::Status ReportCheckpoint(const v1::ReportCheckpointRequest& request);
+  absl::Status ReportAttemptEnd(const v1::ReportAttemptEndRequest& request);
+
+  // The rendezvous of the job's current attempt: FailedPrecondition for any other attempt, and
+  // for a waiter whose attempt ends. KvWait: DeadlineExceeded after `timeout` (zero = until
+  // `is_cancelled` says so or the fleet stops).
+  absl::Status KvSet(absl::string_view job_id, int64_t attempt, absl::string_view key,
+                     absl::string_view value);
+  absl::StatusOr<std::optional<std::string>> KvGet(absl::string_view job_id, int64_t attempt,
+                                                   absl::string_view key);
+  absl::StatusOr<std::string> KvWait(absl::string_view job_id, int64_t attempt,
+                                     absl::string_view key, absl::Duration timeout,
+                                     const std::function<bool()>& is_cancelled);
+
+  // JobService: cancels through the Coordinator and tells the job's ranks to stop.
+  absl::StatusOr<JobRecord> Cancel(absl::string_view job_id, absl::string_view reason);
+  // Every known worker, by id.
+  std::vector<v1::WorkerInfo> ListWorkers();
+  // Known workers by state (zeros included), for metrics.
+  std::map<WorkerState, int64_t> CountWorkersByState();
+
+ private:
+  struct Slot;
+  struct WorkerEntry;
+  struct AttemptEntry;
+
+  Fleet(Store* store, Coordinator* coordinator, ServiceMetrics* metrics, FleetOptions options);
+  absl::Status Reload();
+  void ControlLoop();
+  // One pass of the control loop: lost workers, stuck ranks, the end of the grace period, then a
+  // scheduling pass.
+  void ControlPass() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status SchedulePass() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status StartAttempt(const JobRecord& job, const std::vector<std::string>& workers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The attempt is over without success: records it, moves the job on (RESTARTING or FAILED),
+  // tells its other ranks to stop and forgets it.
+  absl::Status EndAttemptUnsuccessfully(AttemptEntry& attempt, absl::string_view outcome,
+                                        const std::string& reason, bool count_restart)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every member reported success: the job SUCCEEDED at `step`.
+  absl::Status FinishAttempt(AttemptEntry& attempt, int64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The member's rank is running; once all are, the job goes RUNNING.
+  absl::Status MarkStarted(AttemptEntry& attempt, int member) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status MarkLost(WorkerEntry& worker, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The worker's rank ended (reported, or gone): the worker is free.
+  void ReleaseSlot(WorkerEntry& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells every worker still running a rank of `attempt` to stop.
+  void OrderStop(const AttemptEntry& attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PersistWorker(const WorkerEntry& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::StatusOr<WorkerEntry*> FindWorker(absl::string_view worker_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The attempt a report is about: it must be the job's current one, with `rank` given to
+  // `worker_id`.
+  absl::StatusOr<AttemptEntry*> FindAttempt(absl::string_view worker_id, absl::string_view job_id,
+                                            int64_t attempt, int32_t rank)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<AttemptEntry*> FindCurrentAttempt(absl::string_view job_id, int64_t attempt)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  WorkerState StateOf(const WorkerEntry& worker) const;
+  std::string CheckpointRoot(const JobRecord& job, const v1::JobSpec& spec) const;
+  // Wakes the control loop for a scheduling pass soon.
+  void RequestSchedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Store* const store_;
+  Coordinator* const coordinator_;
+  ServiceMetrics* const metrics_;
+  const FleetOptions options_;
+
+  absl::Mutex mu_;
+  // Signalled on every change a long poll or the control loop may wait for.
+  absl::CondVar changed_;
+  std::map<std::string, std::unique_ptr<WorkerEntry>, std::less<>> workers_ ABSL_GUARDED_BY(mu_);
+  // The live attempt of every SCHEDULED or RUNNING job, by job id.
+  std::map<std::string, std::unique_ptr<AttemptEntry>, std::less<>> attempts_ ABSL_GUARDED_BY(mu_);
+  // Why each job that cannot start waits, as last announced (announced again only on change).
+  std::map<std::string, std::string, std::less<>> waiting_reasons_ ABSL_GUARDED_BY(mu_);
+  absl::Time grace_until_ ABSL_GUARDED_BY(mu_);
+  // Attempts reloaded at start whose ranks must show up before grace_until_.
+  bool reconciling_ ABSL_GUARDED_BY(mu_) = false;
+  bool schedule_requested_ ABSL_GUARDED_BY(mu_) = true;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread control_thread_;
+};
+
+}  // namespace moetrain::server
+
+#endif  // MOETRAIN_SERVER_CORE_FLEET_H_

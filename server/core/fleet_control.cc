@@ -1,0 +1,414 @@
+// The fleet's control loop and the life of attempts: reload and reconciliation after a start,
+// lost workers, scheduling passes, and how an attempt ends. The calls of workers and clients are
+// in fleet.cc.
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "engine/core/status.h"
+#include "server/core/fleet.h"
+#include "server/core/fleet_internal.h"
+#include "server/core/log.h"
+#include "server/core/scheduler.h"
+
+namespace moetrain::server {
+namespace {
+
+// Passes triggered by requests are at least this far apart, so a burst of submissions or reports
+// is looked at once.
+constexpr absl::Duration kMinPassGap = absl::Milliseconds(20);
+constexpr int kPageSize = 1000;
+
+absl::StatusOr<v1::JobSpec> ParseSpec(const JobRecord& job) {
+  v1::JobSpec spec;
+  if (!spec.ParseFromString(job.spec)) {
+    return absl::DataLossError(absl::StrCat("job ", job.id, ": the stored spec does not parse"));
+  }
+  return spec;
+}
+
+// Every job in one of `states`, in submission order.
+absl::StatusOr<std::vector<JobRecord>> JobsIn(Store& store, std::vector<JobState> states) {
+  std::vector<JobRecord> jobs;
+  ListJobsOptions options;
+  options.states = std::move(states);
+  options.page_size = kPageSize;
+  do {
+    MOETRAIN_ASSIGN_OR_RETURN(JobPage page, store.ListJobs(options));
+    for (JobRecord& job : page.jobs) jobs.push_back(std::move(job));
+    options.page_token = page.next_page_token;
+  } while (!options.page_token.empty());
+  return jobs;
+}
+
+void LogIfError(const absl::Status& status, absl::string_view what) {
+  if (!status.ok()) Log(absl::StrCat(what, ": ", status.ToString()));
+}
+
+}  // namespace
+
+absl::Status FleetOptions::Validate() const {
+  const std::pair<const char*, absl::Duration> positive[] = {
+      {"heartbeat_interval", heartbeat_interval}, {"heartbeat_timeout", heartbeat_timeout},
+      {"max_assignment_wait", max_assignment_wait}, {"control_interval", control_interval},
+      {"forget_lost_after", forget_lost_after}};
+  for (const auto& [name, value] : positive) {
+    if (value <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " = ", absl::FormatDuration(value), " must be positive"));
+    }
+  }
+  if (reconcile_grace < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reconcile_grace = ", absl::FormatDuration(reconcile_grace), " is negative"));
+  }
+  if (heartbeat_interval >= heartbeat_timeout) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "heartbeat_interval = ", absl::FormatDuration(heartbeat_interval),
+        " must be below heartbeat_timeout = ", absl::FormatDuration(heartbeat_timeout)));
+  }
+  if (checkpoint_dir.empty()) return absl::InvalidArgumentError("checkpoint_dir is empty");
+  return absl::OkStatus();
+}
+
+std::string Fleet::CheckpointRoot(const JobRecord& job, const v1::JobSpec& spec) const {
+  return absl::StrCat(options_.checkpoint_dir, "/",
+                      options_.checkpoint_naming == CheckpointNaming::kJobName ? spec.name()
+                                                                                : job.id);
+}
+
+absl::Status Fleet::Reload() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  MOETRAIN_ASSIGN_OR_RETURN(std::vector<WorkerRecord> workers, store_->ListWorkers());
+  for (const WorkerRecord& record : workers) {
+    auto worker = std::make_unique<WorkerEntry>();
+    v1::RegisterWorkerRequest registration;
+    if (!registration.ParseFromString(record.resources)) {
+      return absl::DataLossError(
+          absl::StrCat("store: worker ", record.id, ": its resources do not parse"));
+    }
+    worker->id = record.id;
+    worker->name = record.name;
+    worker->version = registration.version();
+    worker->resources = registration.resources();
+    worker->lost = record.state == WorkerState::kLost;
+    // Everyone gets a fresh heartbeat_timeout to show up: the coordinator was away, not them.
+    worker->last_heartbeat = now;
+    workers_.emplace(worker->id, std::move(worker));
+  }
+
+  MOETRAIN_ASSIGN_OR_RETURN(auto open, store_->ListOpenAttempts());
+  for (const auto& [job_id, record] : open) {
+    MOETRAIN_ASSIGN_OR_RETURN(JobRecord job, store_->GetJob(job_id));
+    const bool live = (job.state == JobState::kScheduled || job.state == JobState::kRunning) &&
+                      job.attempt == record.attempt;
+    if (!live) {
+      MOETRAIN_RETURN_IF_ERROR(store_->EndAttempt(job_id, record.attempt, "abandoned"));
+      continue;
+    }
+    MOETRAIN_ASSIGN_OR_RETURN(v1::JobSpec spec, ParseSpec(job));
+    auto attempt = std::make_unique<AttemptEntry>();
+    attempt->job_id = job_id;
+    attempt->attempt = record.attempt;
+    attempt->devices_per_worker = static_cast<int32_t>(spec.resources().devices_per_worker());
+    attempt->max_restarts = spec.restart().max_restarts();
+    attempt->workers = record.workers;
+    attempt->started.assign(record.workers.size(), false);
+    attempt->succeeded.assign(record.workers.size(), false);
+    v1::StepMetrics last;
+    if (last.ParseFromString(job.last_step_metrics)) attempt->last_tokens_seen = last.tokens_seen();
+    absl::StatusOr<CheckpointRecord> checkpoint = store_->LatestCheckpoint(job_id);
+    for (size_t member = 0; member < record.workers.size(); ++member) {
+      auto worker = workers_.find(record.workers[member]);
+      if (worker == workers_.end() || worker->second->lost) continue;
+      Slot& slot = worker->second->slot.emplace();
+      v1::Assignment& assignment = slot.assignment;
+      assignment.set_job_id(job_id);
+      assignment.set_attempt(record.attempt);
+      assignment.set_rank(static_cast<int32_t>(member) * attempt->devices_per_worker);
+      assignment.set_world_size(attempt->world_size());
+      *assignment.mutable_spec() = spec;
+      if (checkpoint.ok()) assignment.set_resume_checkpoint(checkpoint->path);
+      assignment.set_checkpoint_dir(CheckpointRoot(job, spec));
+      slot.assigned_at = now;
+      slot.delivered = true;
+      slot.delivered_at = now;
+    }
+    if (metrics_ != nullptr) metrics_->OnJob(job_id, job.name);
+    attempts_.emplace(job_id, std::move(attempt));
+    reconciling_ = true;
+  }
+  // A job moved on past an ended attempt but not yet to its next state (a crash in between).
+  MOETRAIN_ASSIGN_OR_RETURN(std::vector<JobRecord> orphans,
+                            JobsIn(*store_, {JobState::kScheduled, JobState::kRunning}));
+  for (const JobRecord& job : orphans) {
+    if (attempts_.count(job.id) != 0) continue;
+    TransitionOptions free_restart;
+    free_restart.count_restart = false;
+    MOETRAIN_RETURN_IF_ERROR(
+        coordinator_
+            ->Transition(job.id, job.state, JobState::kRestarting,
+                         absl::StrCat("the coordinator restarted after attempt ", job.attempt,
+                                      " had ended"),
+                         free_restart)
+            .status());
+  }
+  grace_until_ = workers_.empty() ? now : now + options_.reconcile_grace;
+  if (!attempts_.empty()) {
+    Log(absl::StrCat("reloaded ", workers_.size(), " workers and ", attempts_.size(),
+                     " attempts in flight; waiting ", absl::FormatDuration(options_.reconcile_grace),
+                     " for their workers to report"));
+  }
+  return absl::OkStatus();
+}
+
+void Fleet::ControlLoop() {
+  for (;;) {
+    ControlPass();
+    absl::MutexLock lock(&mu_);
+    const absl::Time earliest = absl::Now() + kMinPassGap;
+    const absl::Time latest = absl::Now() + options_.control_interval;
+    for (;;) {
+      if (stopping_) return;
+      const absl::Time now = absl::Now();
+      if (now >= latest || (schedule_requested_ && now >= earliest)) break;
+      changed_.WaitWithDeadline(&mu_, schedule_requested_ ? earliest : latest);
+    }
+  }
+}
+
+void Fleet::ControlPass() {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return;
+  const absl::Time now = absl::Now();
+
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    WorkerEntry& worker = *it->second;
+    const absl::Duration silence = now - worker.last_heartbeat;
+    if (!worker.lost && silence > options_.heartbeat_timeout) {
+      LogIfError(MarkLost(worker, absl::StrCat("worker ", worker.id, " (", worker.name,
+                                               ") sent no heartbeat for ",
+                                               absl::FormatDuration(absl::Trunc(
+                                                   silence, absl::Milliseconds(100))))),
+                 absl::StrCat("marking worker ", worker.id, " lost"));
+    } else if (worker.lost && silence > options_.forget_lost_after) {
+      absl::Status deleted = store_->DeleteWorker(worker.id);
+      if (deleted.ok() || absl::IsNotFound(deleted)) {
+        it = workers_.erase(it);
+        continue;
+      }
+      LogIfError(deleted, absl::StrCat("forgetting worker ", worker.id));
+    }
+    ++it;
+  }
+
+  if (reconciling_ && now >= grace_until_) {
+    reconciling_ = false;
+    std::vector<std::string> job_ids;
+    for (const auto& [job_id, attempt] : attempts_) job_ids.push_back(job_id);
+    for (const std::string& job_id : job_ids) {
+      AttemptEntry& attempt = *attempts_.at(job_id);
+      auto missing = std::find(attempt.started.begin(), attempt.started.end(), false);
+      if (missing == attempt.started.end()) continue;
+      const size_t member = missing - attempt.started.begin();
+      LogIfError(EndAttemptUnsuccessfully(
+                     attempt, "stopped",
+                     absl::StrCat("the coordinator restarted and rank ",
+                                  member * attempt.devices_per_worker, " (worker ",
+                                  attempt.workers[member], ") did not report within ",
+                                  absl::FormatDuration(options_.reconcile_grace)),
+                     /*count_restart=*/false),
+                 absl::StrCat("restarting job ", job_id));
+    }
+  } else if (!reconciling_) {
+    // A rank that was handed out but never showed up: its worker cannot run it.
+    std::vector<std::pair<std::string, std::string>> stuck;  // (job, why)
+    for (const auto& [id, worker] : workers_) {
+      if (!worker->slot.has_value()) continue;
+      const Slot& slot = *worker->slot;
+      if (slot.started || slot.stopping || now - slot.assigned_at <= options_.heartbeat_timeout) {
+        continue;
+      }
+      stuck.emplace_back(slot.assignment.job_id(),
+                         absl::StrCat("rank ", slot.assignment.rank(), " was assigned to worker ",
+                                      id, " (", worker->name, ") ",
+                                      absl::FormatDuration(absl::Trunc(now - slot.assigned_at,
+                                                                       absl::Seconds(1))),
+                                      " ago and never started"));
+    }
+    for (const auto& [job_id, why] : stuck) {
+      auto it = attempts_.find(job_id);
+      if (it == attempts_.end()) continue;
+      LogIfError(EndAttemptUnsuccessfully(*it->second, "failed", why, /*count_restart=*/true),
+                 absl::StrCat("failing job ", job_id));
+    }
+  }
+
+  if (now >= grace_until_ && schedule_requested_) {
+    schedule_requested_ = false;
+    LogIfError(SchedulePass(), "scheduling pass");
+  }
+}
+
+absl::Status Fleet::SchedulePass() {
+  MOETRAIN_ASSIGN_OR_RETURN(std::vector<JobRecord> waiting,
+                            JobsIn(*store_, {JobState::kPending, JobState::kRestarting}));
+  if (waiting.empty()) return absl::OkStatus();
+  std::vector<PendingJob> jobs;
+  std::map<std::string, const JobRecord*> by_id;
+  for (const JobRecord& job : waiting) {
+    MOETRAIN_ASSIGN_OR_RETURN(v1::JobSpec spec, ParseSpec(job));
+    PendingJob& pending = jobs.emplace_back();
+    pending.job_id = job.id;
+    pending.priority = job.priority;
+    pending.submit_sequence = static_cast<int64_t>(jobs.size());  // JobsIn is in submission order
+    pending.workers_needed = static_cast<int32_t>(spec.resources().workers());
+    pending.device_kind =
+        spec.resources().device() == v1::ResourceConfig::CUDA ? DeviceKind::kCuda : DeviceKind::kCpu;
+    pending.devices_per_worker = static_cast<int32_t>(spec.resources().devices_per_worker());
+    by_id[job.id] = &job;
+  }
+  std::vector<SchedulerWorker> workers;
+  for (const auto& [id, worker] : workers_) {
+    SchedulerWorker& candidate = workers.emplace_back();
+    candidate.worker_id = id;
+    candidate.device_kind = worker->resources.device() == v1::ResourceConfig::CUDA
+                                ? DeviceKind::kCuda
+                                : DeviceKind::kCpu;
+    candidate.device_count = worker->resources.device_count();
+    candidate.state = StateOf(*worker);
+  }
+  MOETRAIN_ASSIGN_OR_RETURN(ScheduleDecision decision, Schedule(jobs, workers));
+  for (const UnschedulableJob& job : decision.unschedulable) {
+    std::string& announced = waiting_reasons_[job.job_id];
+    if (announced == job.reason) continue;
+    MOETRAIN_RETURN_IF_ERROR(
+        coordinator_->AppendEvent(job.job_id, kLogEventKind, absl::StrCat("waiting: ", job.reason))
+            .status());
+    announced = job.reason;
+  }
+  for (const Assignment& assignment : decision.assignments) {
+    absl::Status started = StartAttempt(*by_id.at(assignment.job_id), assignment.worker_ids);
+    // One job that cannot start must not hold up the others.
+    LogIfError(started, absl::StrCat("starting job ", assignment.job_id));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Fleet::StartAttempt(const JobRecord& job, const std::vector<std::string>& workers) {
+  MOETRAIN_ASSIGN_OR_RETURN(v1::JobSpec spec, ParseSpec(job));
+  MOETRAIN_ASSIGN_OR_RETURN(int32_t number, store_->StartAttempt(job.id, workers));
+  absl::StatusOr<JobRecord> moved = coordinator_->Transition(
+      job.id, job.state, JobState::kScheduled,
+      absl::StrCat("attempt ", number, " on ", absl::StrJoin(workers, ", ")));
+  if (!moved.ok()) {
+    // Cancelled meanwhile: the attempt never starts.
+    store_->EndAttempt(job.id, number, "abandoned").IgnoreError();
+    return moved.status();
+  }
+  absl::StatusOr<CheckpointRecord> checkpoint = store_->LatestCheckpoint(job.id);
+  if (!checkpoint.ok() && !absl::IsNotFound(checkpoint.status())) return checkpoint.status();
+
+  auto attempt = std::make_unique<AttemptEntry>();
+  attempt->job_id = job.id;
+  attempt->attempt = number;
+  attempt->devices_per_worker = static_cast<int32_t>(spec.resources().devices_per_worker());
+  attempt->max_restarts = spec.restart().max_restarts();
+  attempt->workers = workers;
+  attempt->started.assign(workers.size(), false);
+  attempt->succeeded.assign(workers.size(), false);
+  attempt->last_tokens_seen = checkpoint.ok() ? checkpoint->tokens_seen : 0;
+  const absl::Time now = absl::Now();
+  for (size_t member = 0; member < workers.size(); ++member) {
+    Slot& slot = workers_.at(workers[member])->slot.emplace();
+    v1::Assignment& assignment = slot.assignment;
+    assignment.set_job_id(job.id);
+    assignment.set_attempt(number);
+    assignment.set_rank(static_cast<int32_t>(member) * attempt->devices_per_worker);
+    assignment.set_world_size(attempt->world_size());
+    *assignment.mutable_spec() = spec;
+    if (checkpoint.ok()) assignment.set_resume_checkpoint(checkpoint->path);
+    assignment.set_checkpoint_dir(CheckpointRoot(job, spec));
+    slot.assigned_at = now;
+  }
+  Log(absl::StrCat("job ", job.id, " (", job.name, "): attempt ", number, " on ",
+                   absl::StrJoin(workers, ", "),
+                   checkpoint.ok() ? absl::StrCat(", resuming from ", checkpoint->path) : ""));
+  if (metrics_ != nullptr) metrics_->OnJob(job.id, job.name);
+  waiting_reasons_.erase(job.id);
+  attempts_.insert_or_assign(job.id, std::move(attempt));
+  changed_.SignalAll();
+  return absl::OkStatus();
+}
+
+absl::Status Fleet::FinishAttempt(AttemptEntry& attempt, int64_t step) {
+  const std::string job_id = attempt.job_id;
+  const int32_t number = attempt.attempt;
+  MOETRAIN_RETURN_IF_ERROR(store_->EndAttempt(job_id, number, "succeeded"));
+  // The attempt has ended on record: forget it whatever happens to the job's state below.
+  attempts_.erase(job_id);
+  MOETRAIN_ASSIGN_OR_RETURN(JobRecord job, store_->GetJob(job_id));
+  if (job.state == JobState::kScheduled) {
+    MOETRAIN_RETURN_IF_ERROR(coordinator_
+                                 ->Transition(job_id, JobState::kScheduled, JobState::kRunning,
+                                              "every rank ran")
+                                 .status());
+  }
+  MOETRAIN_RETURN_IF_ERROR(
+      coordinator_
+          ->Transition(job_id, JobState::kRunning, JobState::kSucceeded,
+                       absl::StrCat("finished at step ", step, " (attempt ", number, ")"))
+          .status());
+  Log(absl::StrCat("job ", job_id, " succeeded at step ", step));
+  return absl::OkStatus();
+}
+
+absl::Status Fleet::EndAttemptUnsuccessfully(AttemptEntry& attempt, absl::string_view outcome,
+                                             const std::string& reason, bool count_restart) {
+  const std::string job_id = attempt.job_id;
+  MOETRAIN_RETURN_IF_ERROR(store_->EndAttempt(job_id, attempt.attempt, outcome));
+  auto move_on = [&]() -> absl::Status {
+    MOETRAIN_ASSIGN_OR_RETURN(JobRecord job, store_->GetJob(job_id));
+    if (count_restart && job.restarts >= attempt.max_restarts) {
+      const std::string why = absl::StrCat(reason, "; no restarts left (restart.max_restarts = ",
+                                           attempt.max_restarts, ")");
+      Log(absl::StrCat("job ", job_id, " failed: ", why));
+      return coordinator_->Transition(job_id, job.state, JobState::kFailed, why).status();
+    }
+    Log(absl::StrCat("job ", job_id, " restarting: ", reason));
+    TransitionOptions options;
+    options.count_restart = count_restart;
+    MOETRAIN_RETURN_IF_ERROR(
+        coordinator_->Transition(job_id, job.state, JobState::kRestarting, reason, options)
+            .status());
+    if (count_restart && metrics_ != nullptr) metrics_->OnRestart(job_id);
+    return absl::OkStatus();
+  };
+  const absl::Status moved = move_on();
+  // The attempt has ended on record: its ranks stop whatever became of the job's state.
+  OrderStop(attempt);
+  attempts_.erase(job_id);  // `attempt` is gone from here on
+  RequestSchedule();
+  return moved;
+}
+
+absl::Status Fleet::MarkLost(WorkerEntry& worker, const std::string& why) {
+  MOETRAIN_RETURN_IF_ERROR(store_->SetWorkerState(worker.id, WorkerState::kLost));
+  worker.lost = true;
+  worker.last_heartbeat = absl::Now();  // from now on: when it was declared lost
+  Log(absl::StrCat(why, ": declared lost"));
+  absl::Status status = absl::OkStatus();
+  if (worker.slot.has_value()) {
+    auto it = attempts_.find(worker.slot->assignment.job_id());
+    if (it != attempts_.end() && it->second->attempt == worker.slot->assignment.attempt()) {
+      status = EndAttemptUnsuccessfully(*it->second, "failed", why, /*count_restart=*/true);
+    }
+    worker.slot.reset();
+  }
+  RequestSchedule();
+  return status;
+}
+
+}  // namespace moetrain::server

@@ -1,0 +1,27 @@
+// One line per event on stderr, for the daemons (coordinator and worker): an RFC 3339 UTC time,
+// then the message. Whole lines are written with one call, so concurrent lines do not interleave.
+//
+//   Log(absl::StrCat("worker ", id, " registered"));
+#ifndef MOETRAIN_SERVER_CORE_LOG_H_
+#define MOETRAIN_SERVER_CORE_LOG_H_
+
+#include <cstdio>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace moetrain {
+
+inline void Log(absl::string_view message) {
+  const std::string line =
+      absl::StrCat(absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()), " ",
+                   message, "\n");
+  std::fwrite(line.data(), 1, line.size(), stderr);
+}
+
+}  // namespace moetrain
+
+#endif  // MOETRAIN_SERVER_CORE_LOG_H_

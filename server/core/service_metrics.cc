@@ -1,0 +1,165 @@
+#include "server/core/service_metrics.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/core/status.h"
+
+namespace moetrain::server {
+namespace {
+
+// Label values here are ids and state names, always valid: a failed lookup (which would mean a
+// bug) drops the sample rather than the report that carried it.
+template <typename T>
+T* Child(Family<T>* family, std::initializer_list<absl::string_view> labels) {
+  absl::StatusOr<T*> child = family->WithLabels(std::vector<absl::string_view>(labels));
+  return child.ok() ? *child : nullptr;
+}
+
+void SetGauge(Family<Gauge>* family, absl::string_view job_id, double value) {
+  if (Gauge* gauge = Child(family, {job_id}); gauge != nullptr) gauge->Set(value);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(MetricsRegistry* registry) {
+  std::unique_ptr<ServiceMetrics> m(new ServiceMetrics());
+  const std::vector<std::string> job = {"job_id"};
+  MOETRAIN_ASSIGN_OR_RETURN(
+      m->job_info_, registry->AddGauge("moetrain_job_info",
+                                       "Always 1: the name of each job, to join on job_id.",
+                                       {"job_id", "job_name"}));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      m->step_, registry->AddGauge("moetrain_train_step", "Last optimizer step reported.", job));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      m->tokens_,
+      registry->AddCounter("moetrain_train_tokens_total",
+                           "Training tokens processed, over all ranks (work redone after a "
+                           "restart from a checkpoint counts again).",
+                           job));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      m->loss_, registry->AddGauge("moetrain_train_loss",
+                                   "Training loss of the last reported step (with aux losses).",
+                                   job));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      m->eval_loss_,
+      registry->AddGauge("moetrain_train_eval_loss", "Loss on held-out data, last evaluation.",
+                         job));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      m->aux_loss_, registry->AddGauge("moetrain_train_aux_loss",
+                                       "Load-balancing aux loss of the last reported step.", job));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      m->learning_rate_,
+      registry->AddGauge("moetrain_train_learning_rate",
+                         "Learning rate of the last reported step.", job));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      m->grad_norm_,
+      registry->AddGauge("moetrain_train_grad_norm",
+                         "Global gradient norm before clipping, last reported step.", job));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      m->tokens_per_second_,
+      registry->AddGauge("moetrain_train_tokens_per_second",
+                         "Training throughput over all ranks, last reported step.", job));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      m->mfu_, registry->AddGauge("moetrain_train_mfu_ratio",
+                                  "Model FLOPs utilisation of the last reported step (0 to 1).",
+                                  job));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      m->step_duration_,
+      registry->AddHistogram("moetrain_train_step_duration_seconds",
+                             "Wall time of a training step (one sample per reported step).", job,
+                             ExponentialBuckets(0.005, 2, 16)));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      m->expert_load_,
+      registry->AddGauge("moetrain_train_expert_load_max_over_mean_ratio",
+                         "Busiest expert's routed tokens over the mean, per MoE layer.",
+                         {"job_id", "layer"}));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      m->dropped_tokens_,
+      registry->AddCounter("moetrain_train_dropped_tokens_total",
+                           "Routed tokens dropped by expert capacity, at reported steps.", job));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      m->restarts_, registry->AddCounter("moetrain_job_restarts_total",
+                                         "Restarts of a job after a failed attempt.", job));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      m->checkpoint_duration_,
+      registry->AddHistogram("moetrain_checkpoint_duration_seconds",
+                             "Time a rank took to write its part of a checkpoint.", job,
+                             ExponentialBuckets(0.01, 2, 14)));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      m->checkpoint_last_success_,
+      registry->AddGauge("moetrain_checkpoint_last_success_timestamp_seconds",
+                         "Unix time at which the job's newest good checkpoint was recorded.", job));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      m->jobs_, registry->AddGauge("moetrain_jobs", "Jobs in the store, by state.", {"state"}));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      m->workers_, registry->AddGauge("moetrain_workers", "Known workers, by state.", {"state"}));
+  return m;
+}
+
+void ServiceMetrics::OnJob(absl::string_view job_id, absl::string_view job_name) {
+  if (Gauge* info = Child(job_info_, {job_id, job_name}); info != nullptr) info->Set(1);
+  // Counters exist from the start, so that rate() and increase() see their first rise.
+  Child(tokens_, {job_id});
+  Child(dropped_tokens_, {job_id});
+  Child(restarts_, {job_id});
+}
+
+void ServiceMetrics::OnStep(absl::string_view job_id, const v1::StepMetrics& metrics,
+                            int64_t new_tokens) {
+  SetGauge(step_, job_id, static_cast<double>(metrics.step()));
+  if (Counter* tokens = Child(tokens_, {job_id}); tokens != nullptr) {
+    tokens->Increment(static_cast<double>(new_tokens));
+  }
+  SetGauge(loss_, job_id, metrics.loss());
+  if (metrics.has_eval_loss()) SetGauge(eval_loss_, job_id, metrics.eval_loss());
+  SetGauge(aux_loss_, job_id, metrics.aux_loss());
+  SetGauge(learning_rate_, job_id, metrics.lr());
+  SetGauge(grad_norm_, job_id, metrics.grad_norm());
+  SetGauge(tokens_per_second_, job_id, metrics.tokens_per_s());
+  SetGauge(mfu_, job_id, metrics.mfu());
+  if (metrics.step_seconds() > 0) {
+    if (Histogram* duration = Child(step_duration_, {job_id}); duration != nullptr) {
+      duration->Observe(metrics.step_seconds());
+    }
+  }
+  for (int layer = 0; layer < metrics.expert_load_per_layer_size(); ++layer) {
+    const std::string label = absl::StrCat(layer);
+    if (Gauge* load = Child(expert_load_, {job_id, label}); load != nullptr) {
+      load->Set(metrics.expert_load_per_layer(layer));
+    }
+  }
+  if (Counter* dropped = Child(dropped_tokens_, {job_id}); dropped != nullptr) {
+    dropped->Increment(static_cast<double>(metrics.dropped_tokens()));
+  }
+}
+
+void ServiceMetrics::OnCheckpoint(absl::string_view job_id, absl::Duration write_duration,
+                                  absl::Time when) {
+  if (Histogram* duration = Child(checkpoint_duration_, {job_id}); duration != nullptr) {
+    duration->Observe(absl::ToDoubleSeconds(write_duration));
+  }
+  SetGauge(checkpoint_last_success_, job_id, absl::ToDoubleSeconds(when - absl::UnixEpoch()));
+}
+
+void ServiceMetrics::OnRestart(absl::string_view job_id) {
+  if (Counter* restarts = Child(restarts_, {job_id}); restarts != nullptr) restarts->Increment();
+}
+
+void ServiceMetrics::SetJobsByState(const std::map<JobState, int64_t>& counts) {
+  for (const auto& [state, count] : counts) {
+    if (Gauge* gauge = Child(jobs_, {JobStateName(state)}); gauge != nullptr) gauge->Set(count);
+  }
+}
+
+void ServiceMetrics::SetWorkersByState(const std::map<WorkerState, int64_t>& counts) {
+  for (const auto& [state, count] : counts) {
+    if (Gauge* gauge = Child(workers_, {WorkerStateName(state)}); gauge != nullptr) {
+      gauge->Set(count);
+    }
+  }
+}
+
+}  // namespace moetrain::server

@@ -1,0 +1,73 @@
+// The coordinator's training and fleet metrics (names in ARCHITECTURE.md): per job, labelled
+// `job_id` (not `job`, which Prometheus itself sets on every scraped series):
+//   moetrain_job_info{job_id,job_name}                    1 for every job seen since start
+//   moetrain_train_step                                   last reported optimizer step
+//   moetrain_train_tokens_total                           tokens trained (counts re-done work after
+//                                                         a restart from a checkpoint)
+//   moetrain_train_loss, _eval_loss, _aux_loss            of the last reported step
+//   moetrain_train_learning_rate, _grad_norm
+//   moetrain_train_tokens_per_second, moetrain_train_mfu_ratio
+//   moetrain_train_step_duration_seconds                  histogram, one sample per reported step
+//   moetrain_train_expert_load_max_over_mean_ratio{layer} per MoE layer
+//   moetrain_train_dropped_tokens_total                   capacity drops (sampled at reported steps)
+//   moetrain_job_restarts_total                           restarts after failed attempts
+//   moetrain_checkpoint_duration_seconds                  histogram of rank write times
+//   moetrain_checkpoint_last_success_timestamp_seconds    when the newest good checkpoint landed
+// and for the fleet: moetrain_jobs{state}, moetrain_workers{state}.
+#ifndef MOETRAIN_SERVER_CORE_SERVICE_METRICS_H_
+#define MOETRAIN_SERVER_CORE_SERVICE_METRICS_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "moetrain/v1/coordinator.pb.h"
+#include "server/core/job_state.h"
+#include "server/http/metrics.h"
+
+namespace moetrain::server {
+
+class ServiceMetrics {
+ public:
+  // Adds the families to `registry` (not owned, outlives this); AlreadyExists when they are
+  // there already.
+  static absl::StatusOr<std::unique_ptr<ServiceMetrics>> Create(MetricsRegistry* registry);
+
+  void OnJob(absl::string_view job_id, absl::string_view job_name);
+  // A step report; `new_tokens` is how many tokens it adds to moetrain_train_tokens_total.
+  void OnStep(absl::string_view job_id, const v1::StepMetrics& metrics, int64_t new_tokens);
+  void OnCheckpoint(absl::string_view job_id, absl::Duration write_duration, absl::Time when);
+  void OnRestart(absl::string_view job_id);
+  void SetJobsByState(const std::map<JobState, int64_t>& counts);
+  void SetWorkersByState(const std::map<WorkerState, int64_t>& counts);
+
+ private:
+  ServiceMetrics() = default;
+
+  Family<Gauge>* job_info_ = nullptr;
+  Family<Gauge>* step_ = nullptr;
+  Family<Counter>* tokens_ = nullptr;
+  Family<Gauge>* loss_ = nullptr;
+  Family<Gauge>* eval_loss_ = nullptr;
+  Family<Gauge>* aux_loss_ = nullptr;
+  Family<Gauge>* learning_rate_ = nullptr;
+  Family<Gauge>* grad_norm_ = nullptr;
+  Family<Gauge>* tokens_per_second_ = nullptr;
+  Family<Gauge>* mfu_ = nullptr;
+  Family<Histogram>* step_duration_ = nullptr;
+  Family<Gauge>* expert_load_ = nullptr;
+  Family<Counter>* dropped_tokens_ = nullptr;
+  Family<Counter>* restarts_ = nullptr;
+  Family<Histogram>* checkpoint_duration_ = nullptr;
+  Family<Gauge>* checkpoint_last_success_ = nullptr;
+  Family<Gauge>* jobs_ = nullptr;
+  Family<Gauge>* workers_ = nullptr;
+};
+
+}  // namespace moetrain::server
+
+#endif  // MOETRAIN_SERVER_CORE_SERVICE_METRICS_H_

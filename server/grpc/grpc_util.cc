@@ -1,0 +1,87 @@
+#include "server/grpc/grpc_util.h"
+
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/unknown_field_set.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
+namespace moetrain::server {
+namespace {
+
+absl::Status CheckFields(const google::protobuf::Message& message, const std::string& path) {
+  const google::protobuf::Reflection* reflection = message.GetReflection();
+  const google::protobuf::UnknownFieldSet& unknown = reflection->GetUnknownFields(message);
+  if (!unknown.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path.empty() ? "the request" : path, " holds field number ", unknown.field(0).number(),
+        ", which this coordinator does not know (is the client newer than the coordinator?)"));
+  }
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  reflection->ListFields(message, &fields);
+  for (const google::protobuf::FieldDescriptor* field : fields) {
+    if (field->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) continue;
+    const std::string field_path = path.empty() ? field->name() : absl::StrCat(path, ".", field->name());
+    if (field->is_repeated()) {
+      for (int i = 0; i < reflection->FieldSize(message, field); ++i) {
+        absl::Status status = CheckFields(reflection->GetRepeatedMessage(message, field, i),
+                                          absl::StrCat(field_path, "[", i, "]"));
+        if (!status.ok()) return status;
+      }
+    } else {
+      absl::Status status = CheckFields(reflection->GetMessage(message, field), field_path);
+      if (!status.ok()) return status;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
+  // Walk the longer length in full; a length mismatch folds into the result, not an early exit.
+  const size_t length = std::max(a.size(), b.size());
+  unsigned char difference = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < length; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    difference |= static_cast<unsigned char>(x ^ y);
+  }
+  return difference == 0;
+}
+
+grpc::Status Authenticate(const grpc::ServerContext& context, absl::string_view token) {
+  if (token.empty()) return grpc::Status::OK;
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "missing 'authorization: Bearer <token>' metadata");
+  }
+  absl::string_view value(it->second.data(), it->second.size());
+  if (!absl::ConsumePrefix(&value, "Bearer ") || !ConstantTimeEquals(value, token)) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid bearer token");
+  }
+  return grpc::Status::OK;
+}
+
+absl::Status CheckNoUnknownFields(const google::protobuf::Message& message) {
+  return CheckFields(message, "");
+}
+
+grpc::Status Admit(const grpc::ServerContext& context, absl::string_view token,
+                   const google::protobuf::Message& request) {
+  grpc::Status auth = Authenticate(context, token);
+  if (!auth.ok()) return auth;
+  return ToGrpcStatus(CheckNoUnknownFields(request));
+}
+
+}  // namespace moetrain::server

@@ -1,0 +1,36 @@
+// What both gRPC services share: status conversion, the bearer-token check, and the refusal of
+// requests that carry fields this build does not know.
+#ifndef MOETRAIN_SERVER_GRPC_GRPC_UTIL_H_
+#define MOETRAIN_SERVER_GRPC_GRPC_UTIL_H_
+
+#include <google/protobuf/message.h>
+#include <grpcpp/grpcpp.h>
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace moetrain::server {
+
+// absl::Status → grpc::Status with the same code and message (the two share their numbering).
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// Equal without an early exit, so the time taken does not reveal where `a` and `b` differ.
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
+
+// OK when `token` is empty (no authentication) or the call carries `authorization: Bearer
+// <token>`; else UNAUTHENTICATED, saying which was wrong.
+grpc::Status Authenticate(const grpc::ServerContext& context, absl::string_view token);
+
+// InvalidArgument naming the first message (by field path) that holds fields unknown to this
+// build: a client newer than the coordinator would otherwise have them silently ignored.
+absl::Status CheckNoUnknownFields(const google::protobuf::Message& message);
+
+// Authenticate, then CheckNoUnknownFields: the first thing every handler does.
+grpc::Status Admit(const grpc::ServerContext& context, absl::string_view token,
+                   const google::protobuf::Message& request);
+
+}  // namespace moetrain::server
+
+#endif  // MOETRAIN_SERVER_GRPC_GRPC_UTIL_H_
