@@ -1,16 +1,75 @@
 // The `moetrain` command line.
 //
+// In this process, on the CPU:
 //   moetrain run SPEC.yaml [--checkpoint-dir DIR] [--steps N] [--resume] [--json]
 //   moetrain eval --checkpoint DIR/step-XXXXXXXX --data-path FILE --data-format llmc|u16|text
 //                 [--batches N] [--json]
+// Against a coordinator (flags: --coordinator, --token-file, --tls-ca, --tls-cert, --tls-key):
+//   moetrain submit SPEC.yaml [--id SUBMISSION_ID] [--priority N] [--follow] [--json]
+//   moetrain jobs [--state S]... [--json]
+//   moetrain describe JOB [--json]
+//   moetrain logs JOB [-f|--follow] [--reconnect-timeout 60s] [--json]
+//   moetrain cancel JOB [--reason TEXT] [--json]
+//   moetrain checkpoints JOB [--json]
+//   moetrain workers [--json]
+// Exit codes: client/job_commands.h (and the footer below).
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
+#include "client/job_commands.h"
 #include "client/run_command.h"
+
+namespace {
+
+constexpr char kExitCodes[] =
+    "Exit codes of the coordinator commands:\n"
+    "  0  success\n"
+    "  1  the followed job ended FAILED or CANCELLED (submit --follow, logs -f)\n"
+    "  2  bad usage or a bad spec (nothing sent), or the coordinator refused the request\n"
+    "     (INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, FAILED_PRECONDITION, OUT_OF_RANGE,\n"
+    "     RESOURCE_EXHAUSTED, UNAUTHENTICATED, PERMISSION_DENIED)\n"
+    "  3  the coordinator is unreachable (UNAVAILABLE, DEADLINE_EXCEEDED; logs -f: for longer\n"
+    "     than --reconnect-timeout)\n"
+    "  4  the coordinator failed the call otherwise (INTERNAL, DATA_LOSS, ...)";
+
+// The flags every coordinator command takes, stored in `options`.
+void AddClientFlags(CLI::App* command, moetrain::ClientOptions* options) {
+  moetrain::ConnectOptions& connect = options->connect;
+  command->add_option("--coordinator", connect.address, "the coordinator's gRPC address, host:port")
+      ->envname("MOETRAIN_COORDINATOR")
+      ->capture_default_str();
+  command
+      ->add_option("--token-file", connect.token_file,
+                   "file holding the bearer token the coordinator requires (sent with every call); "
+                   "default: no token")
+      ->envname("MOETRAIN_TOKEN_FILE");
+  command->add_option("--tls-ca", connect.tls_ca_file,
+                      "PEM CA certificate to verify the coordinator with; given = connect with TLS "
+                      "(default: plaintext)");
+  command->add_option("--tls-cert", connect.tls_cert_file,
+                      "PEM client certificate, for a coordinator that requires one (mTLS); needs "
+                      "--tls-ca and --tls-key");
+  command->add_option("--tls-key", connect.tls_key_file, "PEM private key of --tls-cert");
+  command->footer(kExitCodes);
+}
+
+// "--reconnect-timeout" as a flag of `command`, stored as text and parsed after CLI11 is done.
+void AddReconnectTimeout(CLI::App* command, std::string* text) {
+  command
+      ->add_option("--reconnect-timeout", *text,
+                   "while following: give up (exit 3) once the coordinator has been unreachable "
+                   "this long; 60s, 2m, 500ms, or seconds")
+      ->capture_default_str();
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"moetrain: train Mixture-of-Experts language models"};
   app.require_subcommand(1);
+  app.footer(kExitCodes);
 
   moetrain::RunOptions run;
   CLI::App* run_cmd = app.add_subcommand("run", "train a job in this process on the CPU");
@@ -36,8 +95,110 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   eval_cmd->add_flag("--json", eval.json, "print {\"loss\": ..., \"tokens\": ...}");
 
-  CLI11_PARSE(app, argc, argv);
+  moetrain::ClientOptions client;
+  moetrain::SubmitArgs submit;
+  std::string submit_reconnect = "60s";
+  CLI::App* submit_cmd = app.add_subcommand(
+      "submit", "submit a job spec to the coordinator; prints \"job <id> <STATE>\"");
+  submit_cmd
+      ->add_option("spec", submit.spec_path,
+                   "job spec (.yaml, .yml or .json), checked here before it is sent")
+      ->required();
+  submit_cmd->add_option("--id", submit.submission_id,
+                         "submission id that makes the submission idempotent: the same id with the "
+                         "same spec returns the first job, with another spec fails (exit 2); "
+                         "default: a fresh random UUID");
+  submit_cmd->add_option("--priority", submit.priority,
+                         "scheduling priority; higher runs first (default 0, may be negative)");
+  submit_cmd->add_flag("--follow,-f", submit.follow,
+                       "then print the job's events until it ends, as `logs -f` does");
+  submit_cmd->add_flag("--json", client.json,
+                       "print the Job as one JSON document (protobuf JSON mapping, proto field "
+                       "names), then with --follow one JSON object per event");
+  AddReconnectTimeout(submit_cmd, &submit_reconnect);
+  AddClientFlags(submit_cmd, &client);
+
+  std::vector<std::string> states;
+  CLI::App* jobs_cmd =
+      app.add_subcommand("jobs",
+                         "list every job, oldest first: ID, NAME, STATE, STEP, LOSS, "
+                         "RESTARTS, AGE");
+  jobs_cmd
+      ->add_option("--state", states,
+                   "only jobs in this state (PENDING, SCHEDULED, RUNNING, RESTARTING, SUCCEEDED, "
+                   "FAILED, CANCELLED; any case); repeat or separate with commas for several")
+      ->delimiter(',');
+  jobs_cmd->add_flag("--json", client.json, "print {\"jobs\": [Job, ...]} as one JSON document");
+  AddClientFlags(jobs_cmd, &client);
+
+  std::string job_id;
+  CLI::App* describe_cmd = app.add_subcommand(
+      "describe", "show a job: state and reason, attempts, checkpoint, metrics, times, the spec");
+  describe_cmd->add_option("job", job_id, "the job's id")->required();
+  describe_cmd->add_flag("--json", client.json, "print the Job as one JSON document");
+  AddClientFlags(describe_cmd, &client);
+
+  moetrain::LogsArgs logs;
+  std::string logs_reconnect = "60s";
+  CLI::App* logs_cmd = app.add_subcommand(
+      "logs", "print a job's events (state changes, steps, checkpoints, log lines) from its start");
+  logs_cmd->add_option("job", logs.job_id, "the job's id")->required();
+  logs_cmd->add_flag("--follow,-f", logs.follow,
+                     "keep printing new events until the job ends, reconnecting (without repeating "
+                     "or missing an event) when the coordinator goes away or restarts");
+  logs_cmd->add_flag("--json", client.json,
+                     "one JSON object per event: step metrics as `run --json` prints them, "
+                     "{\"checkpoint\", \"step\"}, {\"message\"}, {\"state\", \"reason\"}");
+  AddReconnectTimeout(logs_cmd, &logs_reconnect);
+  AddClientFlags(logs_cmd, &client);
+
+  std::string cancel_reason;
+  CLI::App* cancel_cmd = app.add_subcommand(
+      "cancel", "cancel a job: it becomes CANCELLED at once and its ranks stop at the next step");
+  cancel_cmd->add_option("job", job_id, "the job's id")->required();
+  cancel_cmd->add_option("--reason", cancel_reason,
+                         "recorded as the job's state reason (default \"cancelled\")");
+  cancel_cmd->add_flag("--json", client.json, "print the cancelled Job as one JSON document");
+  AddClientFlags(cancel_cmd, &client);
+
+  CLI::App* checkpoints_cmd = app.add_subcommand(
+      "checkpoints", "list a job's good checkpoints still on disk, oldest first");
+  checkpoints_cmd->add_option("job", job_id, "the job's id")->required();
+  checkpoints_cmd->add_flag("--json", client.json,
+                            "print {\"checkpoints\": [Checkpoint, ...]} as one JSON document");
+  AddClientFlags(checkpoints_cmd, &client);
+
+  CLI::App* workers_cmd =
+      app.add_subcommand("workers", "list the workers the coordinator knows, lost ones included");
+  workers_cmd->add_flag("--json", client.json,
+                        "print {\"workers\": [WorkerInfo, ...]} as one JSON document");
+  AddClientFlags(workers_cmd, &client);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    // CLI11 prints the problem (or the help); any usage error is exit code 2.
+    return app.exit(error) == 0 ? moetrain::kExitOk : moetrain::kExitUsage;
+  }
+
   if (run_cmd->parsed()) return moetrain::RunJob(run);
   if (eval_cmd->parsed()) return moetrain::EvalCheckpoint(eval);
-  return 2;
+  if (submit_cmd->parsed() || logs_cmd->parsed()) {
+    const std::string& text = submit_cmd->parsed() ? submit_reconnect : logs_reconnect;
+    absl::StatusOr<absl::Duration> timeout =
+        moetrain::ParseDurationFlag("--reconnect-timeout", text);
+    if (!timeout.ok()) {
+      std::fprintf(stderr, "moetrain: %s\n", std::string(timeout.status().message()).c_str());
+      return moetrain::kExitUsage;
+    }
+    submit.reconnect_timeout = logs.reconnect_timeout = *timeout;
+  }
+  if (submit_cmd->parsed()) return moetrain::SubmitCommand(client, submit);
+  if (jobs_cmd->parsed()) return moetrain::JobsCommand(client, states);
+  if (describe_cmd->parsed()) return moetrain::DescribeCommand(client, job_id);
+  if (logs_cmd->parsed()) return moetrain::LogsCommand(client, logs);
+  if (cancel_cmd->parsed()) return moetrain::CancelCommand(client, job_id, cancel_reason);
+  if (checkpoints_cmd->parsed()) return moetrain::CheckpointsCommand(client, job_id);
+  if (workers_cmd->parsed()) return moetrain::WorkersCommand(client);
+  return moetrain::kExitUsage;
 }

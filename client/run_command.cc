@@ -24,9 +24,9 @@
 namespace moetrain {
 namespace {
 
-std::atomic<bool> g_stop{false};
+std::atomic<StopRequest> g_stop{StopRequest::kNone};
 
-void OnSignal(int) { g_stop.store(true); }
+void OnSignal(int) { g_stop.store(StopRequest::kCheckpointAndStop); }
 
 void InstallStopHandlers() {
   struct sigaction action = {};
@@ -93,7 +93,9 @@ class ProgressPrinter : public TrainObserver {
     std::fflush(stdout);
   }
 
-  void OnCheckpoint(int64_t step, const std::string& path) override {
+  void OnCheckpoint(const CheckpointReport& report) override {
+    const int64_t step = report.step;
+    const std::string& path = report.path;
     checkpoint_ = path;
     if (json_) {
       std::printf("%s\n", nlohmann::json({{"checkpoint", path}, {"step", step}}).dump().c_str());

@@ -165,11 +165,10 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
       total += c;
       max = std::max(max, c);
     }
-    if (total > 0) {
-      report.expert_load_max_over_mean =
-          std::max(report.expert_load_max_over_mean,
-                   static_cast<double>(max) * counts.size() / static_cast<double>(total));
-    }
+    const double load =
+        total > 0 ? static_cast<double>(max) * counts.size() / static_cast<double>(total) : 0.0;
+    report.expert_load_per_layer.push_back(load);
+    report.expert_load_max_over_mean = std::max(report.expert_load_max_over_mean, load);
   }
 
   const int64_t step = step_;  // 0-based index of this optimizer step
@@ -197,7 +196,8 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
   tokens_seen_ += tokens * world_size_;
   report.step = step_;
   report.tokens_seen = tokens_seen_;
-  report.tokens_per_s = tokens * world_size_ / std::max(Seconds() - start, 1e-9);
+  report.step_seconds = std::max(Seconds() - start, 1e-9);
+  report.tokens_per_s = tokens * world_size_ / report.step_seconds;
   return report;
 }
 
@@ -217,7 +217,18 @@ absl::StatusOr<double> Trainer::Evaluate() {
   return loss_sum / batches;
 }
 
-absl::Status Trainer::Run(TrainObserver* observer, const std::atomic<bool>* stop) {
+absl::StatusOr<bool> Trainer::MaybeSaveCheckpoint(TrainObserver* observer) {
+  if (absl::Status allowed = observer->BeforeCheckpoint(step_); !allowed.ok()) {
+    observer->OnMessage(absl::StrCat("checkpoint of step ", step_,
+                                     " skipped: ", allowed.message()));
+    return false;
+  }
+  MOETRAIN_ASSIGN_OR_RETURN(CheckpointReport report, SaveCheckpoint());
+  observer->OnCheckpoint(report);
+  return true;
+}
+
+absl::Status Trainer::Run(TrainObserver* observer, const std::atomic<StopRequest>* stop) {
   TrainObserver quiet;
   if (observer == nullptr) observer = &quiet;
   const bool checkpoints = !config_.checkpoint_dir.empty();
@@ -225,7 +236,12 @@ absl::Status Trainer::Run(TrainObserver* observer, const std::atomic<bool>* stop
   // saving it again would collide with its step directory.
   int64_t last_saved = step_;
   while (step_ < config_.steps) {
-    if (stop != nullptr && stop->load()) {
+    const StopRequest request = stop != nullptr ? stop->load() : StopRequest::kNone;
+    if (request == StopRequest::kStop) {
+      observer->OnMessage(absl::StrCat("stopping at step ", step_, " without a checkpoint"));
+      return absl::OkStatus();
+    }
+    if (request == StopRequest::kCheckpointAndStop) {
       observer->OnMessage(absl::StrCat("stopping at step ", step_, " as asked"));
       break;
     }
@@ -245,19 +261,18 @@ absl::Status Trainer::Run(TrainObserver* observer, const std::atomic<bool>* stop
     }
     if (checkpoints && config_.checkpoint_every > 0 && step_ % config_.checkpoint_every == 0 &&
         !last) {
-      MOETRAIN_ASSIGN_OR_RETURN(std::string path, SaveCheckpoint());
-      observer->OnCheckpoint(step_, path);
-      last_saved = step_;
+      MOETRAIN_ASSIGN_OR_RETURN(bool saved, MaybeSaveCheckpoint(observer));
+      if (saved) last_saved = step_;
     }
   }
   if (checkpoints && last_saved != step_ && step_ > 0) {
-    MOETRAIN_ASSIGN_OR_RETURN(std::string path, SaveCheckpoint());
-    observer->OnCheckpoint(step_, path);
+    MOETRAIN_RETURN_IF_ERROR(MaybeSaveCheckpoint(observer).status());
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
+absl::StatusOr<CheckpointReport> Trainer::SaveCheckpoint() {
+  const double start = Seconds();
   CheckpointContents contents;
   contents.step = step_;
   contents.tokens_seen = tokens_seen_;
@@ -281,11 +296,15 @@ absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
     contents.optim_tensors.push_back({name + kExpAvgSqSuffix, optimizer_->exp_avg_sq(i)});
   }
   contents.hf_config = HuggingFaceConfig(config_.model, config_.data.seq_len);
-  MOETRAIN_ASSIGN_OR_RETURN(std::string path, WriteCheckpoint(CheckpointRoot(), contents));
+  CheckpointReport report;
+  report.step = step_;
+  report.tokens_seen = tokens_seen_;
+  MOETRAIN_ASSIGN_OR_RETURN(report.path, WriteCheckpoint(CheckpointRoot(), contents));
   if (config_.keep_last > 0) {
     MOETRAIN_RETURN_IF_ERROR(PruneCheckpoints(CheckpointRoot(), config_.keep_last));
   }
-  return path;
+  report.write_seconds = Seconds() - start;
+  return report;
 }
 
 absl::Status Trainer::Resume(TrainObserver* observer) {

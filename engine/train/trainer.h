@@ -63,19 +63,40 @@ struct StepReport {
   double lr = 0;
   double grad_norm = 0;  // before clipping
   double tokens_per_s = 0;
+  double step_seconds = 0;               // wall time of the step on this rank
   double expert_load_max_over_mean = 0;  // the worst MoE layer this step
+  std::vector<double> expert_load_per_layer;  // busiest expert over the mean, per MoE layer
   int64_t dropped_tokens = 0;
   int64_t tokens_seen = 0;
   bool skipped = false;  // a non-finite step whose update was skipped
+};
+
+// A checkpoint the trainer wrote.
+struct CheckpointReport {
+  int64_t step = 0;
+  std::string path;  // the step directory
+  int64_t tokens_seen = 0;
+  double write_seconds = 0;  // writing it, pruning older ones included
 };
 
 class TrainObserver {
  public:
   virtual ~TrainObserver() = default;
   virtual void OnStep(const StepReport& report) {}
-  virtual void OnCheckpoint(int64_t step, const std::string& path) {}
+  virtual void OnCheckpoint(const CheckpointReport& report) {}
   // Notes worth showing a person: a resume, a skipped corrupt checkpoint, a skipped step.
   virtual void OnMessage(const std::string& message) {}
+  // Asked before each checkpoint is written; an error skips that one checkpoint (its message is
+  // passed to OnMessage) and training goes on. A worker whose hold on the job may have lapsed
+  // must not write into the job's directory.
+  virtual absl::Status BeforeCheckpoint(int64_t step) { return absl::OkStatus(); }
+};
+
+// What Run does when asked to stop between two steps.
+enum class StopRequest {
+  kNone,
+  kCheckpointAndStop,  // save a checkpoint of the current step, then return (SIGTERM, Ctrl-C)
+  kStop,               // return at once, without a checkpoint (the job was cancelled)
 };
 
 class Trainer {
@@ -88,9 +109,10 @@ class Trainer {
   // newer damaged checkpoint passed over is reported through `observer` (may be null).
   absl::Status Resume(TrainObserver* observer);
 
-  // Trains until config.steps, or until *stop becomes true (checked between steps). Saves a
-  // checkpoint every checkpoint_every steps and when it ends either way (with a checkpoint dir).
-  absl::Status Run(TrainObserver* observer, const std::atomic<bool>* stop = nullptr);
+  // Trains until config.steps, or until *stop asks otherwise (checked between steps). Saves a
+  // checkpoint every checkpoint_every steps and at the end (with a checkpoint dir), including
+  // the end that kCheckpointAndStop asks for, but not the one kStop asks for.
+  absl::Status Run(TrainObserver* observer, const std::atomic<StopRequest>* stop = nullptr);
 
   int64_t step() const { return step_; }
   int64_t tokens_seen() const { return tokens_seen_; }
@@ -101,12 +123,14 @@ class Trainer {
 
   // Mean next-token loss over the held-out data (at most config.eval_batches batches).
   absl::StatusOr<double> Evaluate();
-  // Writes a checkpoint of the current state; returns its path.
-  absl::StatusOr<std::string> SaveCheckpoint();
+  // Writes a checkpoint of the current state.
+  absl::StatusOr<CheckpointReport> SaveCheckpoint();
 
  private:
   Trainer() = default;
   absl::StatusOr<StepReport> TrainStep();
+  // SaveCheckpoint when the observer allows it; true when one was written.
+  absl::StatusOr<bool> MaybeSaveCheckpoint(TrainObserver* observer);
   std::string CheckpointRoot() const;
 
   TrainerConfig config_;

@@ -31,6 +31,12 @@ std::string SerializeDeterministic(const v1::JobSpec& spec) {
   return bytes;
 }
 
+// A watch cut short is not a job that ended: the client should come back (to this process's
+// successor).
+absl::Status ShuttingDown() {
+  return absl::UnavailableError("the coordinator is shutting down; watch again to resume");
+}
+
 absl::Status ValidateSubmissionId(absl::string_view submission_id) {
   if (submission_id.empty()) return absl::InvalidArgumentError("submission_id is required");
   if (submission_id.size() > kMaxSubmissionIdLength) {
@@ -144,7 +150,7 @@ absl::Status Coordinator::Watch(absl::string_view job_id, const WatchOptions& op
     uint64_t seen;
     {
       absl::MutexLock lock(&mu_);
-      if (shutdown_) return absl::OkStatus();
+      if (shutdown_) return ShuttingDown();
       seen = generation_;
     }
     MOETRAIN_ASSIGN_OR_RETURN(std::vector<EventRecord> events,
@@ -175,7 +181,7 @@ absl::Status Coordinator::Watch(absl::string_view job_id, const WatchOptions& op
     while (generation_ == seen && !shutdown_) {
       if (appended_.WaitWithDeadline(&mu_, deadline)) break;
     }
-    if (shutdown_) return absl::OkStatus();
+    if (shutdown_) return ShuttingDown();
   }
 }
 
@@ -194,10 +200,10 @@ absl::StatusOr<int64_t> Coordinator::AppendEvent(absl::string_view job_id, absl:
   return sequence;
 }
 
-absl::StatusOr<int64_t> Coordinator::RecordStepMetrics(absl::string_view job_id,
+absl::StatusOr<int64_t> Coordinator::RecordStepMetrics(absl::string_view job_id, int32_t attempt,
                                                        const v1::StepMetrics& metrics) {
   absl::StatusOr<int64_t> sequence =
-      store_->RecordStepMetrics(job_id, metrics.SerializeAsString());
+      store_->RecordStepMetrics(job_id, attempt, metrics.SerializeAsString());
   if (sequence.ok()) NotifyAppended();
   return sequence;
 }

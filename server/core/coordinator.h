@@ -90,8 +90,8 @@ class Coordinator {
   // Delivers the job's events with sequence >= from_sequence, the recorded ones first, then new
   // ones as they are appended, without gaps or duplicates. Returns OK after the event that moves
   // the job to a final state (or at once when the job is final and no events are left), when the
-  // callback returns false, when options.is_cancelled says so, or after Shutdown. NotFound for an
-  // unknown job.
+  // callback returns false, or when options.is_cancelled says so. Unavailable after Shutdown (the
+  // watch did not see the end: resume it elsewhere). NotFound for an unknown job.
   absl::Status Watch(absl::string_view job_id, const WatchOptions& options,
                      const EventCallback& callback);
 
@@ -102,14 +102,15 @@ class Coordinator {
                                        const TransitionOptions& options = {});
   absl::StatusOr<int64_t> AppendEvent(absl::string_view job_id, absl::string_view kind,
                                       absl::string_view payload);
-  absl::StatusOr<int64_t> RecordStepMetrics(absl::string_view job_id, const v1::StepMetrics& metrics);
+  absl::StatusOr<int64_t> RecordStepMetrics(absl::string_view job_id, int32_t attempt,
+                                            const v1::StepMetrics& metrics);
 
   // The job's checkpoints whose directories are still there, oldest first (workers prune old
   // ones). When this process cannot see the directory of a checkpoint's job at all (the workers
   // mount storage the coordinator does not), every recorded one is listed.
   absl::StatusOr<std::vector<CheckpointRecord>> ListCheckpoints(absl::string_view job_id);
 
-  // Ends every Watch in progress (with OK) and makes new ones return at once.
+  // Ends every Watch in progress (with Unavailable) and makes new ones return so at once.
   void Shutdown();
 
   // Told the id of the job after every successful Submit (repeats included); the scheduler uses

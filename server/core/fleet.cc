@@ -283,6 +283,9 @@ absl::Status Fleet::MarkStarted(AttemptEntry& attempt, int member) {
   if (std::find(attempt.started.begin(), attempt.started.end(), false) != attempt.started.end()) {
     return absl::OkStatus();
   }
+  // A reloaded attempt may have been RUNNING before the coordinator restarted.
+  MOETRAIN_ASSIGN_OR_RETURN(JobRecord job, store_->GetJob(attempt.job_id));
+  if (job.state != JobState::kScheduled) return absl::OkStatus();
   return coordinator_
       ->Transition(attempt.job_id, JobState::kScheduled, JobState::kRunning,
                    absl::StrCat("all ", attempt.world_size(), " ranks of attempt ",
@@ -299,7 +302,7 @@ absl::Status Fleet::ReportStep(const v1::ReportStepRequest& request) {
   const v1::StepMetrics& metrics = request.metrics();
   // Rank 0 speaks for the job; the others' reports only show that they are alive.
   if (request.rank() != 0 || metrics.step() <= attempt->last_step) return absl::OkStatus();
-  MOETRAIN_RETURN_IF_ERROR(coordinator_->RecordStepMetrics(request.job_id(), metrics).status());
+  MOETRAIN_RETURN_IF_ERROR(coordinator_->RecordStepMetrics(request.job_id(), attempt->attempt, metrics).status());
   attempt->last_step = metrics.step();
   const int64_t new_tokens = std::max<int64_t>(0, metrics.tokens_seen() - attempt->last_tokens_seen);
   attempt->last_tokens_seen = std::max(attempt->last_tokens_seen, metrics.tokens_seen());

@@ -117,9 +117,14 @@ absl::Status Fleet::Reload() {
     attempt->workers = record.workers;
     attempt->started.assign(record.workers.size(), false);
     attempt->succeeded.assign(record.workers.size(), false);
-    v1::StepMetrics last;
-    if (last.ParseFromString(job.last_step_metrics)) attempt->last_tokens_seen = last.tokens_seen();
     absl::StatusOr<CheckpointRecord> checkpoint = store_->LatestCheckpoint(job_id);
+    attempt->last_tokens_seen = checkpoint.ok() ? checkpoint->tokens_seen : 0;
+    v1::StepMetrics last;
+    if (job.last_step_attempt == record.attempt && last.ParseFromString(job.last_step_metrics)) {
+      // This attempt's own reports: a retry of one of them is a repeat.
+      attempt->last_step = last.step();
+      attempt->last_tokens_seen = last.tokens_seen();
+    }
     for (size_t member = 0; member < record.workers.size(); ++member) {
       auto worker = workers_.find(record.workers[member]);
       if (worker == workers_.end() || worker->second->lost) continue;

@@ -25,7 +25,8 @@ constexpr size_t kMaxSubmissionIdBytes = 1024;
 
 constexpr char kJobColumns[] =
     "id, submission_id, name, spec, spec_sha256, priority, state, state_reason, created_us, "
-    "updated_us, attempt, restarts, latest_checkpoint_step, created_seq, last_step_metrics";
+    "updated_us, attempt, restarts, latest_checkpoint_step, created_seq, last_step_metrics, "
+    "last_step_attempt";
 
 int64_t Micros(absl::Time time) { return absl::ToUnixMicros(time); }
 absl::Time FromMicros(int64_t micros) { return absl::FromUnixMicros(micros); }
@@ -65,6 +66,7 @@ absl::StatusOr<JobRecord> JobFromRow(const sqlite::Statement& row, absl::string_
   job.restarts = static_cast<int32_t>(row.Int(11));
   job.latest_checkpoint_step = row.OptionalInt(12);
   job.last_step_metrics = row.Text(14);
+  job.last_step_attempt = static_cast<int32_t>(row.Int(15));
   return job;
 }
 
@@ -312,7 +314,7 @@ absl::StatusOr<int64_t> Store::AppendEvent(absl::string_view job_id, absl::strin
   return sequence;
 }
 
-absl::StatusOr<int64_t> Store::RecordStepMetrics(absl::string_view job_id,
+absl::StatusOr<int64_t> Store::RecordStepMetrics(absl::string_view job_id, int32_t attempt,
                                                  absl::string_view payload) {
   MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
   int64_t sequence = 0;
@@ -321,8 +323,10 @@ absl::StatusOr<int64_t> Store::RecordStepMetrics(absl::string_view job_id,
     const absl::Time now = env_->Now();
     MOETRAIN_ASSIGN_OR_RETURN(sequence,
                               AppendEventLocked(job_id, kStepMetricsEventKind, payload, now));
-    return db_->Execute("UPDATE jobs SET last_step_metrics = ?1, updated_us = ?2 WHERE id = ?3",
-                        sqlite::Blob{payload}, Micros(now), job_id);
+    return db_->Execute(
+        "UPDATE jobs SET last_step_metrics = ?1, last_step_attempt = ?2, updated_us = ?3 "
+        "WHERE id = ?4",
+        sqlite::Blob{payload}, attempt, Micros(now), job_id);
   }));
   return sequence;
 }

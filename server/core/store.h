@@ -81,6 +81,7 @@ struct JobRecord {
   int32_t restarts = 0;  // transitions into RESTARTING that counted (TransitionOptions)
   std::optional<int64_t> latest_checkpoint_step;
   std::string last_step_metrics;  // payload of the newest RecordStepMetrics; empty before one
+  int32_t last_step_attempt = 0;  // the attempt that reported it
 };
 
 struct ListJobsOptions {
@@ -172,9 +173,10 @@ class Store {
   // Returns the new event's sequence number.
   absl::StatusOr<int64_t> AppendEvent(absl::string_view job_id, absl::string_view kind,
                                       absl::string_view payload);
-  // Appends a kStepMetricsEventKind event and makes `payload` the job's last_step_metrics,
-  // atomically. Returns the event's sequence number.
-  absl::StatusOr<int64_t> RecordStepMetrics(absl::string_view job_id, absl::string_view payload);
+  // Appends a kStepMetricsEventKind event and makes `payload` (reported by `attempt`) the job's
+  // last_step_metrics, atomically. Returns the event's sequence number.
+  absl::StatusOr<int64_t> RecordStepMetrics(absl::string_view job_id, int32_t attempt,
+                                            absl::string_view payload);
   // Up to `limit` (1..10000) events with sequence >= from_sequence, in order.
   absl::StatusOr<std::vector<EventRecord>> ReadEvents(absl::string_view job_id,
                                                       int64_t from_sequence, int limit);

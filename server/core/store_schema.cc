@@ -72,10 +72,12 @@ CREATE TABLE workers (
   last_heartbeat_us INTEGER NOT NULL
 );
 )sql",
-    // 1 → 2: the newest step report on the job row (so listings need no event scan), and the
+    // 1 → 2: the newest step report on the job row, with the attempt that sent it (so listings
+    // need no event scan, and a restarted coordinator knows which reports are repeats), and the
     // attempt that wrote each checkpoint.
     R"sql(
 ALTER TABLE jobs ADD COLUMN last_step_metrics BLOB NOT NULL DEFAULT x'';
+ALTER TABLE jobs ADD COLUMN last_step_attempt INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE checkpoints ADD COLUMN attempt INTEGER NOT NULL DEFAULT 0;
 )sql",
 };

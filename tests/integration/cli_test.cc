@@ -4,13 +4,7 @@
 //
 // Every test works in a fresh directory under ::testing::TempDir() (the child's working directory
 // too) and removes it at the end. A child that outlives its deadline is killed and fails the test.
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdlib.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -21,17 +15,16 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/integration/child_process.h"
 
 namespace moetrain {
 namespace {
@@ -39,13 +32,27 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
-using std::chrono::milliseconds;
 using std::chrono::seconds;
+using testutil::Child;
+using testutil::EnvChanges;
+using testutil::Finished;
+using testutil::JsonLines;
 
 // A normal run of the tiny spec takes a second or two; this only catches a hang.
 constexpr seconds kRunTimeout{60};
 
 fs::path MoetrainBinary() { return fs::path(MOETRAIN_BIN_DIR) / "moetrain"; }
+
+// One thread unless the caller chose (the engine's pool and oneDNN's): the model is tiny, and on a
+// loaded machine spinning OpenMP workers turn a one-second run into tens of seconds. Results
+// depend on the thread count, but every run of a test uses the same.
+EnvChanges OneThreadUnlessChosen() {
+  EnvChanges env;
+  for (const char* name : {"MOETRAIN_NUM_THREADS", "OMP_NUM_THREADS"}) {
+    if (getenv(name) == nullptr) env[name] = "1";
+  }
+  return env;
+}
 
 bool Contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
@@ -62,187 +69,6 @@ void WriteFile(const fs::path& path, const std::string& contents) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << contents;
   ASSERT_TRUE(out.good()) << "cannot write " << path;
-}
-
-// How a child ended, and everything it printed.
-struct Finished {
-  bool timed_out = false;  // killed by us after its deadline
-  int exit_code = -1;      // when it exited
-  int term_signal = 0;     // when a signal ended it
-  std::string out, err;
-};
-
-// One `moetrain` process with its stdout and stderr on pipes that are drained while it runs (so
-// it never blocks on a full pipe). Killed when destroyed unless already reaped.
-class Child {
- public:
-  Child() = default;
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-  ~Child() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    for (int& fd : fds_) CloseFd(fd);
-  }
-
-  // Starts MoetrainBinary() with `args` in `cwd`, stdin from /dev/null. Empty on success, else
-  // what went wrong.
-  std::string Start(const std::vector<std::string>& args, const fs::path& cwd) {
-    const std::string binary = MoetrainBinary().string(), dir = cwd.string();
-    // Everything the child needs is built before fork: after it, only async-signal-safe calls.
-    std::vector<char*> argv;
-    argv.push_back(const_cast<char*>(binary.c_str()));
-    for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
-    argv.push_back(nullptr);
-    // One thread unless the caller chose (the engine's pool and oneDNN's): the model is tiny,
-    // and on a loaded machine spinning OpenMP workers turn a one-second run into tens of seconds.
-    // Results depend on the thread count, but every run of a test uses the same.
-    std::vector<std::string> env_storage;
-    bool has_engine_threads = false, has_omp_threads = false;
-    for (char** e = environ; *e != nullptr; ++e) {
-      env_storage.emplace_back(*e);
-      has_engine_threads |= env_storage.back().starts_with("MOETRAIN_NUM_THREADS=");
-      has_omp_threads |= env_storage.back().starts_with("OMP_NUM_THREADS=");
-    }
-    if (!has_engine_threads) env_storage.emplace_back("MOETRAIN_NUM_THREADS=1");
-    if (!has_omp_threads) env_storage.emplace_back("OMP_NUM_THREADS=1");
-    std::vector<char*> envp;
-    for (std::string& e : env_storage) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    int out[2], err[2];
-    if (pipe2(out, O_CLOEXEC) != 0) return std::string("pipe2: ") + std::strerror(errno);
-    if (pipe2(err, O_CLOEXEC) != 0) {
-      close(out[0]);
-      close(out[1]);
-      return std::string("pipe2: ") + std::strerror(errno);
-    }
-    const int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    const pid_t pid = fork();
-    if (pid == 0) {
-      sigset_t none;
-      sigemptyset(&none);
-      sigprocmask(SIG_SETMASK, &none, nullptr);
-      if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
-      dup2(out[1], STDOUT_FILENO);
-      dup2(err[1], STDERR_FILENO);
-      if (chdir(dir.c_str()) != 0) _exit(126);
-      execve(binary.c_str(), argv.data(), envp.data());
-      _exit(127);
-    }
-    const int fork_errno = errno;
-    if (null_fd >= 0) close(null_fd);
-    close(out[1]);
-    close(err[1]);
-    fds_[0] = out[0];
-    fds_[1] = err[0];
-    if (pid < 0) return std::string("fork: ") + std::strerror(fork_errno);
-    pid_ = pid;
-    return "";
-  }
-
-  const std::string& out() const { return out_; }
-  const std::string& err() const { return err_; }
-
-  void Signal(int sig) {
-    if (pid_ > 0) kill(pid_, sig);
-  }
-
-  // Reads until `done(stdout so far)` holds, the child closes its pipes, or `timeout` passes.
-  bool WaitForStdout(const std::function<bool(const std::string&)>& done, Clock::duration timeout) {
-    const Clock::time_point deadline = Clock::now() + timeout;
-    while (!done(out_)) {
-      if (PipesClosed() || Clock::now() >= deadline) return done(out_);
-      ReadSome(deadline);
-    }
-    return true;
-  }
-
-  // Waits for the child to end; past `timeout` it is killed with SIGKILL and timed_out is set.
-  Finished Wait(Clock::duration timeout) {
-    Finished result;
-    const Clock::time_point deadline = Clock::now() + timeout;
-    int status = 0;
-    const bool started = pid_ > 0;
-    while (pid_ > 0) {
-      if (!PipesClosed()) {
-        ReadSome(deadline);
-      } else {
-        const pid_t reaped = waitpid(pid_, &status, WNOHANG);
-        if (reaped == pid_) {
-          pid_ = 0;
-          break;
-        }
-        std::this_thread::sleep_for(milliseconds(5));
-      }
-      if (Clock::now() >= deadline) {
-        result.timed_out = true;
-        kill(pid_, SIGKILL);
-        waitpid(pid_, &status, 0);
-        pid_ = 0;
-      }
-    }
-    // Whatever is still buffered in the pipes (the child is gone, so they end soon).
-    while (!PipesClosed()) ReadSome(Clock::now() + seconds(1));
-    if (started && !result.timed_out) {
-      if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
-      if (WIFSIGNALED(status)) result.term_signal = WTERMSIG(status);
-    }
-    result.out = out_;
-    result.err = err_;
-    return result;
-  }
-
- private:
-  static void CloseFd(int& fd) {
-    if (fd >= 0) close(fd);
-    fd = -1;
-  }
-
-  bool PipesClosed() const { return fds_[0] < 0 && fds_[1] < 0; }
-
-  // One poll of the open pipes (at most until `deadline`, and at most 50 ms), then reads what is
-  // there; a pipe at end of file is closed.
-  void ReadSome(Clock::time_point deadline) {
-    pollfd polled[2];
-    int count = 0;
-    for (int fd : fds_) {
-      if (fd >= 0) polled[count++] = {.fd = fd, .events = POLLIN, .revents = 0};
-    }
-    if (count == 0) return;
-    const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
-    const int timeout_ms = static_cast<int>(std::clamp<int64_t>(left, 0, 50));
-    if (poll(polled, count, timeout_ms) <= 0) return;
-    for (int i = 0; i < count; ++i) {
-      if (polled[i].revents == 0) continue;
-      const int which = polled[i].fd == fds_[0] ? 0 : 1;
-      char buffer[4096];
-      const ssize_t n = read(fds_[which], buffer, sizeof(buffer));
-      if (n > 0) {
-        (which == 0 ? out_ : err_).append(buffer, static_cast<size_t>(n));
-      } else if (n == 0 || errno != EINTR) {
-        CloseFd(fds_[which]);
-      }
-    }
-  }
-
-  pid_t pid_ = 0;
-  int fds_[2] = {-1, -1};  // the read ends of the child's stdout and stderr
-  std::string out_, err_;
-};
-
-// Every line of `text` as a JSON object; a line that is not one fails the test.
-std::vector<json> JsonLines(const std::string& text) {
-  std::vector<json> lines;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    json parsed = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    EXPECT_TRUE(parsed.is_object()) << "stdout line is not a JSON object: " << line;
-    if (parsed.is_object()) lines.push_back(std::move(parsed));
-  }
-  return lines;
 }
 
 bool IsStepLine(const json& line) { return line.contains("loss") && !line.contains("summary"); }
@@ -404,8 +230,8 @@ class CliTest : public ::testing::Test {
 
   // Runs `moetrain args...` in the test directory to the end (or kills it past `timeout`).
   Finished Moetrain(const std::vector<std::string>& args, Clock::duration timeout = kRunTimeout) {
-    Child child;
-    const std::string error = child.Start(args, dir_);
+    Child child(MoetrainBinary());
+    const std::string error = child.Start(args, dir_, OneThreadUnlessChosen());
     if (!error.empty()) {
       ADD_FAILURE() << "cannot start moetrain: " << error;
       return Finished();
@@ -666,8 +492,10 @@ TEST_P(StopResumeTest, StopsWithACheckpointAndResumesBitIdentically) {
   int64_t stopped_at = 0;
   std::map<int64_t, json> first_part;
   {
-    Child child;
-    ASSERT_EQ(child.Start({"run", spec_path, "--checkpoint-dir", checkpoints, "--json"}, dir_), "");
+    Child child(MoetrainBinary());
+    ASSERT_EQ(child.Start({"run", spec_path, "--checkpoint-dir", checkpoints, "--json"}, dir_,
+                          OneThreadUnlessChosen()),
+              "");
     ASSERT_TRUE(child.WaitForStdout([](const std::string& out) { return CountStepLines(out) >= 5; },
                                     kRunTimeout))
         << "no step lines; stderr:\n"

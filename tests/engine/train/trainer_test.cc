@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -123,6 +124,96 @@ TEST(TrainerTest, ResumeIsBitIdenticalToTrainingStraight) {
   }
   EXPECT_EQ(Masters(**a), Masters(**c));
   EXPECT_EQ((*a)->tokens_seen(), (*c)->tokens_seen());
+}
+
+// Asks for a stop once a given step is reported, refuses chosen checkpoints, and records what
+// the trainer reports.
+class Controller : public Recorder {
+ public:
+  void OnStep(const StepReport& report) override {
+    Recorder::OnStep(report);
+    if (report.step == stop_after) stop.store(request);
+  }
+  void OnCheckpoint(const CheckpointReport& report) override { checkpoints.push_back(report); }
+  absl::Status BeforeCheckpoint(int64_t step) override {
+    if (step == refuse_step) return absl::FailedPreconditionError("no lease");
+    return absl::OkStatus();
+  }
+  int64_t stop_after = -1;
+  StopRequest request = StopRequest::kNone;
+  int64_t refuse_step = -1;
+  std::atomic<StopRequest> stop{StopRequest::kNone};
+  std::vector<CheckpointReport> checkpoints;
+};
+
+TEST(TrainerTest, StopRequestsEndAtAStepBoundaryWithOrWithoutACheckpoint) {
+  TempDir dir;
+  TrainerConfig config = TinyConfig(dir.path());
+  config.checkpoint_every = 0;  // only the final (or stop) checkpoint
+  {
+    Controller controller;
+    controller.stop_after = 3;
+    controller.request = StopRequest::kCheckpointAndStop;
+    auto trainer = Trainer::Create(config);
+    MOETRAIN_ASSERT_OK(trainer.status());
+    MOETRAIN_ASSERT_OK((*trainer)->Run(&controller, &controller.stop));
+    EXPECT_EQ((*trainer)->step(), 3);
+    ASSERT_EQ(controller.checkpoints.size(), 1u);
+    const CheckpointReport& saved = controller.checkpoints[0];
+    EXPECT_EQ(saved.step, 3);
+    EXPECT_EQ(std::filesystem::path(saved.path),
+              std::filesystem::path(dir.path() + "/tiny/step-00000003").lexically_normal());
+    EXPECT_EQ(saved.tokens_seen, (*trainer)->tokens_seen());
+    EXPECT_GT(saved.write_seconds, 0.0);
+  }
+  std::filesystem::remove_all(dir.path() + "/tiny");
+  {
+    Controller controller;
+    controller.stop_after = 2;
+    controller.request = StopRequest::kStop;
+    auto trainer = Trainer::Create(config);
+    MOETRAIN_ASSERT_OK(trainer.status());
+    MOETRAIN_ASSERT_OK((*trainer)->Run(&controller, &controller.stop));
+    EXPECT_EQ((*trainer)->step(), 2);
+    EXPECT_TRUE(controller.checkpoints.empty());
+    EXPECT_FALSE(std::filesystem::exists(dir.path() + "/tiny/step-00000002"));
+  }
+}
+
+TEST(TrainerTest, ARefusedCheckpointIsSkippedAndTrainingGoesOn) {
+  TempDir dir;
+  Controller controller;
+  controller.refuse_step = 4;
+  auto trainer = Trainer::Create(TinyConfig(dir.path()));  // checkpoints at 4 and 8
+  MOETRAIN_ASSERT_OK(trainer.status());
+  MOETRAIN_ASSERT_OK((*trainer)->Run(&controller));
+  EXPECT_EQ((*trainer)->step(), 8);
+  ASSERT_EQ(controller.checkpoints.size(), 1u);
+  EXPECT_EQ(controller.checkpoints[0].step, 8);
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/tiny/step-00000004"));
+  bool told = false;
+  for (const std::string& message : controller.messages) {
+    told |= message.find("checkpoint of step 4 skipped: no lease") != std::string::npos;
+  }
+  EXPECT_TRUE(told);
+}
+
+TEST(TrainerTest, StepsReportTheirTimeAndTheLoadOfEveryMoeLayer) {
+  TempDir dir;
+  Recorder recorder;
+  TrainerConfig config = TinyConfig(dir.path());
+  config.steps = 2;
+  auto trainer = Trainer::Create(config);
+  MOETRAIN_ASSERT_OK(trainer.status());
+  MOETRAIN_ASSERT_OK((*trainer)->Run(&recorder));
+  ASSERT_EQ(recorder.reports.size(), 2u);
+  for (const StepReport& report : recorder.reports) {
+    EXPECT_GT(report.step_seconds, 0.0);
+    // Two blocks, the first dense: one MoE layer.
+    ASSERT_EQ(report.expert_load_per_layer.size(), 1u);
+    EXPECT_GE(report.expert_load_per_layer[0], 1.0);
+    EXPECT_EQ(report.expert_load_per_layer[0], report.expert_load_max_over_mean);
+  }
 }
 
 TEST(TrainerTest, CorruptLatestCheckpointFallsBackToThePreviousOne) {

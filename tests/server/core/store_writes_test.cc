@@ -68,17 +68,18 @@ TEST_F(StoreTest, StepMetricsLandOnTheJobRowWithTheirEvent) {
   ASSERT_NE(store, nullptr);
   const std::string id = JobIn(*store, S::kRunning);
   EXPECT_EQ(store->GetJob(id)->last_step_metrics, "");
-  auto first = store->RecordStepMetrics(id, std::string("\x08\x01", 2));
+  auto first = store->RecordStepMetrics(id, 1, std::string("\x08\x01", 2));
   ASSERT_OK(first.status());
-  auto second = store->RecordStepMetrics(id, std::string("\x08\x02\x00", 3));
+  auto second = store->RecordStepMetrics(id, 2, std::string("\x08\x02\x00", 3));
   ASSERT_OK(second.status());
   EXPECT_EQ(*second, *first + 1);
   EXPECT_EQ(store->GetJob(id)->last_step_metrics, std::string("\x08\x02\x00", 3));
+  EXPECT_EQ(store->GetJob(id)->last_step_attempt, 2);
   auto events = store->ReadEvents(id, *first, 10);
   ASSERT_EQ(events->size(), 2u);
   EXPECT_EQ((*events)[0].kind, kStepMetricsEventKind);
   EXPECT_EQ((*events)[1].payload, std::string("\x08\x02\x00", 3));
-  EXPECT_EQ(store->RecordStepMetrics("job-nope", "x").status().code(),
+  EXPECT_EQ(store->RecordStepMetrics("job-nope", 1, "x").status().code(),
             absl::StatusCode::kNotFound);
 }
 

@@ -340,7 +340,7 @@ TEST_F(JobServiceTest, StepsCheckpointsAndLogsReachTheWatcherTyped) {
   metrics.set_loss(2.5);
   metrics.set_tokens_seen(896);
   metrics.add_expert_load_per_layer(1.25);
-  ASSERT_TRUE(coordinator_->RecordStepMetrics(job.id(), metrics).ok());
+  ASSERT_TRUE(coordinator_->RecordStepMetrics(job.id(), 1, metrics).ok());
   v1::CheckpointSaved saved;
   saved.set_step(7);
   saved.set_path("/c/step-00000007");
