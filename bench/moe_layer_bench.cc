@@ -93,11 +93,9 @@ Tensor RandomTensor(DType dtype, std::initializer_list<int64_t> shape, float std
 }
 
 double DenseGemmGflops(DType dtype, int reps) {
-  constexpr int64_t n = 2048;
-  Tensor a = RandomTensor(dtype, {n, n}, 1.0f, 1), b = RandomTensor(dtype, {n, n}, 1.0f, 2);
-  Tensor c = Tensor::Empty(DType::kF32, {n, n});
-  const double seconds = MedianSeconds(reps, [&] { return cpu::Gemm({.a = a, .b = b, .c = c}); });
-  return 2.0 * n * n * n / seconds / 1e9;
+  absl::StatusOr<double> flops = cpu::MeasureGemmFlops(dtype, 2048, reps);
+  if (!flops.ok()) std::exit(1);
+  return *flops / 1e9;
 }
 
 // The six expert products of one forward+backward over `offsets`; w_gate_up (G, 2F, D) and

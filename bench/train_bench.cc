@@ -22,23 +22,10 @@
 namespace moetrain {
 namespace {
 
-double Seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 double DenseGemmGflops(DType dtype) {
-  constexpr int64_t n = 2048;
-  Tensor a = Tensor::Zeros(dtype, {n, n}), b = Tensor::Zeros(dtype, {n, n});
-  Tensor c = Tensor::Empty(DType::kF32, {n, n});
-  std::vector<double> times;
-  for (int i = 0; i < 4; ++i) {
-    const double start = Seconds();
-    if (!cpu::Gemm({.a = a, .b = b, .c = c}).ok()) std::exit(1);
-    if (i > 0) times.push_back(Seconds() - start);
-  }
-  std::sort(times.begin(), times.end());
-  return 2.0 * n * n * n / times[times.size() / 2] / 1e9;
+  absl::StatusOr<double> flops = cpu::MeasureGemmFlops(dtype, 2048, 3);
+  if (!flops.ok()) std::exit(1);
+  return *flops / 1e9;
 }
 
 class Timer : public TrainObserver {

@@ -19,6 +19,7 @@
 
 #include "CLI/CLI.hpp"
 #include "client/job_commands.h"
+#include "client/eval_command.h"
 #include "client/run_command.h"
 
 namespace {

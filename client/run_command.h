@@ -1,5 +1,6 @@
-// `moetrain run` and `moetrain eval`: the embedded default, training and evaluating in this
-// process on the CPU.
+// `moetrain run`: the embedded default. Trains a job in this process through the same code paths
+// as the service: an in-process coordinator (its store in a temporary file), an in-process worker
+// on an in-process channel, and the job followed through WatchJob and printed like `moetrain logs`.
 #ifndef MOETRAIN_CLIENT_RUN_COMMAND_H_
 #define MOETRAIN_CLIENT_RUN_COMMAND_H_
 
@@ -16,19 +17,10 @@ struct RunOptions {
   bool json = false;
 };
 
-// Returns the process exit code; prints progress to stdout and errors to stderr.
+// Returns the process exit code: 0 when the job succeeded or was stopped by SIGINT/SIGTERM (after
+// a checkpoint), 1 when it failed, 2 for a bad spec or a refusal to overwrite checkpoints.
+// Progress goes to stdout, errors to stderr.
 int RunJob(const RunOptions& options);
-
-struct EvalOptions {
-  std::string checkpoint;  // a step directory
-  std::string data_path;
-  std::string data_format;  // llmc | u16 | text
-  int64_t batches = 0;      // 0 = every window of the file
-  int64_t batch_size = 8;   // windows per forward
-  bool json = false;
-};
-
-int EvalCheckpoint(const EvalOptions& options);
 
 }  // namespace moetrain
 

@@ -14,7 +14,7 @@
 #include "absl/time/time.h"
 #include "moetrain/v1/connect.h"
 #include "server/coordinator_server.h"
-#include "server/core/log.h"
+#include "engine/core/log.h"
 
 namespace {
 

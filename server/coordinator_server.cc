@@ -11,7 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/core/status.h"
-#include "server/core/log.h"
+#include "engine/core/log.h"
 #include "server/grpc/rpc_metrics.h"
 
 namespace moetrain::server {

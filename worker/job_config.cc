@@ -61,7 +61,13 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromSpec(const v1::JobSpec& raw_spec,
   if (ranks != 1) {
     return absl::UnimplementedError(absl::StrCat(
         "resources.workers × resources.devices_per_worker = ", ranks,
-        ": this build trains on one rank (expert and data parallelism come with the workers)"));
+        ": this build trains on one rank (expert and data parallelism across workers are not "
+        "implemented yet)"));
+  }
+  if (spec.resources().device() == v1::ResourceConfig::CUDA) {
+    return absl::UnimplementedError(
+        "resources.device = CUDA: this build's trainer runs on the CPU (the CUDA backend has "
+        "kernels but no training loop yet)");
   }
 
   TrainerConfig c;

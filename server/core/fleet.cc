@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "engine/core/status.h"
 #include "server/core/fleet_internal.h"
-#include "server/core/log.h"
-#include "server/core/proto_time.h"
+#include "engine/core/log.h"
+#include "moetrain/v1/proto_time.h"
 
 namespace moetrain::server {
 namespace {
@@ -187,8 +187,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> Fleet::Register(
                    worker->version, ") registered"));
   v1::RegisterWorkerResponse response;
   response.set_worker_id(worker->id);
-  ToProto(options_.heartbeat_interval, response.mutable_heartbeat_interval());
-  ToProto(options_.heartbeat_timeout, response.mutable_heartbeat_timeout());
+  ToProtoDuration(options_.heartbeat_interval, response.mutable_heartbeat_interval());
+  ToProtoDuration(options_.heartbeat_timeout, response.mutable_heartbeat_timeout());
   workers_.emplace(worker->id, std::move(worker));
   RequestSchedule();
   return response;
@@ -240,7 +240,7 @@ absl::StatusOr<v1::HeartbeatResponse> Fleet::Heartbeat(const v1::HeartbeatReques
 absl::StatusOr<v1::GetAssignmentResponse> Fleet::GetAssignment(
     const v1::GetAssignmentRequest& request, const std::function<bool()>& is_cancelled) {
   const absl::Duration wait =
-      std::clamp(FromProto(request.wait_timeout()), absl::ZeroDuration(),
+      std::clamp(FromProtoDuration(request.wait_timeout()), absl::ZeroDuration(),
                  options_.max_assignment_wait);
   const absl::Time deadline = absl::Now() + wait;
   // A delivered assignment is sent again only if its rank has not shown up after this long
@@ -348,7 +348,7 @@ absl::Status Fleet::ReportCheckpoint(const v1::ReportCheckpointRequest& request)
                                                    expected, "'"));
   }
   if (metrics_ != nullptr) {
-    metrics_->OnCheckpoint(request.job_id(), FromProto(request.write_duration()), absl::Now());
+    metrics_->OnCheckpoint(request.job_id(), FromProtoDuration(request.write_duration()), absl::Now());
   }
   std::set<int32_t>& members = attempt->checkpoint_members[request.step()];
   members.insert(member);
@@ -518,7 +518,7 @@ std::vector<v1::WorkerInfo> Fleet::ListWorkers() {
     info.set_threads(worker->resources.threads());
     info.set_version(worker->version);
     info.set_state(ToProto(StateOf(*worker)));
-    ToProto(worker->last_heartbeat, info.mutable_last_heartbeat());
+    ToProtoTimestamp(worker->last_heartbeat, info.mutable_last_heartbeat());
     if (worker->slot.has_value()) {
       info.set_current_job_id(worker->slot->assignment.job_id());
       info.set_current_attempt(worker->slot->assignment.attempt());

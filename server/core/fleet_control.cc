@@ -9,7 +9,7 @@
 #include "engine/core/status.h"
 #include "server/core/fleet.h"
 #include "server/core/fleet_internal.h"
-#include "server/core/log.h"
+#include "engine/core/log.h"
 #include "server/core/scheduler.h"
 
 namespace moetrain::server {

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "server/core/proto_time.h"
+#include "moetrain/v1/proto_time.h"
 
 namespace moetrain::server {
 namespace {
@@ -74,8 +74,8 @@ absl::Status ToProto(const JobRecord& record, v1::Job* job) {
   job->set_priority(record.priority);
   job->set_attempt(record.attempt);
   job->set_restarts(record.restarts);
-  ToProto(record.created_at, job->mutable_create_time());
-  ToProto(record.updated_at, job->mutable_update_time());
+  ToProtoTimestamp(record.created_at, job->mutable_create_time());
+  ToProtoTimestamp(record.updated_at, job->mutable_update_time());
   if (record.latest_checkpoint_step.has_value()) {
     job->set_latest_checkpoint_step(*record.latest_checkpoint_step);
   }
@@ -89,7 +89,7 @@ absl::Status ToProto(const JobRecord& record, v1::Job* job) {
 
 void ToProto(const EventRecord& record, v1::JobEvent* event) {
   event->set_sequence(record.sequence - 1);
-  ToProto(record.time, event->mutable_time());
+  ToProtoTimestamp(record.time, event->mutable_time());
   if (record.kind == kStateChangeEventKind) {
     if (absl::StatusOr<StateChange> change = DecodeStateChange(record.payload); change.ok()) {
       SetStateChange(change->from, change->to, change->reason, event);
@@ -212,7 +212,7 @@ grpc::Status JobService::ListCheckpoints(grpc::ServerContext* context,
     checkpoint->set_path(record.path);
     checkpoint->set_attempt(record.attempt);
     checkpoint->set_tokens_seen(record.tokens_seen);
-    ToProto(record.time, checkpoint->mutable_create_time());
+    ToProtoTimestamp(record.time, checkpoint->mutable_create_time());
   }
   return grpc::Status::OK;
 }

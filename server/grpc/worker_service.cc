@@ -3,7 +3,7 @@
 #include <optional>
 #include <utility>
 
-#include "server/core/proto_time.h"
+#include "moetrain/v1/proto_time.h"
 #include "server/grpc/grpc_util.h"
 
 namespace moetrain::server {
@@ -115,7 +115,7 @@ grpc::Status WorkerService::KvWait(grpc::ServerContext* context, const v1::KvWai
   }
   absl::StatusOr<std::string> value =
       fleet_->KvWait(request->job_id(), request->attempt(), request->key(),
-                     FromProto(request->timeout()), [context] { return context->IsCancelled(); });
+                     FromProtoDuration(request->timeout()), [context] { return context->IsCancelled(); });
   if (!value.ok()) return ToGrpcStatus(value.status());
   response->set_value(std::move(*value));
   return grpc::Status::OK;

@@ -2,9 +2,12 @@
 
 #include <omp.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
@@ -315,6 +318,24 @@ absl::Status GroupedGemmBackwardWeight(TensorView dy, TensorView x,
             accumulate,
             RuntimeDim::kK};
   });
+}
+
+absl::StatusOr<double> MeasureGemmFlops(DType dtype, int64_t n, int reps) {
+  if (n < 1 || reps < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MeasureGemmFlops: n = ", n, " and reps = ", reps, " must be positive"));
+  }
+  const Tensor a = Tensor::Zeros(dtype, {n, n}), b = Tensor::Zeros(dtype, {n, n});
+  Tensor c = Tensor::Empty(DType::kF32, {n, n});
+  std::vector<double> seconds;
+  for (int i = 0; i <= reps; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    MOETRAIN_RETURN_IF_ERROR(Gemm({.a = a, .b = b, .c = c}));
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    if (i > 0) seconds.push_back(took.count());  // the first run builds the primitive
+  }
+  std::sort(seconds.begin(), seconds.end());
+  return 2.0 * n * n * n / std::max(seconds[seconds.size() / 2], 1e-12);
 }
 
 }  // namespace moetrain::cpu

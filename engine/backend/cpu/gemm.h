@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/core/tensor.h"
 
@@ -25,6 +26,11 @@ struct GemmArgs {
   bool accumulate = false;
 };
 absl::Status Gemm(const GemmArgs& args);
+
+// FLOP/s of one n×n×n GEMM with `dtype` inputs (f32 accumulate) on this machine, with the calling
+// thread's OpenMP team: the median of `reps` timed runs after one warm-up. The denominator of MFU,
+// measured rather than taken from a datasheet.
+absl::StatusOr<double> MeasureGemmFlops(DType dtype, int64_t n = 2048, int reps = 3);
 
 // Grouped GEMMs over rows sorted by group: group g owns rows [offsets[g], offsets[g+1]) of the
 // row-major activations; w holds one (N, K) matrix per group. Groups with no rows cost nothing.

@@ -1,0 +1,195 @@
+#include "worker/rank_runner.h"
+
+#include <omp.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/backend/cpu/gemm.h"
+#include "engine/core/log.h"
+#include "engine/core/status.h"
+#include "engine/model/transformer.h"
+#include "moetrain/v1/proto_time.h"
+#include "worker/job_config.h"
+
+namespace moetrain {
+namespace {
+
+// FLOP/s of a dense GEMM in `dtype` on this process's team: measured on first use, then kept
+// (about a second per dtype, once per worker process).
+double PeakFlops(DType dtype) {
+  static std::mutex mu;
+  static std::map<DType, double>* peaks = new std::map<DType, double>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = peaks->find(dtype);
+  if (it != peaks->end()) return it->second;
+  absl::StatusOr<double> measured = cpu::MeasureGemmFlops(dtype, /*n=*/1024);
+  const double peak = measured.ok() ? *measured : 0.0;
+  if (!measured.ok()) Log(absl::StrCat("cannot measure the GEMM peak: ", measured.status().ToString()));
+  peaks->emplace(dtype, peak);
+  return peak;
+}
+
+// Turns the trainer's reports into reports to the coordinator.
+class ReportingObserver : public TrainObserver {
+ public:
+  ReportingObserver(const v1::Assignment& assignment, const RankEnvironment& environment,
+                    RankControl* control, double flops_per_token, double peak_flops,
+                    std::optional<double> best_possible_loss)
+      : assignment_(assignment),
+        environment_(environment),
+        control_(control),
+        flops_per_token_(flops_per_token),
+        peak_flops_(peak_flops),
+        best_possible_loss_(best_possible_loss) {}
+
+  void OnStep(const StepReport& report) override {
+    control_->step.store(report.step);
+    if (assignment_.rank() != 0) return;  // rank 0 speaks for the job
+    v1::ReportStepRequest request;
+    Address(&request);
+    v1::StepMetrics* m = request.mutable_metrics();
+    m->set_step(report.step);
+    m->set_loss(report.loss);
+    if (report.eval_loss.has_value()) m->set_eval_loss(*report.eval_loss);
+    m->set_lr(report.lr);
+    m->set_grad_norm(report.grad_norm);
+    m->set_tokens_per_s(report.tokens_per_s);
+    m->set_expert_load_max_over_mean(report.expert_load_max_over_mean);
+    m->set_tokens_seen(report.tokens_seen);
+    m->set_aux_loss(report.aux_loss);
+    m->set_z_loss(report.z_loss);
+    m->set_dropped_tokens(report.dropped_tokens);
+    m->set_step_seconds(report.step_seconds);
+    if (peak_flops_ > 0) {
+      m->set_mfu(flops_per_token_ * report.tokens_per_s /
+                 (peak_flops_ * assignment_.world_size()));
+    }
+    for (double load : report.expert_load_per_layer) m->add_expert_load_per_layer(load);
+    if (best_possible_loss_.has_value()) m->set_best_possible_loss(*best_possible_loss_);
+    environment_.reporter->Enqueue(std::move(request));
+  }
+
+  void OnCheckpoint(const CheckpointReport& report) override { ReportCheckpoint(report); }
+
+  void OnMessage(const std::string& message) override {
+    if (assignment_.rank() != 0) return;
+    v1::ReportLogRequest request;
+    Address(&request);
+    request.add_lines(message);
+    environment_.reporter->Enqueue(std::move(request));
+  }
+
+  absl::Status BeforeCheckpoint(int64_t step) override {
+    return environment_.may_write_checkpoints ? environment_.may_write_checkpoints()
+                                              : absl::OkStatus();
+  }
+
+  void ReportCheckpoint(const CheckpointReport& report) {
+    v1::ReportCheckpointRequest request;
+    Address(&request);
+    request.set_step(report.step);
+    request.set_path(report.path);
+    request.set_tokens_seen(report.tokens_seen);
+    ToProtoDuration(absl::Seconds(report.write_seconds), request.mutable_write_duration());
+    environment_.reporter->Enqueue(std::move(request));
+  }
+
+  template <typename Request>
+  void Address(Request* request) const {
+    request->set_worker_id(environment_.worker_id);
+    request->set_job_id(assignment_.job_id());
+    request->set_attempt(assignment_.attempt());
+    request->set_rank(assignment_.rank());
+  }
+
+ private:
+  const v1::Assignment& assignment_;
+  const RankEnvironment& environment_;
+  RankControl* const control_;
+  const double flops_per_token_;
+  const double peak_flops_;
+  const std::optional<double> best_possible_loss_;
+};
+
+void ReportEnd(const v1::Assignment& assignment, const RankEnvironment& environment,
+               v1::AttemptOutcome outcome, const std::string& message, int64_t step) {
+  v1::ReportAttemptEndRequest request;
+  request.set_worker_id(environment.worker_id);
+  request.set_job_id(assignment.job_id());
+  request.set_attempt(assignment.attempt());
+  request.set_rank(assignment.rank());
+  request.set_outcome(outcome);
+  request.set_message(message);
+  request.set_step(step);
+  environment.reporter->Enqueue(std::move(request));
+}
+
+// Builds, resumes and runs the trainer; returns how the rank ended (error = FAILED).
+absl::StatusOr<v1::AttemptOutcome> Train(const v1::Assignment& assignment,
+                                         const RankEnvironment& environment, RankControl* control,
+                                         int64_t* step) {
+  // The trainer writes to <checkpoint_dir>/<job_id>: split the job's directory accordingly.
+  const std::filesystem::path root(assignment.checkpoint_dir());
+  const std::filesystem::path parent = root.has_parent_path() ? root.parent_path() : ".";
+  MOETRAIN_ASSIGN_OR_RETURN(TrainerConfig config,
+                            TrainerConfigFromSpec(assignment.spec(), parent.string()));
+  config.job_id = root.filename().string();
+  MOETRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                            Trainer::Create(config, assignment.rank(), assignment.world_size()));
+  ReportingObserver observer(assignment, environment, control,
+                             TrainingFlopsPerToken(config.model, config.data.seq_len),
+                             PeakFlops(config.compute_dtype), trainer->best_possible_loss());
+  const absl::Status resumed = trainer->Resume(&observer);
+  if (absl::IsNotFound(resumed)) {
+    if (!assignment.resume_checkpoint().empty()) {
+      return absl::DataLossError(absl::StrCat("the coordinator recorded checkpoint ",
+                                              assignment.resume_checkpoint(),
+                                              ", but there is no checkpoint in ", root.string()));
+    }
+  } else if (!resumed.ok()) {
+    return resumed;
+  } else {
+    // Newer than what the coordinator knows (its report was lost), or unknown to it altogether
+    // (`moetrain run --resume`): tell it, so that its record and the job's progress agree.
+    const std::string path = (root / CheckpointStepDirName(trainer->step())).string();
+    if (path != assignment.resume_checkpoint()) {
+      observer.ReportCheckpoint({trainer->step(), path, trainer->tokens_seen(), 0.0});
+    }
+  }
+  control->step.store(trainer->step());
+  const absl::Status ran = trainer->Run(&observer, &control->stop);
+  *step = trainer->step();
+  if (!ran.ok()) return ran;
+  if (trainer->step() >= config.steps) return v1::ATTEMPT_OUTCOME_SUCCEEDED;
+  return control->stop.load() == StopRequest::kStop ? v1::ATTEMPT_OUTCOME_CANCELLED
+                                                    : v1::ATTEMPT_OUTCOME_STOPPED;
+}
+
+}  // namespace
+
+void RunRank(const v1::Assignment& assignment, const RankEnvironment& environment,
+             RankControl* control) {
+  omp_set_num_threads(environment.threads);
+  int64_t step = 0;
+  absl::StatusOr<v1::AttemptOutcome> outcome = Train(assignment, environment, control, &step);
+  step = std::max(step, control->step.load());
+  const std::string who =
+      absl::StrCat("job ", assignment.job_id(), " attempt ", assignment.attempt(), " rank ",
+                   assignment.rank());
+  if (!outcome.ok()) {
+    Log(absl::StrCat(who, " failed at step ", step, ": ", outcome.status().message()));
+    ReportEnd(assignment, environment, v1::ATTEMPT_OUTCOME_FAILED,
+              std::string(outcome.status().message()), step);
+    return;
+  }
+  Log(absl::StrCat(who, " ended at step ", step, ": ", v1::AttemptOutcome_Name(*outcome)));
+  ReportEnd(assignment, environment, *outcome, "", step);
+}
+
+}  // namespace moetrain

@@ -1,0 +1,43 @@
+// One rank of one attempt, from assignment to end report: builds the trainer from the job's spec,
+// resumes from the newest good checkpoint in the job's directory, trains, and turns what the
+// trainer reports into reports to the coordinator (through the Reporter, in order). Runs on a
+// thread of the worker's; the worker steers it through RankControl.
+#ifndef MOETRAIN_WORKER_RANK_RUNNER_H_
+#define MOETRAIN_WORKER_RANK_RUNNER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "engine/train/trainer.h"
+#include "moetrain/v1/worker.pb.h"
+#include "worker/reporter.h"
+
+namespace moetrain {
+
+// Shared between the rank's thread and the worker.
+struct RankControl {
+  // Set by the worker: a cancel (kStop) or its own shutdown (kCheckpointAndStop).
+  std::atomic<StopRequest> stop{StopRequest::kNone};
+  // Set by the rank: the last optimizer step done, for heartbeats.
+  std::atomic<int64_t> step{0};
+};
+
+struct RankEnvironment {
+  std::string worker_id;  // the id the reports carry
+  int threads = 1;        // the rank's OpenMP team
+  Reporter* reporter = nullptr;
+  // OK while the worker may write into the job's directory; asked before every checkpoint.
+  std::function<absl::Status()> may_write_checkpoints;
+};
+
+// Runs the rank to its end and enqueues its reports, the end report last. Never throws; every
+// failure becomes an ATTEMPT_OUTCOME_FAILED end report whose message names the cause.
+void RunRank(const v1::Assignment& assignment, const RankEnvironment& environment,
+             RankControl* control);
+
+}  // namespace moetrain
+
+#endif  // MOETRAIN_WORKER_RANK_RUNNER_H_

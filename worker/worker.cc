@@ -1,0 +1,349 @@
+#include "worker/worker.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/core/log.h"
+#include "moetrain/v1/proto_time.h"
+
+namespace moetrain {
+namespace {
+
+constexpr absl::Duration kInitialBackoff = absl::Milliseconds(100);
+
+bool Retryable(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+}  // namespace
+
+absl::Status WorkerOptions::Validate() const {
+  if (device_count < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("device count = ", device_count, " is below 1"));
+  }
+  if (threads < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--threads = ", threads, " is below 1"));
+  }
+  for (const auto& [name, value] :
+       {std::pair<const char*, absl::Duration>{"poll_wait", poll_wait},
+        {"call_timeout", call_timeout},
+        {"max_backoff", max_backoff}}) {
+    if (value <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " = ", absl::FormatDuration(value), " must be positive"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+Worker::Worker(Connection connection, WorkerOptions options)
+    : connection_(std::move(connection)),
+      options_(std::move(options)),
+      stub_(v1::WorkerService::NewStub(connection_.channel)) {
+  ReporterOptions reporter;
+  reporter.call_timeout = options_.call_timeout;
+  reporter.max_backoff = options_.max_backoff;
+  reporter.on_fenced = [this](const std::string& job_id, int64_t attempt) {
+    absl::MutexLock lock(&mu_);
+    StopRank(job_id, attempt, StopRequest::kStop);
+  };
+  reporter.on_worker_unknown = [this](const std::string& id) { OnWorkerUnknown(id); };
+  reporter.on_attempt_resolved = [this](const std::string& job_id, int64_t attempt) {
+    OnAttemptResolved(job_id, attempt);
+  };
+  reporter_ = std::make_unique<Reporter>(&connection_, std::move(reporter));
+}
+
+Worker::~Worker() {
+  Shutdown();
+  reporter_->Stop();
+  std::map<AttemptKey, std::unique_ptr<RankEntry>> ranks;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [key, rank] : ranks_) rank->control.stop.store(StopRequest::kStop);
+    ranks.swap(ranks_);
+  }
+  // Joined without the lock: a rank's thread takes it as it ends.
+  for (auto& [key, rank] : ranks) {
+    if (rank->thread.joinable()) rank->thread.join();
+  }
+}
+
+std::string Worker::worker_id() {
+  absl::MutexLock lock(&mu_);
+  return worker_id_;
+}
+
+void Worker::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return;
+  shutting_down_ = true;
+  for (auto& [key, rank] : ranks_) {
+    StopRequest none = StopRequest::kNone;
+    rank->control.stop.compare_exchange_strong(none, StopRequest::kCheckpointAndStop);
+  }
+  if (poll_context_ != nullptr) poll_context_->TryCancel();
+  changed_.SignalAll();
+}
+
+void Worker::Sleep(absl::Duration delay) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time until = absl::Now() + delay;
+  while (!shutting_down_ && absl::Now() < until) changed_.WaitWithDeadline(&mu_, until);
+}
+
+absl::Status Worker::Register() {
+  v1::RegisterWorkerRequest request;
+  request.set_name(options_.name);
+  request.set_version(options_.version);
+  request.mutable_resources()->set_device(options_.device);
+  request.mutable_resources()->set_device_count(options_.device_count);
+  request.mutable_resources()->set_threads(options_.threads);
+  grpc::ClientContext context;
+  connection_.Prepare(&context, options_.call_timeout);
+  const absl::Time sent = absl::Now();
+  v1::RegisterWorkerResponse response;
+  const grpc::Status status = stub_->RegisterWorker(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  absl::MutexLock lock(&mu_);
+  worker_id_ = response.worker_id();
+  registered_ = true;
+  if (response.has_heartbeat_interval()) {
+    heartbeat_interval_ = FromProtoDuration(response.heartbeat_interval());
+  }
+  if (response.has_heartbeat_timeout()) {
+    heartbeat_timeout_ = FromProtoDuration(response.heartbeat_timeout());
+  }
+  lease_until_ = sent + heartbeat_timeout_ - heartbeat_interval_;
+  heartbeat_now_ = true;
+  changed_.SignalAll();
+  Log(absl::StrCat("registered as worker ", worker_id_, " (", options_.name, "); heartbeat every ",
+                   absl::FormatDuration(heartbeat_interval_)));
+  return absl::OkStatus();
+}
+
+absl::Status Worker::Run() {
+  std::thread heartbeats([this] { HeartbeatLoop(); });
+  absl::Duration backoff = kInitialBackoff;
+  absl::Status result = absl::OkStatus();
+  bool unreachable_logged = false;
+  for (;;) {
+    bool registered;
+    {
+      absl::MutexLock lock(&mu_);
+      if (shutting_down_) break;
+      registered = registered_;
+    }
+    grpc::Status status = grpc::Status::OK;
+    if (!registered) {
+      const absl::Status registration = Register();
+      if (!registration.ok() && !absl::IsUnavailable(registration) &&
+          !absl::IsDeadlineExceeded(registration)) {
+        result = absl::Status(registration.code(),
+                              absl::StrCat("the coordinator refused the registration: ",
+                                           registration.message()));
+        Shutdown();
+        break;
+      }
+      status = grpc::Status(static_cast<grpc::StatusCode>(registration.code()),
+                            std::string(registration.message()));
+    } else {
+      status = Poll();
+    }
+    if (status.ok()) {
+      if (unreachable_logged) Log("the coordinator answers again");
+      unreachable_logged = false;
+      backoff = kInitialBackoff;
+      continue;
+    }
+    if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+      OnWorkerUnknown(worker_id());
+      continue;
+    }
+    if (status.error_code() == grpc::StatusCode::CANCELLED) continue;  // Shutdown cut the poll
+    if (!Retryable(status.error_code()) || !unreachable_logged) {
+      Log(absl::StrCat("coordinator call failed: ", status.error_message(), "; retrying"));
+      unreachable_logged = Retryable(status.error_code());
+    }
+    Sleep(backoff);
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  }
+
+  // Wind down: ranks stop (with a checkpoint, as Shutdown asked), then their reports go out.
+  {
+    absl::MutexLock lock(&mu_);
+    auto all_finished = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return std::all_of(ranks_.begin(), ranks_.end(),
+                         [](const auto& entry) { return entry.second->finished; });
+    };
+    while (!all_finished()) changed_.Wait(&mu_);
+  }
+  if (!reporter_->Flush(absl::Now() + options_.shutdown_timeout)) {
+    Log(absl::StrCat("gave up delivering reports after ",
+                     absl::FormatDuration(options_.shutdown_timeout)));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    stop_heartbeats_ = true;
+    changed_.SignalAll();
+  }
+  heartbeats.join();
+  return result;
+}
+
+grpc::Status Worker::Poll() {
+  v1::GetAssignmentRequest request;
+  grpc::ClientContext context;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return grpc::Status(grpc::StatusCode::CANCELLED, "shutting down");
+    request.set_worker_id(worker_id_);
+    poll_context_ = &context;
+  }
+  ToProtoDuration(options_.poll_wait, request.mutable_wait_timeout());
+  connection_.Prepare(&context, options_.poll_wait + options_.call_timeout);
+  v1::GetAssignmentResponse response;
+  const grpc::Status status = stub_->GetAssignment(&context, request, &response);
+  absl::MutexLock lock(&mu_);
+  poll_context_ = nullptr;
+  if (!status.ok()) return status;
+  for (const v1::AttemptRef& stop : response.cancel()) {
+    StopRank(stop.job_id(), stop.attempt(), StopRequest::kStop);
+  }
+  if (response.has_assignment()) StartRank(response.assignment());
+  return status;
+}
+
+void Worker::StartRank(const v1::Assignment& assignment) {
+  const AttemptKey key(assignment.job_id(), assignment.attempt());
+  if (shutting_down_ || ranks_.count(key) != 0) return;  // a repeat of one we run
+  // One rank at a time: the coordinator sends the assignment again once this worker is free.
+  for (const auto& [other, rank] : ranks_) {
+    if (!rank->finished) return;
+  }
+  auto entry = std::make_unique<RankEntry>();
+  entry->assignment = assignment;
+  entry->worker_id = worker_id_;
+  RankEntry* rank = entry.get();
+  ranks_.emplace(key, std::move(entry));
+  Log(absl::StrCat("starting job ", assignment.job_id(), " (", assignment.spec().name(),
+                   ") attempt ", assignment.attempt(), " rank ", assignment.rank(), "/",
+                   assignment.world_size(),
+                   assignment.resume_checkpoint().empty()
+                       ? ""
+                       : absl::StrCat(", resuming from ", assignment.resume_checkpoint())));
+  RankEnvironment environment;
+  environment.worker_id = worker_id_;
+  environment.threads = options_.threads;
+  environment.reporter = reporter_.get();
+  environment.may_write_checkpoints = [this] { return MayWriteCheckpoints(); };
+  rank->thread = std::thread([this, rank, environment] {
+    RunRank(rank->assignment, environment, &rank->control);
+    absl::MutexLock lock(&mu_);
+    rank->finished = true;
+    changed_.SignalAll();
+  });
+  // Tell the coordinator at once that the rank started.
+  heartbeat_now_ = true;
+  changed_.SignalAll();
+}
+
+void Worker::StopRank(const std::string& job_id, int64_t attempt, StopRequest request) {
+  auto it = ranks_.find(AttemptKey(job_id, attempt));
+  if (it == ranks_.end() || it->second->finished) return;
+  if (it->second->control.stop.exchange(request) != request) {
+    Log(absl::StrCat("stopping job ", job_id, " attempt ", attempt,
+                     request == StopRequest::kStop ? " (cancelled)" : " (checkpoint first)"));
+  }
+}
+
+void Worker::OnWorkerUnknown(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  if (id.empty() || id != worker_id_ || !registered_) return;
+  Log(absl::StrCat("the coordinator no longer knows worker ", id,
+                   ": stopping its ranks (they were given away) and registering again"));
+  registered_ = false;
+  for (auto& [key, rank] : ranks_) {
+    if (rank->worker_id == id) StopRank(key.first, key.second, StopRequest::kStop);
+  }
+  changed_.SignalAll();
+}
+
+void Worker::OnAttemptResolved(const std::string& job_id, int64_t attempt) {
+  std::unique_ptr<RankEntry> done;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = ranks_.find(AttemptKey(job_id, attempt));
+    if (it == ranks_.end()) return;
+    done = std::move(it->second);
+    ranks_.erase(it);
+    changed_.SignalAll();
+  }
+  // The end report was the rank's last act: its thread is ending.
+  if (done->thread.joinable()) done->thread.join();
+}
+
+absl::Status Worker::MayWriteCheckpoints() {
+  absl::MutexLock lock(&mu_);
+  if (absl::Now() <= lease_until_) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "no heartbeat has reached the coordinator for more than ",
+      absl::FormatDuration(heartbeat_timeout_ - heartbeat_interval_),
+      ": the job may run on another worker by now, so this one keeps out of its directory"));
+}
+
+void Worker::HeartbeatLoop() {
+  absl::Time next = absl::Now();
+  bool failing = false;
+  for (;;) {
+    v1::HeartbeatRequest request;
+    absl::Duration interval;
+    {
+      absl::MutexLock lock(&mu_);
+      while (!stop_heartbeats_ && !heartbeat_now_ && absl::Now() < next) {
+        changed_.WaitWithDeadline(&mu_, next);
+      }
+      if (stop_heartbeats_) return;
+      heartbeat_now_ = false;
+      interval = heartbeat_interval_;
+      next = absl::Now() + interval;
+      if (!registered_) continue;
+      request.set_worker_id(worker_id_);
+      for (const auto& [key, rank] : ranks_) {
+        if (rank->worker_id != worker_id_) continue;
+        v1::RunningAttempt* running = request.add_running();
+        running->set_job_id(key.first);
+        running->set_attempt(key.second);
+        running->set_rank(rank->assignment.rank());
+        running->set_step(rank->control.step.load());
+      }
+    }
+    grpc::ClientContext context;
+    connection_.Prepare(&context, std::min(options_.call_timeout, std::max(interval, absl::Seconds(1))));
+    const absl::Time sent = absl::Now();
+    v1::HeartbeatResponse response;
+    const grpc::Status status = stub_->Heartbeat(&context, request, &response);
+    if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+      OnWorkerUnknown(request.worker_id());
+      continue;
+    }
+    if (!status.ok()) {
+      if (!failing) Log(absl::StrCat("heartbeat failed: ", status.error_message()));
+      failing = true;
+      continue;
+    }
+    if (failing) Log("heartbeats reach the coordinator again");
+    failing = false;
+    absl::MutexLock lock(&mu_);
+    if (request.worker_id() == worker_id_) {
+      lease_until_ = std::max(lease_until_, sent + heartbeat_timeout_ - heartbeat_interval_);
+    }
+    for (const v1::AttemptRef& stop : response.cancel()) {
+      StopRank(stop.job_id(), stop.attempt(), StopRequest::kStop);
+    }
+  }
+}
+
+}  // namespace moetrain

@@ -1,0 +1,122 @@
+// The worker daemon's logic: registers with the coordinator, heartbeats, takes assignments by
+// long poll, runs one rank at a time (RunRank on a thread of its own), and delivers its reports in
+// order through a Reporter. Used by `moetrain-worker` and, in-process, by `moetrain run`.
+//
+// Faults:
+//   coordinator unreachable   training goes on; calls are retried with backoff. Checkpoints are
+//                             written only while the lease holds: no heartbeat has reached the
+//                             coordinator for heartbeat_timeout means the job may already run
+//                             elsewhere, so the worker keeps out of its directory until it hears
+//                             back.
+//   stale attempt             a report answered FAILED_PRECONDITION, or a cancel order: the rank
+//                             stops at the next step boundary without a checkpoint.
+//   worker unknown / lost     (NOT_FOUND) every rank stops without a checkpoint (they have been
+//                             given away) and the worker registers again under a new id.
+//   Shutdown (SIGTERM)        the running rank saves a checkpoint at the next step boundary and
+//                             reports STOPPED; Run returns once its reports are delivered (or
+//                             after shutdown_timeout).
+#ifndef MOETRAIN_WORKER_WORKER_H_
+#define MOETRAIN_WORKER_WORKER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "moetrain/v1/connect.h"
+#include "moetrain/v1/worker.grpc.pb.h"
+#include "worker/rank_runner.h"
+#include "worker/reporter.h"
+
+namespace moetrain {
+
+struct WorkerOptions {
+  std::string name;  // for people; the host name by default
+  v1::ResourceConfig::Device device = v1::ResourceConfig::CPU;
+  int device_count = 1;  // ranks it can run at once (1 on CPU)
+  int threads = 1;       // OpenMP threads of a rank
+  std::string version;
+  // How long one GetAssignment waits at the coordinator (a cancel still arrives at once).
+  absl::Duration poll_wait = absl::Seconds(10);
+  // Deadline of every unary call.
+  absl::Duration call_timeout = absl::Seconds(10);
+  // Retries after a failed call wait from 100 ms, doubling up to this.
+  absl::Duration max_backoff = absl::Seconds(5);
+  // After Shutdown: how long to keep delivering the last reports to an unreachable coordinator.
+  absl::Duration shutdown_timeout = absl::Seconds(30);
+
+  // InvalidArgument naming the option.
+  absl::Status Validate() const;
+};
+
+class Worker {
+ public:
+  // `connection` (with its token) reaches the coordinator.
+  Worker(Connection connection, WorkerOptions options);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // Serves until Shutdown, then winds down as described above. An error only when the
+  // coordinator refuses the registration for good (UNAUTHENTICATED, INVALID_ARGUMENT, ...).
+  absl::Status Run();
+  // Makes Run wind down. Thread-safe, from any thread (not from a signal handler).
+  void Shutdown();
+
+  // The id of the current registration; empty before the first.
+  std::string worker_id();
+
+ private:
+  struct RankEntry {
+    v1::Assignment assignment;
+    std::string worker_id;  // the registration it was started under
+    RankControl control;
+    std::thread thread;
+    bool finished = false;  // RunRank returned: its end report is queued
+  };
+  using AttemptKey = std::pair<std::string, int64_t>;  // (job id, attempt)
+
+  // One RegisterWorker call.
+  absl::Status Register() ABSL_LOCKS_EXCLUDED(mu_);
+  // One GetAssignment call and what it brings; the status of the call.
+  grpc::Status Poll() ABSL_LOCKS_EXCLUDED(mu_);
+  void HeartbeatLoop();
+  void StartRank(const v1::Assignment& assignment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StopRank(const std::string& job_id, int64_t attempt, StopRequest request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnWorkerUnknown(const std::string& worker_id) ABSL_LOCKS_EXCLUDED(mu_);
+  void OnAttemptResolved(const std::string& job_id, int64_t attempt) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status MayWriteCheckpoints() ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits `delay` unless Shutdown comes first.
+  void Sleep(absl::Duration delay) ABSL_LOCKS_EXCLUDED(mu_);
+
+  const Connection connection_;
+  const WorkerOptions options_;
+  const std::unique_ptr<v1::WorkerService::Stub> stub_;
+  std::unique_ptr<Reporter> reporter_;
+
+  absl::Mutex mu_;
+  absl::CondVar changed_;
+  std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
+  absl::Duration heartbeat_timeout_ ABSL_GUARDED_BY(mu_) = absl::Seconds(10);
+  // The send time of the last heartbeat the coordinator answered, plus its timeout (less one
+  // interval of margin): until then no other worker can have been given our ranks.
+  absl::Time lease_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::map<AttemptKey, std::unique_ptr<RankEntry>> ranks_ ABSL_GUARDED_BY(mu_);
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool heartbeat_now_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_heartbeats_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ClientContext* poll_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+}  // namespace moetrain
+
+#endif  // MOETRAIN_WORKER_WORKER_H_

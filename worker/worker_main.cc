@@ -1,0 +1,147 @@
+// moetrain-worker: runs ranks of training jobs for a coordinator.
+//
+// Lifecycle: parse flags → enter --work-dir → block SIGINT/SIGTERM (before any thread starts) →
+// register and serve → on a signal, the running rank saves a checkpoint at its next step boundary
+// and reports STOPPED (the coordinator resumes the job elsewhere, without counting a restart) →
+// exit 0. Exit 2 for bad flags, 1 when the coordinator refuses the worker (a wrong token).
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "engine/core/log.h"
+#include "moetrain/v1/connect.h"
+#include "worker/worker.h"
+
+namespace {
+
+// "cpu", or "cuda:0,1" (the devices this worker may use; their count is what it offers).
+absl::Status ParseDevices(const std::string& text, moetrain::WorkerOptions* options) {
+  if (text == "cpu") {
+    options->device = moetrain::v1::ResourceConfig::CPU;
+    options->device_count = 1;
+    return absl::OkStatus();
+  }
+  const std::string prefix = "cuda:";
+  if (text.rfind(prefix, 0) == 0 && text.size() > prefix.size()) {
+    int count = 0;
+    for (absl::string_view index : absl::StrSplit(text.substr(prefix.size()), ',')) {
+      int value = 0;
+      if (!absl::SimpleAtoi(index, &value) || value < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--devices = '", text, "': '", index, "' is not a device index"));
+      }
+      ++count;
+    }
+    options->device = moetrain::v1::ResourceConfig::CUDA;
+    options->device_count = count;
+    // The ranks see exactly these devices.
+    setenv("CUDA_VISIBLE_DEVICES", text.substr(prefix.size()).c_str(), 1);
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--devices = '", text, "' is neither 'cpu' nor 'cuda:I,J,...'"));
+}
+
+std::string HostName() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "worker";
+  return name;
+}
+
+const char* Env(const char* name, const char* fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && value[0] != '\0' ? value : fallback;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  moetrain::ConnectOptions connect;
+  connect.address = Env("MOETRAIN_COORDINATOR", "127.0.0.1:7070");
+  connect.token_file = Env("MOETRAIN_TOKEN_FILE", "");
+  moetrain::WorkerOptions options;
+  options.name = HostName();
+  options.version = MOETRAIN_VERSION;
+  options.threads = std::max(1u, std::thread::hardware_concurrency());
+  std::string devices = "cpu", work_dir;
+
+  CLI::App app{"moetrain-worker: runs ranks of MoE training jobs for a moetrain coordinator"};
+  app.set_version_flag("--version", MOETRAIN_VERSION);
+  app.add_option("--coordinator", connect.address,
+                 "coordinator gRPC address (env MOETRAIN_COORDINATOR)")
+      ->capture_default_str();
+  app.add_option("--token-file", connect.token_file,
+                 "file holding the coordinator's bearer token (env MOETRAIN_TOKEN_FILE)");
+  app.add_option("--tls-ca", connect.tls_ca_file, "PEM CA to verify the coordinator (enables TLS)");
+  app.add_option("--tls-cert", connect.tls_cert_file, "PEM client certificate, for mTLS");
+  app.add_option("--tls-key", connect.tls_key_file, "PEM key of --tls-cert");
+  app.add_option("--devices", devices, "what this worker offers: 'cpu' or 'cuda:0,1,...'")
+      ->capture_default_str();
+  app.add_option("--threads", options.threads, "CPU threads of a rank (default: all)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--work-dir", work_dir,
+                 "working directory (created when missing); relative checkpoint paths resolve "
+                 "against it");
+  app.add_option("--name", options.name, "name shown by `moetrain workers` (default: host name)")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  if (absl::Status parsed = ParseDevices(devices, &options); !parsed.ok()) {
+    std::fprintf(stderr, "moetrain-worker: %s\n", std::string(parsed.message()).c_str());
+    return 2;
+  }
+  if (!work_dir.empty()) {
+    std::error_code error;
+    std::filesystem::create_directories(work_dir, error);
+    if (error || chdir(work_dir.c_str()) != 0) {
+      std::fprintf(stderr, "moetrain-worker: --work-dir = '%s': cannot create or enter it\n",
+                   work_dir.c_str());
+      return 2;
+    }
+  }
+  absl::StatusOr<moetrain::Connection> connection = moetrain::Connect(connect);
+  if (!connection.ok()) {
+    std::fprintf(stderr, "moetrain-worker: %s\n", std::string(connection.status().message()).c_str());
+    return 2;
+  }
+  if (absl::Status valid = options.Validate(); !valid.ok()) {
+    std::fprintf(stderr, "moetrain-worker: %s\n", std::string(valid.message()).c_str());
+    return 2;
+  }
+
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  moetrain::Worker worker(*std::move(connection), options);
+  std::thread signals([&] {
+    int signal_number = 0;
+    sigwait(&stop_signals, &signal_number);
+    moetrain::Log(absl::StrCat("received ", strsignal(signal_number),
+                               ": stopping after a checkpoint at the next step boundary"));
+    worker.Shutdown();
+  });
+  moetrain::Log(absl::StrCat("moetrain-worker ", MOETRAIN_VERSION, " (", options.name, ", ",
+                             devices, ", ", options.threads, " threads) serving coordinator ",
+                             connect.address));
+  const absl::Status status = worker.Run();
+  if (!status.ok()) {
+    moetrain::Log(std::string(status.message()));
+  } else {
+    moetrain::Log("stopped");
+  }
+  // The signal thread is blocked in sigwait unless a signal ended the run: it dies with us.
+  signals.detach();
+  return status.ok() ? 0 : 1;
+}
