@@ -200,6 +200,12 @@ absl::StatusOr<int64_t> Coordinator::AppendEvent(absl::string_view job_id, absl:
   return sequence;
 }
 
+absl::Status Coordinator::AppendEvents(const std::vector<NewEvent>& events) {
+  absl::Status status = store_->AppendEvents(events);
+  if (status.ok()) NotifyAppended();
+  return status;
+}
+
 absl::StatusOr<int64_t> Coordinator::RecordStepMetrics(absl::string_view job_id, int32_t attempt,
                                                        const v1::StepMetrics& metrics) {
   absl::StatusOr<int64_t> sequence =

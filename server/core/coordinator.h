@@ -102,6 +102,7 @@ class Coordinator {
                                        const TransitionOptions& options = {});
   absl::StatusOr<int64_t> AppendEvent(absl::string_view job_id, absl::string_view kind,
                                       absl::string_view payload);
+  absl::Status AppendEvents(const std::vector<NewEvent>& events);
   absl::StatusOr<int64_t> RecordStepMetrics(absl::string_view job_id, int32_t attempt,
                                             const v1::StepMetrics& metrics);
 

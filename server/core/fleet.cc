@@ -97,8 +97,8 @@ void Fleet::Stop() {
 }
 
 void Fleet::Wake() {
-  absl::MutexLock lock(&mu_);
-  RequestSchedule();
+  wake_.store(true);
+  changed_.SignalAll();
 }
 
 absl::StatusOr<Fleet::WorkerEntry*> Fleet::FindWorker(absl::string_view worker_id) {
@@ -211,6 +211,7 @@ absl::StatusOr<v1::HeartbeatResponse> Fleet::Heartbeat(const v1::HeartbeatReques
   absl::MutexLock lock(&mu_);
   MOETRAIN_ASSIGN_OR_RETURN(WorkerEntry * worker, FindWorker(request.worker_id()));
   worker->last_heartbeat = absl::Now();
+  worker->reloaded = false;
   v1::HeartbeatResponse response;
   bool slot_listed = false;
   for (const v1::RunningAttempt& running : request.running()) {

@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <optional>
@@ -141,7 +142,11 @@ class Fleet {
   // One pass of the control loop: lost workers, stuck ranks, the end of the grace period, then a
   // scheduling pass.
   void ControlPass() ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status SchedulePass() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ControlPassLocked(std::vector<NewEvent>* announcements) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts what can start; appends to `announcements` why each job that cannot start waits (when
+  // that changed), for the caller to record once the lock is released.
+  absl::Status SchedulePass(std::vector<NewEvent>* announcements)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status StartAttempt(const JobRecord& job, const std::vector<std::string>& workers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The attempt is over without success: records it, moves the job on (RESTARTING or FAILED),
@@ -193,6 +198,8 @@ class Fleet {
   // Attempts reloaded at start whose ranks must show up before grace_until_.
   bool reconciling_ ABSL_GUARDED_BY(mu_) = false;
   bool schedule_requested_ ABSL_GUARDED_BY(mu_) = true;
+  // Set by Wake without the lock: a submit must not wait for a scheduling pass in progress.
+  std::atomic<bool> wake_{false};
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread control_thread_;
 };

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/core/status.h"
@@ -17,8 +18,10 @@ namespace {
 
 // Passes triggered by requests are at least this far apart, so a burst of submissions or reports
 // is looked at once.
-constexpr absl::Duration kMinPassGap = absl::Milliseconds(20);
+constexpr absl::Duration kMinPassGap = absl::Milliseconds(100);
 constexpr int kPageSize = 1000;
+// Starts the log line that says why a job cannot start.
+constexpr char kWaitingPrefix[] = "waiting: ";
 
 absl::StatusOr<v1::JobSpec> ParseSpec(const JobRecord& job) {
   v1::JobSpec spec;
@@ -94,6 +97,7 @@ absl::Status Fleet::Reload() {
     worker->version = registration.version();
     worker->resources = registration.resources();
     worker->lost = record.state == WorkerState::kLost;
+    worker->reloaded = !worker->lost;
     // Everyone gets a fresh heartbeat_timeout to show up: the coordinator was away, not them.
     worker->last_heartbeat = now;
     workers_.emplace(worker->id, std::move(worker));
@@ -160,6 +164,16 @@ absl::Status Fleet::Reload() {
                          free_restart)
             .status());
   }
+  // What each waiting job was last told, so a restart does not say it again.
+  MOETRAIN_ASSIGN_OR_RETURN(std::vector<JobRecord> waiting,
+                            JobsIn(*store_, {JobState::kPending, JobState::kRestarting}));
+  for (const JobRecord& job : waiting) {
+    MOETRAIN_ASSIGN_OR_RETURN(std::optional<EventRecord> last, store_->LastEvent(job.id));
+    if (last.has_value() && last->kind == kLogEventKind &&
+        absl::StartsWith(last->payload, kWaitingPrefix)) {
+      waiting_reasons_[job.id] = last->payload.substr(strlen(kWaitingPrefix));
+    }
+  }
   grace_until_ = workers_.empty() ? now : now + options_.reconcile_grace;
   if (!attempts_.empty()) {
     Log(absl::StrCat("reloaded ", workers_.size(), " workers and ", attempts_.size(),
@@ -177,6 +191,7 @@ void Fleet::ControlLoop() {
     const absl::Time latest = absl::Now() + options_.control_interval;
     for (;;) {
       if (stopping_) return;
+      if (wake_.exchange(false)) schedule_requested_ = true;
       const absl::Time now = absl::Now();
       if (now >= latest || (schedule_requested_ && now >= earliest)) break;
       changed_.WaitWithDeadline(&mu_, schedule_requested_ ? earliest : latest);
@@ -185,14 +200,30 @@ void Fleet::ControlLoop() {
 }
 
 void Fleet::ControlPass() {
-  absl::MutexLock lock(&mu_);
+  std::vector<NewEvent> announcements;
+  {
+    absl::MutexLock lock(&mu_);
+    ControlPassLocked(&announcements);
+  }
+  // Outside the lock, in one commit: with many jobs waiting, one write per job under the lock
+  // held every submit and report behind a row of fsyncs.
+  if (!announcements.empty()) {
+    LogIfError(coordinator_->AppendEvents(announcements), "recording why jobs wait");
+  }
+}
+
+void Fleet::ControlPassLocked(std::vector<NewEvent>* announcements) {
   if (stopping_) return;
+  if (wake_.exchange(false)) schedule_requested_ = true;
   const absl::Time now = absl::Now();
 
   for (auto it = workers_.begin(); it != workers_.end();) {
     WorkerEntry& worker = *it->second;
     const absl::Duration silence = now - worker.last_heartbeat;
-    if (!worker.lost && silence > options_.heartbeat_timeout) {
+    const absl::Duration allowed =
+        worker.reloaded ? std::max(options_.heartbeat_timeout, options_.reconcile_grace)
+                        : options_.heartbeat_timeout;
+    if (!worker.lost && silence > allowed) {
       LogIfError(MarkLost(worker, absl::StrCat("worker ", worker.id, " (", worker.name,
                                                ") sent no heartbeat for ",
                                                absl::FormatDuration(absl::Trunc(
@@ -209,6 +240,20 @@ void Fleet::ControlPass() {
     ++it;
   }
 
+  if (reconciling_ && now < grace_until_) {
+    // Everyone known is back and every reloaded rank has reported: no need to wait longer.
+    const bool workers_back = std::none_of(workers_.begin(), workers_.end(), [](const auto& entry) {
+      return entry.second->reloaded;
+    });
+    const bool ranks_back = std::all_of(attempts_.begin(), attempts_.end(), [](const auto& entry) {
+      return std::find(entry.second->started.begin(), entry.second->started.end(), false) ==
+             entry.second->started.end();
+    });
+    if (workers_back && ranks_back) {
+      Log("every worker and rank in flight reported back: reconciliation done");
+      grace_until_ = now;
+    }
+  }
   if (reconciling_ && now >= grace_until_) {
     reconciling_ = false;
     std::vector<std::string> job_ids;
@@ -253,11 +298,11 @@ void Fleet::ControlPass() {
 
   if (now >= grace_until_ && schedule_requested_) {
     schedule_requested_ = false;
-    LogIfError(SchedulePass(), "scheduling pass");
+    LogIfError(SchedulePass(announcements), "scheduling pass");
   }
 }
 
-absl::Status Fleet::SchedulePass() {
+absl::Status Fleet::SchedulePass(std::vector<NewEvent>* announcements) {
   MOETRAIN_ASSIGN_OR_RETURN(std::vector<JobRecord> waiting,
                             JobsIn(*store_, {JobState::kPending, JobState::kRestarting}));
   if (waiting.empty()) return absl::OkStatus();
@@ -289,9 +334,7 @@ absl::Status Fleet::SchedulePass() {
   for (const UnschedulableJob& job : decision.unschedulable) {
     std::string& announced = waiting_reasons_[job.job_id];
     if (announced == job.reason) continue;
-    MOETRAIN_RETURN_IF_ERROR(
-        coordinator_->AppendEvent(job.job_id, kLogEventKind, absl::StrCat("waiting: ", job.reason))
-            .status());
+    announcements->push_back({job.job_id, kLogEventKind, absl::StrCat(kWaitingPrefix, job.reason)});
     announced = job.reason;
   }
   for (const Assignment& assignment : decision.assignments) {

@@ -37,6 +37,9 @@ struct Fleet::WorkerEntry {
   std::string version;
   v1::WorkerResources resources;
   bool lost = false;
+  // Known from the store after a coordinator restart, not heard from since: it has the longer of
+  // heartbeat_timeout and reconcile_grace to reconnect (its channel backs off while we were away).
+  bool reloaded = false;
   absl::Time last_heartbeat;  // for a lost worker: when it was declared lost
   std::optional<Slot> slot;
 };

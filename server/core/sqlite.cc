@@ -35,9 +35,13 @@ absl::Status StatementError(sqlite3_stmt* stmt, int code, absl::string_view path
 }  // namespace
 
 Statement::Statement(Statement&& other) noexcept
-    : stmt_(std::exchange(other.stmt_, nullptr)), path_(std::move(other.path_)) {}
+    : stmt_(std::exchange(other.stmt_, nullptr)),
+      path_(std::move(other.path_)),
+      owner_(other.owner_) {}
 
-Statement::~Statement() { sqlite3_finalize(stmt_); }
+Statement::~Statement() {
+  if (stmt_ != nullptr) owner_->Recycle(stmt_);
+}
 
 absl::Status Statement::Bind(int index, int64_t value) {
   int code = sqlite3_bind_int64(stmt_, index, value);
@@ -112,7 +116,10 @@ absl::StatusOr<std::unique_ptr<Database>> Database::Open(const std::string& path
   return std::unique_ptr<Database>(new Database(db, path));
 }
 
-Database::~Database() { sqlite3_close_v2(db_); }
+Database::~Database() {
+  for (auto& [sql, stmt] : idle_) sqlite3_finalize(stmt);
+  sqlite3_close_v2(db_);
+}
 
 absl::Status Database::Exec(absl::string_view sql) {
   std::string owned(sql);
@@ -126,13 +133,26 @@ absl::Status Database::Exec(absl::string_view sql) {
 }
 
 absl::StatusOr<Statement> Database::Prepare(absl::string_view sql) {
+  auto idle = idle_.find(std::string(sql));
+  if (idle != idle_.end()) {
+    sqlite3_stmt* stmt = idle->second;
+    idle_.erase(idle);
+    return Statement(stmt, path_, this);
+  }
   sqlite3_stmt* stmt = nullptr;
-  int code = sqlite3_prepare_v2(db_, sql.data(), static_cast<int>(sql.size()), &stmt, nullptr);
+  int code = sqlite3_prepare_v3(db_, sql.data(), static_cast<int>(sql.size()),
+                                SQLITE_PREPARE_PERSISTENT, &stmt, nullptr);
   if (code != SQLITE_OK) {
     sqlite3_finalize(stmt);
     return SqliteStatus(code, path_, sql, sqlite3_errmsg(db_));
   }
-  return Statement(stmt, path_);
+  return Statement(stmt, path_, this);
+}
+
+void Database::Recycle(sqlite3_stmt* stmt) {
+  sqlite3_reset(stmt);
+  sqlite3_clear_bindings(stmt);
+  idle_.emplace(sqlite3_sql(stmt), stmt);
 }
 
 absl::Status Database::Transaction(absl::FunctionRef<absl::Status()> body) {

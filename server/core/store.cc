@@ -112,18 +112,18 @@ absl::Status Store::Write(absl::FunctionRef<absl::Status()> body) {
   return write.status;
 }
 
-absl::StatusOr<JobRecord> Store::ReadJob(absl::string_view job_id) {
+absl::StatusOr<JobRecord> Store::ReadJob(sqlite::Database& db, absl::string_view job_id) {
   MOETRAIN_ASSIGN_OR_RETURN(
       sqlite::Statement stmt,
-      db_->Query(absl::StrCat("SELECT ", kJobColumns, " FROM jobs WHERE id = ?"), job_id));
+      db.Query(absl::StrCat("SELECT ", kJobColumns, " FROM jobs WHERE id = ?"), job_id));
   MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
   if (!row) return NoSuchJob(job_id);
   return JobFromRow(stmt, path_);
 }
 
-absl::Status Store::RequireJob(absl::string_view job_id) {
+absl::Status Store::RequireJob(sqlite::Database& db, absl::string_view job_id) {
   MOETRAIN_ASSIGN_OR_RETURN(sqlite::Statement stmt,
-                            db_->Query("SELECT 1 FROM jobs WHERE id = ?", job_id));
+                            db.Query("SELECT 1 FROM jobs WHERE id = ?", job_id));
   MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
   return row ? absl::OkStatus() : NoSuchJob(job_id);
 }
@@ -149,7 +149,7 @@ absl::StatusOr<JobRecord> Store::CreateJob(const NewJob& job) {
                                                        "' already names job ", id,
                                                        ", with a different spec"));
         }
-        MOETRAIN_ASSIGN_OR_RETURN(result, ReadJob(id));
+        MOETRAIN_ASSIGN_OR_RETURN(result, ReadJob(*db_, id));
         return absl::OkStatus();
       }
     }
@@ -159,7 +159,7 @@ absl::StatusOr<JobRecord> Store::CreateJob(const NewJob& job) {
       if (absl::Status valid = ValidateJobId(candidate); !valid.ok()) {
         return absl::InternalError(absl::StrCat("store env: ", valid.message()));
       }
-      absl::Status taken = RequireJob(candidate);
+      absl::Status taken = RequireJob(*db_, candidate);
       if (absl::IsNotFound(taken)) {
         id = std::move(candidate);
       } else if (!taken.ok()) {
@@ -182,7 +182,7 @@ absl::StatusOr<JobRecord> Store::CreateJob(const NewJob& job) {
         JobStateName(JobState::kPending), now));
     MOETRAIN_RETURN_IF_ERROR(
         AppendEventLocked(id, kSubmittedEventKind, "submitted", FromMicros(now)).status());
-    MOETRAIN_ASSIGN_OR_RETURN(result, ReadJob(id));
+    MOETRAIN_ASSIGN_OR_RETURN(result, ReadJob(*db_, id));
     return absl::OkStatus();
   }));
   return result;
@@ -190,8 +190,9 @@ absl::StatusOr<JobRecord> Store::CreateJob(const NewJob& job) {
 
 absl::StatusOr<JobRecord> Store::GetJob(absl::string_view job_id) {
   MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
-  absl::MutexLock lock(&mu_);
-  return ReadJob(job_id);
+  absl::MutexLock lock(&read_mu_);
+  sqlite::Database& db = *reader_;
+  return ReadJob(db, job_id);
 }
 
 absl::StatusOr<JobPage> Store::ListJobs(const ListJobsOptions& options) {
@@ -213,9 +214,10 @@ absl::StatusOr<JobPage> Store::ListJobs(const ListJobsOptions& options) {
     absl::StrAppend(&filter, filter.empty() ? " AND state IN ('" : ", '", JobStateName(state), "'");
   }
   if (!filter.empty()) filter += ")";
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&read_mu_);
+  sqlite::Database& db = *reader_;
   absl::StatusOr<sqlite::Statement> stmt =
-      db_->Query(absl::StrCat("SELECT ", kJobColumns, " FROM jobs WHERE created_seq > ?1", filter,
+      db.Query(absl::StrCat("SELECT ", kJobColumns, " FROM jobs WHERE created_seq > ?1", filter,
                               " ORDER BY created_seq LIMIT ?2"),
                  after, page_size + 1);
   if (!stmt.ok()) return stmt.status();
@@ -246,7 +248,7 @@ absl::StatusOr<JobRecord> Store::TransitionJob(absl::string_view job_id, JobStat
   }
   JobRecord result;
   MOETRAIN_RETURN_IF_ERROR(Write([&]() -> absl::Status {
-    MOETRAIN_ASSIGN_OR_RETURN(JobRecord current, ReadJob(job_id));
+    MOETRAIN_ASSIGN_OR_RETURN(JobRecord current, ReadJob(*db_, job_id));
     if (current.state != from) {
       return absl::FailedPreconditionError(absl::StrCat(
           "job ", job_id, " is ", JobStateName(current.state), ", not ", JobStateName(from)));
@@ -261,7 +263,7 @@ absl::StatusOr<JobRecord> Store::TransitionJob(absl::string_view job_id, JobStat
                                                EncodeStateChange({from, to, std::string(reason)}),
                                                now)
                                  .status());
-    MOETRAIN_ASSIGN_OR_RETURN(result, ReadJob(job_id));
+    MOETRAIN_ASSIGN_OR_RETURN(result, ReadJob(*db_, job_id));
     return absl::OkStatus();
   }));
   return result;
@@ -270,9 +272,10 @@ absl::StatusOr<JobRecord> Store::TransitionJob(absl::string_view job_id, JobStat
 absl::StatusOr<std::map<JobState, int64_t>> Store::CountJobsByState() {
   std::map<JobState, int64_t> counts;
   for (JobState state : kAllJobStates) counts[state] = 0;
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&read_mu_);
+  sqlite::Database& db = *reader_;
   MOETRAIN_ASSIGN_OR_RETURN(sqlite::Statement stmt,
-                            db_->Prepare("SELECT state, count(*) FROM jobs GROUP BY state"));
+                            db.Prepare("SELECT state, count(*) FROM jobs GROUP BY state"));
   for (;;) {
     MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
     if (!row) break;
@@ -307,11 +310,43 @@ absl::StatusOr<int64_t> Store::AppendEvent(absl::string_view job_id, absl::strin
   if (kind.empty()) return absl::InvalidArgumentError("event kind is empty");
   int64_t sequence = 0;
   MOETRAIN_RETURN_IF_ERROR(Write([&]() -> absl::Status {
-    MOETRAIN_RETURN_IF_ERROR(RequireJob(job_id));
+    MOETRAIN_RETURN_IF_ERROR(RequireJob(*db_, job_id));
     MOETRAIN_ASSIGN_OR_RETURN(sequence, AppendEventLocked(job_id, kind, payload, env_->Now()));
     return absl::OkStatus();
   }));
   return sequence;
+}
+
+absl::Status Store::AppendEvents(const std::vector<NewEvent>& events) {
+  for (const NewEvent& event : events) {
+    MOETRAIN_RETURN_IF_ERROR(ValidateJobId(event.job_id));
+    if (event.kind.empty()) return absl::InvalidArgumentError("event kind is empty");
+  }
+  return Write([&]() -> absl::Status {
+    const absl::Time now = env_->Now();
+    for (const NewEvent& event : events) {
+      MOETRAIN_RETURN_IF_ERROR(RequireJob(*db_, event.job_id));
+      MOETRAIN_RETURN_IF_ERROR(
+          AppendEventLocked(event.job_id, event.kind, event.payload, now).status());
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<std::optional<EventRecord>> Store::LastEvent(absl::string_view job_id) {
+  MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
+  absl::MutexLock lock(&read_mu_);
+  sqlite::Database& db = *reader_;
+  MOETRAIN_RETURN_IF_ERROR(RequireJob(db, job_id));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      sqlite::Statement stmt,
+      db.Query("SELECT sequence, kind, payload, time_us FROM events WHERE job_id = ?1 "
+               "ORDER BY sequence DESC LIMIT 1",
+               job_id));
+  MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
+  if (!row) return std::optional<EventRecord>();
+  return std::optional<EventRecord>(
+      EventRecord{stmt.Int(0), stmt.Text(1), stmt.Text(2), FromMicros(stmt.Int(3))});
 }
 
 absl::StatusOr<int64_t> Store::RecordStepMetrics(absl::string_view job_id, int32_t attempt,
@@ -319,7 +354,7 @@ absl::StatusOr<int64_t> Store::RecordStepMetrics(absl::string_view job_id, int32
   MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
   int64_t sequence = 0;
   MOETRAIN_RETURN_IF_ERROR(Write([&]() -> absl::Status {
-    MOETRAIN_RETURN_IF_ERROR(RequireJob(job_id));
+    MOETRAIN_RETURN_IF_ERROR(RequireJob(*db_, job_id));
     const absl::Time now = env_->Now();
     MOETRAIN_ASSIGN_OR_RETURN(sequence,
                               AppendEventLocked(job_id, kStepMetricsEventKind, payload, now));
@@ -339,11 +374,12 @@ absl::StatusOr<std::vector<EventRecord>> Store::ReadEvents(absl::string_view job
                                                    " must be >= 0 and limit = ", limit,
                                                    " within 1..", kMaxEventsPerRead));
   }
-  absl::MutexLock lock(&mu_);
-  MOETRAIN_RETURN_IF_ERROR(RequireJob(job_id));
+  absl::MutexLock lock(&read_mu_);
+  sqlite::Database& db = *reader_;
+  MOETRAIN_RETURN_IF_ERROR(RequireJob(db, job_id));
   MOETRAIN_ASSIGN_OR_RETURN(
       sqlite::Statement stmt,
-      db_->Query("SELECT sequence, kind, payload, time_us FROM events WHERE job_id = ?1 AND "
+      db.Query("SELECT sequence, kind, payload, time_us FROM events WHERE job_id = ?1 AND "
                  "sequence >= ?2 ORDER BY sequence LIMIT ?3",
                  job_id, from_sequence, limit));
   std::vector<EventRecord> events;
@@ -362,7 +398,7 @@ absl::StatusOr<int32_t> Store::StartAttempt(absl::string_view job_id,
   for (const std::string& worker : workers) MOETRAIN_RETURN_IF_ERROR(ValidateWorkerId(worker));
   int32_t attempt = 0;
   MOETRAIN_RETURN_IF_ERROR(Write([&]() -> absl::Status {
-    MOETRAIN_ASSIGN_OR_RETURN(JobRecord job, ReadJob(job_id));
+    MOETRAIN_ASSIGN_OR_RETURN(JobRecord job, ReadJob(*db_, job_id));
     MOETRAIN_ASSIGN_OR_RETURN(
         sqlite::Statement open,
         db_->Query("SELECT attempt FROM attempts WHERE job_id = ? AND ended_us IS NULL", job_id));
@@ -387,7 +423,7 @@ absl::Status Store::EndAttempt(absl::string_view job_id, int32_t attempt,
   MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
   if (outcome.empty()) return absl::InvalidArgumentError("attempt outcome is empty");
   return Write([&]() -> absl::Status {
-    MOETRAIN_RETURN_IF_ERROR(RequireJob(job_id));
+    MOETRAIN_RETURN_IF_ERROR(RequireJob(*db_, job_id));
     MOETRAIN_ASSIGN_OR_RETURN(
         sqlite::Statement stmt,
         db_->Query("SELECT ended_us FROM attempts WHERE job_id = ? AND attempt = ?", job_id,
@@ -408,11 +444,12 @@ absl::Status Store::EndAttempt(absl::string_view job_id, int32_t attempt,
 
 absl::StatusOr<std::vector<AttemptRecord>> Store::ListAttempts(absl::string_view job_id) {
   MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
-  absl::MutexLock lock(&mu_);
-  MOETRAIN_RETURN_IF_ERROR(RequireJob(job_id));
+  absl::MutexLock lock(&read_mu_);
+  sqlite::Database& db = *reader_;
+  MOETRAIN_RETURN_IF_ERROR(RequireJob(db, job_id));
   MOETRAIN_ASSIGN_OR_RETURN(
       sqlite::Statement stmt,
-      db_->Query("SELECT attempt, workers, started_us, ended_us, outcome FROM attempts "
+      db.Query("SELECT attempt, workers, started_us, ended_us, outcome FROM attempts "
                  "WHERE job_id = ? ORDER BY attempt",
                  job_id));
   std::vector<AttemptRecord> attempts;
@@ -430,10 +467,11 @@ absl::StatusOr<std::vector<AttemptRecord>> Store::ListAttempts(absl::string_view
 }
 
 absl::StatusOr<std::vector<std::pair<std::string, AttemptRecord>>> Store::ListOpenAttempts() {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&read_mu_);
+  sqlite::Database& db = *reader_;
   MOETRAIN_ASSIGN_OR_RETURN(
       sqlite::Statement stmt,
-      db_->Prepare("SELECT a.job_id, a.attempt, a.workers, a.started_us FROM attempts a "
+      db.Prepare("SELECT a.job_id, a.attempt, a.workers, a.started_us FROM attempts a "
                    "JOIN jobs j ON j.id = a.job_id WHERE a.ended_us IS NULL "
                    "ORDER BY j.created_seq, a.attempt"));
   std::vector<std::pair<std::string, AttemptRecord>> open;
@@ -457,7 +495,7 @@ absl::Status Store::RecordCheckpoint(absl::string_view job_id, const CheckpointR
         ", path = '", checkpoint.path, "': need step, tokens_seen >= 0 and a path"));
   }
   return Write([&]() -> absl::Status {
-    MOETRAIN_RETURN_IF_ERROR(RequireJob(job_id));
+    MOETRAIN_RETURN_IF_ERROR(RequireJob(*db_, job_id));
     const int64_t now = Micros(env_->Now());
     MOETRAIN_RETURN_IF_ERROR(db_->Execute(
         "INSERT INTO checkpoints (job_id, step, path, tokens_seen, time_us, attempt) "
@@ -475,11 +513,12 @@ absl::Status Store::RecordCheckpoint(absl::string_view job_id, const CheckpointR
 
 absl::StatusOr<std::vector<CheckpointRecord>> Store::ListCheckpoints(absl::string_view job_id) {
   MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
-  absl::MutexLock lock(&mu_);
-  MOETRAIN_RETURN_IF_ERROR(RequireJob(job_id));
+  absl::MutexLock lock(&read_mu_);
+  sqlite::Database& db = *reader_;
+  MOETRAIN_RETURN_IF_ERROR(RequireJob(db, job_id));
   MOETRAIN_ASSIGN_OR_RETURN(
       sqlite::Statement stmt,
-      db_->Query("SELECT step, path, tokens_seen, time_us, attempt FROM checkpoints "
+      db.Query("SELECT step, path, tokens_seen, time_us, attempt FROM checkpoints "
                  "WHERE job_id = ? ORDER BY step",
                  job_id));
   std::vector<CheckpointRecord> checkpoints;
@@ -512,10 +551,11 @@ absl::Status Store::UpsertWorker(const WorkerRecord& worker) {
 }
 
 absl::StatusOr<std::vector<WorkerRecord>> Store::ListWorkers() {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&read_mu_);
+  sqlite::Database& db = *reader_;
   MOETRAIN_ASSIGN_OR_RETURN(
       sqlite::Statement stmt,
-      db_->Prepare(
+      db.Prepare(
           "SELECT id, name, resources, state, last_heartbeat_us FROM workers ORDER BY id"));
   std::vector<WorkerRecord> workers;
   for (;;) {

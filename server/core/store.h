@@ -102,6 +102,12 @@ struct EventRecord {
   absl::Time time;
 };
 
+struct NewEvent {
+  std::string job_id;
+  std::string kind;
+  std::string payload;
+};
+
 struct AttemptRecord {
   int32_t attempt = 0;
   std::vector<std::string> workers;  // by rank
@@ -173,6 +179,11 @@ class Store {
   // Returns the new event's sequence number.
   absl::StatusOr<int64_t> AppendEvent(absl::string_view job_id, absl::string_view kind,
                                       absl::string_view payload);
+  // Appends every event in one transaction (each job's in the order given); NotFound, and nothing
+  // appended, when one names no job.
+  absl::Status AppendEvents(const std::vector<NewEvent>& events);
+  // The job's newest event; nullopt when it has none.
+  absl::StatusOr<std::optional<EventRecord>> LastEvent(absl::string_view job_id);
   // Appends a kStepMetricsEventKind event and makes `payload` (reported by `attempt`) the job's
   // last_step_metrics, atomically. Returns the event's sequence number.
   absl::StatusOr<int64_t> RecordStepMetrics(absl::string_view job_id, int32_t attempt,
@@ -212,8 +223,9 @@ class Store {
 
   // Pragmas, verification and schema migration, before the store is handed out.
   absl::Status Initialize(const StoreOptions& options) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<JobRecord> ReadJob(absl::string_view job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status RequireJob(absl::string_view job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // On `db`: the writer inside a write, the reader otherwise (its lock held).
+  absl::StatusOr<JobRecord> ReadJob(sqlite::Database& db, absl::string_view job_id);
+  absl::Status RequireJob(sqlite::Database& db, absl::string_view job_id);
   absl::StatusOr<int64_t> AppendEventLocked(absl::string_view job_id, absl::string_view kind,
                                             absl::string_view payload, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -223,9 +235,13 @@ class Store {
 
   const std::string path_;
   StoreEnv* const env_;
-  // Held by readers and by the writer of a batch for the whole batch.
+  // Held by the writer of a batch for the whole batch.
   absl::Mutex mu_;
   std::unique_ptr<sqlite::Database> db_ ABSL_GUARDED_BY(mu_);
+  // A second, read-only connection: WAL lets it read the last commit while a batch commits, so
+  // lookups never wait for a write's fsync.
+  absl::Mutex read_mu_;
+  std::unique_ptr<sqlite::Database> reader_ ABSL_GUARDED_BY(read_mu_);
 
   // Group commit: a writer queues its body; the first writer that finds no batch in flight
   // takes the whole queue, commits it, and wakes the others.

@@ -223,7 +223,10 @@ absl::Status Store::Initialize(const StoreOptions& options) {
   }
   // FULL: each commit fsyncs the WAL, so a transition that returned OK survives a crash.
   MOETRAIN_RETURN_IF_ERROR(db.Exec("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON"));
-  return Migrate(db);
+  MOETRAIN_RETURN_IF_ERROR(Migrate(db));
+  absl::MutexLock read_lock(&read_mu_);
+  MOETRAIN_ASSIGN_OR_RETURN(reader_, sqlite::Database::Open(path_, options.busy_timeout));
+  return reader_->Exec("PRAGMA query_only = ON");
 }
 
 }  // namespace moetrain::server

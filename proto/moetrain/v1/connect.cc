@@ -77,6 +77,7 @@ absl::StatusOr<Connection> Connect(const ConnectOptions& options) {
   arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  arguments.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 200);
   connection.channel = grpc::CreateCustomChannel(options.address, credentials, arguments);
   return connection;
 }

@@ -1,0 +1,356 @@
+// What the service tests share: the real daemons (`moetrain-coordinator`, `moetrain-worker`) as
+// background processes on 127.0.0.1 with their output in log files, the real `moetrain` CLI, a
+// JobService stub for looking at jobs, and a small job spec whose steps take about a millisecond.
+// Every test works in a fresh directory and kills whatever it started.
+#ifndef MOETRAIN_TESTS_INTEGRATION_SERVICE_TEST_UTIL_H_
+#define MOETRAIN_TESTS_INTEGRATION_SERVICE_TEST_UTIL_H_
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "moetrain/v1/connect.h"
+#include "moetrain/v1/coordinator.grpc.pb.h"
+#include "tests/integration/child_process.h"
+
+namespace moetrain::testutil {
+
+namespace fs = std::filesystem;
+
+inline constexpr char kServiceToken[] = "service-test-token";
+
+inline fs::path Binary(const std::string& name) { return fs::path(MOETRAIN_BIN_DIR) / name; }
+
+inline std::string ReadWholeFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  return contents.str();
+}
+
+// Polls `done` every 50 ms until it holds or `timeout` passes; returns its last answer.
+inline bool WaitUntil(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= deadline) return done();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return true;
+}
+
+// A background process whose stdout and stderr go to a log file (a daemon writes more than a pipe
+// holds while nobody reads it). SIGKILLed when destroyed unless already reaped.
+class Daemon {
+ public:
+  Daemon() = default;
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+  ~Daemon() { Kill(); }
+
+  // Empty on success, else what went wrong.
+  std::string Start(const fs::path& binary, const std::vector<std::string>& args,
+                    const fs::path& log, const EnvChanges& env = {}) {
+    log_ = log;
+    std::vector<std::string> env_storage;
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string entry(*e);
+      if (!env.contains(entry.substr(0, entry.find('=')))) env_storage.push_back(entry);
+    }
+    for (const auto& [name, value] : env) {
+      if (value.has_value()) env_storage.push_back(name + "=" + *value);
+    }
+    const std::string program = binary.string();
+    std::vector<char*> argv = {const_cast<char*>(program.c_str())};
+    for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+    argv.push_back(nullptr);
+    std::vector<char*> envp;
+    for (std::string& entry : env_storage) envp.push_back(entry.data());
+    envp.push_back(nullptr);
+    const int out = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (out < 0) return "cannot open " + log.string();
+    const pid_t pid = fork();
+    if (pid == 0) {
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      dup2(out, STDOUT_FILENO);
+      dup2(out, STDERR_FILENO);
+      const int null_fd = open("/dev/null", O_RDONLY);
+      if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
+      execve(program.c_str(), argv.data(), envp.data());
+      _exit(127);
+    }
+    close(out);
+    if (pid < 0) return "fork failed";
+    pid_ = pid;
+    return "";
+  }
+
+  std::string Log() const { return ReadWholeFile(log_); }
+  bool running() const { return pid_ > 0; }
+
+  void Kill() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = 0;
+  }
+
+  // SIGTERM, then waits up to `timeout` (SIGKILL after it); the exit code, or -1.
+  int Stop(std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+    if (pid_ <= 0) return -1;
+    kill(pid_, SIGTERM);
+    int status = 0;
+    const bool exited = WaitUntil(
+        [&] { return waitpid(pid_, &status, WNOHANG) == pid_; }, timeout);
+    if (!exited) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, &status, 0);
+    }
+    pid_ = 0;
+    return exited && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+  // Waits for the process to exit by itself; its exit code, or -1 (killed after `timeout`).
+  int WaitExit(std::chrono::milliseconds timeout) {
+    if (pid_ <= 0) return -1;
+    int status = 0;
+    const bool exited = WaitUntil(
+        [&] { return waitpid(pid_, &status, WNOHANG) == pid_; }, timeout);
+    if (!exited) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, &status, 0);
+    }
+    pid_ = 0;
+    return exited && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+ private:
+  pid_t pid_ = 0;
+  fs::path log_;
+};
+
+// The knobs of the test job; the model is tiny, so a step takes about a millisecond on one thread.
+struct JobYaml {
+  std::string name = "tiny";
+  int64_t steps = 60;
+  int64_t log_every = 1;
+  int64_t checkpoint_every = 20;
+  int64_t workers = 1;
+  int64_t max_restarts = 3;
+
+  std::string Text() const {
+    return absl::StrCat(R"(name: )", name, R"(
+model:
+  vocab_size: 64
+  hidden_size: 32
+  num_layers: 2
+  num_heads: 2
+  num_kv_heads: 1
+  ffn_dim: 48
+  first_dense_layers: 1
+  moe:
+    num_experts: 4
+    top_k: 2
+    expert_ffn_dim: 24
+data:
+  format: SYNTHETIC
+  synthetic_vocab_size: 32
+  seed: 3
+train:
+  steps: )", steps, R"(
+  batch_size: 4
+  seq_len: 32
+  seed: 1
+  log_every: )", log_every, R"(
+checkpoint:
+  every_steps: )", checkpoint_every, R"(
+  keep_last: 3
+resources:
+  workers: )", workers, R"(
+restart:
+  max_restarts: )", max_restarts, "\n");
+  }
+};
+
+// A coordinator, workers and the CLI, all real processes, in a fresh directory.
+class ServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::path(::testing::TempDir()) / "moetrain_service_XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+    std::ofstream(dir_ / "token") << kServiceToken << "\n";
+  }
+
+  void TearDown() override {
+    workers_.clear();
+    coordinator_.reset();
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  // Starts the coordinator on `port` (0 = any) with a short heartbeat timeout; records the ports.
+  void StartCoordinator(int port = 0, const std::vector<std::string>& extra = {}) {
+    coordinator_ = std::make_unique<Daemon>();
+    const fs::path log = dir_ / "coordinator.log";
+    const size_t before = fs::exists(log) ? ReadWholeFile(log).size() : 0;
+    std::vector<std::string> args = {"--listen", absl::StrCat("127.0.0.1:", port),
+                                     "--http-listen", "127.0.0.1:0",
+                                     "--state-db", (dir_ / "state.db").string(),
+                                     "--checkpoint-dir", (dir_ / "checkpoints").string(),
+                                     "--token-file", (dir_ / "token").string(),
+                                     "--heartbeat-timeout", "2s"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    ASSERT_EQ(coordinator_->Start(Binary("moetrain-coordinator"), args, log), "");
+    std::smatch match;
+    const std::regex serving(R"(serving: grpc 127\.0\.0\.1:(\d+), http 127\.0\.0\.1:(\d+))");
+    std::string text;
+    ASSERT_TRUE(WaitUntil(
+        [&] {
+          text = ReadWholeFile(log).substr(before);
+          return std::regex_search(text, match, serving);
+        },
+        std::chrono::seconds(30)))
+        << "the coordinator did not start:\n"
+        << text;
+    grpc_port_ = std::stoi(match[1]);
+    http_port_ = std::stoi(match[2]);
+    ConnectOptions options;
+    options.address = address();
+    options.token_file = (dir_ / "token").string();
+    absl::StatusOr<Connection> connection = Connect(options);
+    ASSERT_TRUE(connection.ok()) << connection.status();
+    connection_ = *connection;
+    jobs_ = v1::JobService::NewStub(connection_.channel);
+  }
+
+  // Starts a worker named `name` (one thread, its own work directory).
+  Daemon& StartWorker(const std::string& name) {
+    auto worker = std::make_unique<Daemon>();
+    const std::string error = worker->Start(
+        Binary("moetrain-worker"),
+        {"--coordinator", address(), "--token-file", (dir_ / "token").string(), "--threads", "1",
+         "--work-dir", (dir_ / name).string(), "--name", name},
+        dir_ / (name + ".log"), {{"MOETRAIN_NUM_THREADS", "1"}, {"OMP_NUM_THREADS", "1"}});
+    EXPECT_EQ(error, "");
+    Daemon& started = *worker;
+    workers_[name] = std::move(worker);
+    return started;
+  }
+
+  std::string address() const { return absl::StrCat("127.0.0.1:", grpc_port_); }
+
+  fs::path WriteSpec(const JobYaml& job) {
+    const fs::path path = dir_ / (job.name + ".yaml");
+    std::ofstream(path) << job.Text();
+    return path;
+  }
+
+  // `moetrain args... --coordinator ADDR --token-file FILE`, to its end.
+  Finished Moetrain(std::vector<std::string> args, bool with_token = true,
+                    std::chrono::seconds timeout = std::chrono::seconds(120)) {
+    args.insert(args.end(), {"--coordinator", address()});
+    if (with_token) args.insert(args.end(), {"--token-file", (dir_ / "token").string()});
+    Child child(Binary("moetrain"));
+    EXPECT_EQ(child.Start(args, dir_, {{"MOETRAIN_TOKEN_FILE", std::nullopt}}), "");
+    Finished finished = child.Wait(timeout);
+    EXPECT_FALSE(finished.timed_out) << "moetrain hung; stderr:\n" << finished.err;
+    return finished;
+  }
+
+  // Submits through the CLI and returns the job id.
+  std::string Submit(const JobYaml& job, const std::string& submission_id = "") {
+    std::vector<std::string> args = {"submit", WriteSpec(job).string(), "--json"};
+    if (!submission_id.empty()) args.insert(args.end(), {"--id", submission_id});
+    const Finished submitted = Moetrain(args);
+    EXPECT_EQ(submitted.exit_code, 0) << submitted.err;
+    const nlohmann::json job_json = nlohmann::json::parse(submitted.out, nullptr, false);
+    EXPECT_TRUE(job_json.is_object()) << submitted.out;
+    return job_json.is_object() ? job_json.value("id", "") : "";
+  }
+
+  std::optional<v1::Job> GetJob(const std::string& job_id) {
+    grpc::ClientContext context;
+    connection_.Prepare(&context, absl::Seconds(5));
+    v1::GetJobRequest request;
+    request.set_job_id(job_id);
+    v1::Job job;
+    if (!jobs_->GetJob(&context, request, &job).ok()) return std::nullopt;
+    return job;
+  }
+
+  v1::JobState StateOf(const std::string& job_id) {
+    std::optional<v1::Job> job = GetJob(job_id);
+    return job.has_value() ? job->state() : v1::JOB_STATE_UNSPECIFIED;
+  }
+
+  bool WaitForState(const std::string& job_id, v1::JobState state,
+                    std::chrono::seconds timeout = std::chrono::seconds(120)) {
+    return WaitUntil([&] { return StateOf(job_id) == state; }, timeout);
+  }
+
+  // The job's whole recorded history.
+  std::vector<v1::JobEvent> Events(const std::string& job_id) {
+    grpc::ClientContext context;
+    connection_.Prepare(&context, absl::Seconds(30));
+    v1::WatchJobRequest request;
+    request.set_job_id(job_id);
+    request.set_no_wait(true);
+    std::vector<v1::JobEvent> events;
+    auto reader = jobs_->WatchJob(&context, request);
+    for (v1::JobEvent event; reader->Read(&event);) events.push_back(event);
+    EXPECT_TRUE(reader->Finish().ok());
+    return events;
+  }
+
+  std::vector<v1::WorkerInfo> Workers() {
+    grpc::ClientContext context;
+    connection_.Prepare(&context, absl::Seconds(5));
+    v1::ListWorkersResponse response;
+    if (!jobs_->ListWorkers(&context, v1::ListWorkersRequest(), &response).ok()) return {};
+    return {response.workers().begin(), response.workers().end()};
+  }
+
+  fs::path dir_;
+  std::unique_ptr<Daemon> coordinator_;
+  std::map<std::string, std::unique_ptr<Daemon>> workers_;
+  int grpc_port_ = 0;
+  int http_port_ = 0;
+  Connection connection_;
+  std::unique_ptr<v1::JobService::Stub> jobs_;
+};
+
+// The time an event was recorded, for ordering events of different jobs.
+inline int64_t EventMicros(const v1::JobEvent& event) {
+  return event.time().seconds() * 1000000 + event.time().nanos() / 1000;
+}
+
+// The first event moving the job to `state`, or nullptr.
+inline const v1::JobEvent* FirstTransitionTo(const std::vector<v1::JobEvent>& events,
+                                             v1::JobState state) {
+  for (const v1::JobEvent& event : events) {
+    if (event.has_state_change() && event.state_change().to() == state) return &event;
+  }
+  return nullptr;
+}
+
+}  // namespace moetrain::testutil
+
+#endif  // MOETRAIN_TESTS_INTEGRATION_SERVICE_TEST_UTIL_H_
