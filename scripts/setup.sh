@@ -9,7 +9,8 @@ packages=(
   libprotobuf-dev protobuf-compiler libyaml-cpp-dev libcli11-dev libsqlite3-dev
   libgrpc++-dev protobuf-compiler-grpc  # proto/ moetrain_grpc: the coordinator and worker services
   libcpp-httplib-dev  # server/http moetrain_http: /metrics, /healthz, /readyz
-  prometheus  # promtool, which tests/server/http/metrics_test.cc runs on the /metrics text
+  prometheus  # promtool and the Prometheus server the metrics and service tests run
+  openssl  # the TLS test certificates of tests/server/coordinator_server
 )
 
 missing=()

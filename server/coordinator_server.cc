@@ -1,6 +1,12 @@
 #include "server/coordinator_server.h"
 
+#include <fcntl.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <chrono>
 #include <fstream>
@@ -102,7 +108,29 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   return server;
 }
 
+namespace {
+
+// One coordinator per state file: two would schedule the same jobs twice. A lock on a file beside
+// it, which the kernel releases however the holder dies (kill -9 included).
+absl::StatusOr<int> LockStateFile(const std::string& state_db) {
+  const std::string path = state_db + ".lock";
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--state-db: cannot create the lock file '", path, "': ", strerror(errno)));
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--state-db = '", state_db, "' is in use by another coordinator (it holds ", path, ")"));
+  }
+  return fd;
+}
+
+}  // namespace
+
 absl::Status CoordinatorServer::Build(const CoordinatorServerOptions& options) {
+  MOETRAIN_ASSIGN_OR_RETURN(state_lock_fd_, LockStateFile(options.state_db));
   MOETRAIN_ASSIGN_OR_RETURN(store_, Store::Open(options.state_db));
   coordinator_ = std::make_unique<Coordinator>(store_.get());
   MOETRAIN_ASSIGN_OR_RETURN(metrics_, ServiceMetrics::Create(&registry_));
@@ -128,6 +156,9 @@ absl::Status CoordinatorServer::Build(const CoordinatorServerOptions& options) {
     builder.AddListeningPort(options.listen, credentials, &grpc_port_);
   }
   builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  // gRPC sets SO_REUSEPORT by default: a second coordinator on the same port would start, and
+  // silently take half the connections of the first.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(job_service_.get());
   builder.RegisterService(worker_service_.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
@@ -179,6 +210,10 @@ void CoordinatorServer::Shutdown() {
   readiness_.RemoveListener(health_listener_);
 }
 
-CoordinatorServer::~CoordinatorServer() { Shutdown(); }
+CoordinatorServer::~CoordinatorServer() {
+  Shutdown();
+  store_.reset();
+  if (state_lock_fd_ >= 0) close(state_lock_fd_);
+}
 
 }  // namespace moetrain::server

@@ -8,7 +8,7 @@
 //   ... server->grpc_port(), server->InProcessChannel() ...
 //   server->Shutdown();   // also on destruction
 //
-// Start: STARTING → open the store (a damaged file fails here, untouched) → reload the fleet →
+// Start: STARTING → lock the state file (one coordinator per file) → open the store (a damaged file fails here, untouched) → reload the fleet →
 // listen (gRPC, then HTTP) → SERVING. Shutdown: DRAINING (health probes fail, watches end, long
 // polls return) → stop the servers, finishing calls in flight → STOPPED.
 #ifndef MOETRAIN_SERVER_COORDINATOR_SERVER_H_
@@ -92,6 +92,7 @@ class CoordinatorServer {
   Readiness::ListenerId health_listener_ = 0;
   int grpc_port_ = 0;
   bool shut_down_ = false;
+  int state_lock_fd_ = -1;  // flock'ed <state_db>.lock: this process owns the state file
 };
 
 }  // namespace moetrain::server
