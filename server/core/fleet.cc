@@ -3,7 +3,6 @@
 #include "server/core/fleet.h"
 
 #include <algorithm>
-#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -23,15 +22,6 @@ constexpr int kMaxLogLines = 1000;
 constexpr size_t kMaxLogLineBytes = 16 << 10;
 // How often a long poll asks whether its caller went away.
 constexpr absl::Duration kCancelCheck = absl::Milliseconds(200);
-
-std::string NewWorkerId() {
-  static constexpr char kBase32[] = "abcdefghijklmnopqrstuvwxyz234567";
-  thread_local std::random_device random;
-  uint64_t bits = (static_cast<uint64_t>(random()) << 32) | random();
-  std::string id = "w-";
-  for (int i = 0; i < 12; ++i, bits >>= 5) id.push_back(kBase32[bits & 31]);
-  return id;
-}
 
 absl::Status CheckKey(absl::string_view key) {
   if (key.empty() || key.size() > kMaxKeyBytes) {
@@ -174,7 +164,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Fleet::Register(
   if (stopping_) return absl::UnavailableError("the coordinator is shutting down");
   auto worker = std::make_unique<WorkerEntry>();
   do {
-    worker->id = NewWorkerId();
+    worker->id = RandomId("w-");
   } while (workers_.count(worker->id) != 0);
   worker->name = request.name().empty() ? worker->id : request.name();
   worker->version = request.version();

@@ -49,8 +49,12 @@ class StoreEnv {
   // A fresh job id candidate; the store validates it and retries on a collision.
   virtual std::string NewJobId() = 0;
 };
-// absl::Now() and "job-" + 12 random base32 characters (a-z, 2-7) from std::random_device.
+// absl::Now() and RandomId("job-").
 StoreEnv* DefaultStoreEnv();
+
+// `prefix` and 12 random base-32 characters (a-z, 2-7) from std::random_device: 60 bits, valid in
+// job ids, worker ids and paths.
+std::string RandomId(absl::string_view prefix);
 
 // Job ids name checkpoint folders: 1-64 characters of [a-z0-9-], starting with a letter or digit
 // (so no '/', no "..", nothing a shell or a path would read specially).

@@ -85,14 +85,7 @@ ALTER TABLE checkpoints ADD COLUMN attempt INTEGER NOT NULL DEFAULT 0;
 class DefaultEnv : public StoreEnv {
  public:
   absl::Time Now() override { return absl::Now(); }
-  std::string NewJobId() override {
-    static constexpr char kBase32[] = "abcdefghijklmnopqrstuvwxyz234567";
-    thread_local std::random_device random;
-    uint64_t bits = (static_cast<uint64_t>(random()) << 32) | random();
-    std::string id = "job-";
-    for (int i = 0; i < 12; ++i, bits >>= 5) id.push_back(kBase32[bits & 31]);
-    return id;
-  }
+  std::string NewJobId() override { return RandomId("job-"); }
 };
 
 // One query that returns one integer.
@@ -160,6 +153,15 @@ absl::Status Migrate(sqlite::Database& db) {
 }
 
 }  // namespace
+
+std::string RandomId(absl::string_view prefix) {
+  static constexpr char kBase32[] = "abcdefghijklmnopqrstuvwxyz234567";
+  thread_local std::random_device random;
+  uint64_t bits = (static_cast<uint64_t>(random()) << 32) | random();
+  std::string id(prefix);
+  for (int i = 0; i < 12; ++i, bits >>= 5) id.push_back(kBase32[bits & 31]);
+  return id;
+}
 
 StoreEnv* DefaultStoreEnv() {
   static DefaultEnv* env = new DefaultEnv();

@@ -29,6 +29,7 @@
 #include "moetrain/v1/worker.grpc.pb.h"
 #include "server/coordinator_server.h"
 #include "tests/integration/child_process.h"
+#include "tests/integration/tiny_spec.h"
 
 namespace moetrain::testutil {
 
@@ -49,36 +50,14 @@ inline void WriteTextFile(const std::filesystem::path& path, const std::string& 
 // A small valid spec; `top_k_line` is replaced to make bad ones.
 inline std::string TinySpecYaml(const std::string& name, int64_t steps,
                                 const std::string& top_k_line = "top_k: 2") {
-  return absl::StrFormat(R"(name: %s
-model:
-  vocab_size: 64
-  hidden_size: 32
-  num_layers: 2
-  num_heads: 2
-  num_kv_heads: 1
-  ffn_dim: 48
-  first_dense_layers: 1
-  moe:
-    num_experts: 4
-    %s
-    expert_ffn_dim: 24
-data:
-  format: SYNTHETIC
-  synthetic_vocab_size: 32
-train:
-  steps: %d
-  batch_size: 4
-  seq_len: 32
-  log_every: 1
-checkpoint:
-  every_steps: 5
-resources:
-  workers: 1
-  device: CPU
-restart:
-  max_restarts: 1
-)",
-                         name, top_k_line, steps);
+  TinySpec spec;
+  spec.name = name;
+  spec.steps = steps;
+  spec.eval_every = 0;
+  spec.checkpoint_every = 5;
+  spec.max_restarts = 1;
+  spec.top_k_line = top_k_line;
+  return spec.Yaml();
 }
 
 // The metrics the test worker reports for `step`: values a test can predict.

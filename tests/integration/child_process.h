@@ -54,6 +54,19 @@ struct Finished {
 // NAME → nullopt removes it.
 using EnvChanges = std::map<std::string, std::optional<std::string>>;
 
+// The parent's environment with `changes` applied, as NAME=value entries for execve.
+inline std::vector<std::string> ChildEnvironment(const EnvChanges& changes) {
+  std::vector<std::string> entries;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry(*e);
+    if (!changes.contains(entry.substr(0, entry.find('=')))) entries.push_back(entry);
+  }
+  for (const auto& [name, value] : changes) {
+    if (value.has_value()) entries.push_back(name + "=" + *value);
+  }
+  return entries;
+}
+
 // One process of `binary`. Killed when destroyed unless already reaped.
 class Child {
  public:
@@ -78,14 +91,7 @@ class Child {
     argv.push_back(const_cast<char*>(binary.c_str()));
     for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
     argv.push_back(nullptr);
-    std::vector<std::string> env_storage;
-    for (char** e = environ; *e != nullptr; ++e) {
-      const std::string entry(*e);
-      if (!env.contains(entry.substr(0, entry.find('=')))) env_storage.push_back(entry);
-    }
-    for (const auto& [name, value] : env) {
-      if (value.has_value()) env_storage.push_back(name + "=" + *value);
-    }
+    std::vector<std::string> env_storage = ChildEnvironment(env);
     std::vector<char*> envp;
     for (std::string& e : env_storage) envp.push_back(e.data());
     envp.push_back(nullptr);

@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/child_process.h"
+#include "tests/integration/tiny_spec.h"
 
 namespace moetrain {
 namespace {
@@ -37,6 +38,7 @@ using testutil::Child;
 using testutil::EnvChanges;
 using testutil::Finished;
 using testutil::JsonLines;
+using testutil::TinySpec;
 
 // A normal run of the tiny spec takes a second or two; this only catches a hang.
 constexpr seconds kRunTimeout{60};
@@ -148,64 +150,6 @@ json SafetensorsHeader(const fs::path& path) {
   EXPECT_EQ(data_end, data_bytes) << path << ": data section has trailing bytes";
   return header;
 }
-
-// The knobs of the tiny spec the tests vary; the rest is fixed so that a run takes a second.
-struct TinySpec {
-  int64_t steps = 40;
-  int64_t eval_every = 10;
-  int64_t checkpoint_every = 10;
-  int64_t keep_last = 3;
-  std::string top_k_line = "top_k: 2";  // replaced to make bad specs
-
-  std::string Yaml() const {
-    std::string yaml = R"(name: tiny
-model:
-  vocab_size: 64
-  hidden_size: 32
-  num_layers: 2
-  num_heads: 2
-  num_kv_heads: 1
-  ffn_dim: 48
-  first_dense_layers: 1
-  rope_theta: 5000
-  rms_norm_eps: 1e-5
-  moe:
-    num_experts: 4
-    TOP_K_LINE
-    expert_ffn_dim: 24
-    routed_scaling_factor: 1.5
-data:
-  format: SYNTHETIC
-  synthetic_vocab_size: 32
-  seed: 3
-train:
-  steps: STEPS
-  batch_size: 4
-  seq_len: 32
-  optimizer:
-    lr: 3e-3
-    warmup_steps: 2
-  seed: 1
-  log_every: 1
-  eval_every: EVAL_EVERY
-  eval_batches: 2
-checkpoint:
-  every_steps: CHECKPOINT_EVERY
-  keep_last: KEEP_LAST
-)";
-    Replace(yaml, "TOP_K_LINE", top_k_line);
-    Replace(yaml, "STEPS", std::to_string(steps));
-    Replace(yaml, "EVAL_EVERY", std::to_string(eval_every));
-    Replace(yaml, "CHECKPOINT_EVERY", std::to_string(checkpoint_every));
-    Replace(yaml, "KEEP_LAST", std::to_string(keep_last));
-    return yaml;
-  }
-
- private:
-  static void Replace(std::string& text, const std::string& placeholder, const std::string& value) {
-    text.replace(text.find(placeholder), placeholder.size(), value);
-  }
-};
 
 class CliTest : public ::testing::Test {
  protected:

@@ -36,8 +36,7 @@ std::map<int64_t, double> ReferenceLosses(const fs::path& spec, const fs::path& 
 }
 
 TEST_F(ServiceTest, AKilledWorkersJobResumesElsewhereAndTrainsTheSameSteps) {
-  JobYaml job;
-  job.name = "resumed";
+  TinySpec job = ServiceSpec("resumed");
   job.steps = 3000;
   job.log_every = 10;
   job.checkpoint_every = 250;
@@ -121,12 +120,10 @@ TEST_F(ServiceTest, AKilledCoordinatorLosesNoJobAndTheRunningOneCarriesOn) {
   const std::vector<std::string> grace = {"--reconcile-grace", "15s"};
   StartCoordinator(0, grace);
   StartWorker("a");
-  JobYaml running, queued;
-  running.name = "running";
+  TinySpec running = ServiceSpec("running"), queued = ServiceSpec("queued");
   running.steps = 4000;
   running.log_every = 50;
   running.checkpoint_every = 500;
-  queued.name = "queued";
   queued.steps = 50;
   const std::string r = Submit(running), q = Submit(queued);
   ASSERT_TRUE(WaitUntil(

@@ -74,7 +74,7 @@ scrape_configs:
       std::chrono::seconds(60)))
       << prometheus.Log();
 
-  JobYaml job;
+  TinySpec job = ServiceSpec();
   job.steps = 200;
   job.log_every = 10;
   const std::string id = Submit(job);

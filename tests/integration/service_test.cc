@@ -31,7 +31,7 @@ std::map<int64_t, json> StepLines(const std::string& out) {
 TEST_F(ServiceTest, ASubmittedJobTrainsToSucceededAndItsLogsShowEveryStepOnce) {
   StartCoordinator();
   StartWorker("w1");
-  JobYaml job;
+  TinySpec job = ServiceSpec();
   job.steps = 60;
   const Finished followed =
       Moetrain({"submit", WriteSpec(job).string(), "--id", "follow-1", "--follow", "--json"});
@@ -73,9 +73,7 @@ TEST_F(ServiceTest, ASubmittedJobTrainsToSucceededAndItsLogsShowEveryStepOnce) {
 TEST_F(ServiceTest, TwoJobsOnOneWorkerRunOneAfterTheOther) {
   StartCoordinator();
   StartWorker("w1");
-  JobYaml first, second;
-  first.name = "first";
-  second.name = "second";
+  TinySpec first = ServiceSpec("first"), second = ServiceSpec("second");
   first.steps = second.steps = 300;
   const std::string a = Submit(first), b = Submit(second);
   ASSERT_TRUE(WaitForState(a, v1::JOB_STATE_SUCCEEDED)) << coordinator_->Log();
@@ -92,15 +90,13 @@ TEST_F(ServiceTest, TwoJobsOnOneWorkerRunOneAfterTheOther) {
 TEST_F(ServiceTest, AGangWaitsForEnoughFreeWorkersAndLaterJobsDoNotStarveIt) {
   StartCoordinator();
   StartWorker("w1");
-  JobYaml blocker, gang, later;
-  blocker.name = "blocker";
+  TinySpec blocker = ServiceSpec("blocker"), gang = ServiceSpec("gang");
+  TinySpec later = ServiceSpec("later");
   blocker.steps = 1000000;  // until cancelled
   blocker.log_every = 100;
   blocker.checkpoint_every = 0;
-  gang.name = "gang";
   gang.workers = 2;
   gang.max_restarts = 0;
-  later.name = "later";
   later.steps = 20;
   const std::string b = Submit(blocker);
   ASSERT_TRUE(WaitForState(b, v1::JOB_STATE_RUNNING));
@@ -161,7 +157,7 @@ TEST_F(ServiceTest, AGangWaitsForEnoughFreeWorkersAndLaterJobsDoNotStarveIt) {
 TEST_F(ServiceTest, CancelStopsTheRankAndFreesTheWorker) {
   StartCoordinator();
   Daemon& worker = StartWorker("w1");
-  JobYaml job;
+  TinySpec job = ServiceSpec();
   job.steps = 1000000;
   job.log_every = 10;
   job.checkpoint_every = 0;
@@ -203,10 +199,10 @@ TEST_F(ServiceTest, CancelStopsTheRankAndFreesTheWorker) {
 
 TEST_F(ServiceTest, RepeatedSubmissionsBadSpecsAndMissingTokensAreHandled) {
   StartCoordinator();
-  JobYaml job;
+  TinySpec job = ServiceSpec();
   const std::string first = Submit(job, "same-id");
   EXPECT_EQ(Submit(job, "same-id"), first) << "a repeat returns the same job";
-  JobYaml other = job;
+  TinySpec other = job;
   other.steps = 61;
   const Finished conflict =
       Moetrain({"submit", WriteSpec(other).string(), "--id", "same-id"});
@@ -216,7 +212,7 @@ TEST_F(ServiceTest, RepeatedSubmissionsBadSpecsAndMissingTokensAreHandled) {
 
   // A spec with a field out of range: refused naming the field, nothing stored.
   const fs::path bad = dir_ / "bad.yaml";
-  std::string text = job.Text();
+  std::string text = job.Yaml();
   text.replace(text.find("top_k: 2"), 8, "top_k: 9");
   std::ofstream(bad) << text;
   const Finished refused = Moetrain({"submit", bad.string()});

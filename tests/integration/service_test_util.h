@@ -29,6 +29,7 @@
 #include "moetrain/v1/connect.h"
 #include "moetrain/v1/coordinator.grpc.pb.h"
 #include "tests/integration/child_process.h"
+#include "tests/integration/tiny_spec.h"
 
 namespace moetrain::testutil {
 
@@ -68,14 +69,7 @@ class Daemon {
   std::string Start(const fs::path& binary, const std::vector<std::string>& args,
                     const fs::path& log, const EnvChanges& env = {}) {
     log_ = log;
-    std::vector<std::string> env_storage;
-    for (char** e = environ; *e != nullptr; ++e) {
-      const std::string entry(*e);
-      if (!env.contains(entry.substr(0, entry.find('=')))) env_storage.push_back(entry);
-    }
-    for (const auto& [name, value] : env) {
-      if (value.has_value()) env_storage.push_back(name + "=" + *value);
-    }
+    std::vector<std::string> env_storage = ChildEnvironment(env);
     const std::string program = binary.string();
     std::vector<char*> argv = {const_cast<char*>(program.c_str())};
     for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
@@ -147,48 +141,15 @@ class Daemon {
   fs::path log_;
 };
 
-// The knobs of the test job; the model is tiny, so a step takes about a millisecond on one thread.
-struct JobYaml {
-  std::string name = "tiny";
-  int64_t steps = 60;
-  int64_t log_every = 1;
-  int64_t checkpoint_every = 20;
-  int64_t workers = 1;
-  int64_t max_restarts = 3;
-
-  std::string Text() const {
-    return absl::StrCat(R"(name: )", name, R"(
-model:
-  vocab_size: 64
-  hidden_size: 32
-  num_layers: 2
-  num_heads: 2
-  num_kv_heads: 1
-  ffn_dim: 48
-  first_dense_layers: 1
-  moe:
-    num_experts: 4
-    top_k: 2
-    expert_ffn_dim: 24
-data:
-  format: SYNTHETIC
-  synthetic_vocab_size: 32
-  seed: 3
-train:
-  steps: )", steps, R"(
-  batch_size: 4
-  seq_len: 32
-  seed: 1
-  log_every: )", log_every, R"(
-checkpoint:
-  every_steps: )", checkpoint_every, R"(
-  keep_last: 3
-resources:
-  workers: )", workers, R"(
-restart:
-  max_restarts: )", max_restarts, "\n");
-  }
-};
+// The test job: TinySpec without evaluations (the tests follow training, not eval).
+inline TinySpec ServiceSpec(const std::string& name = "tiny") {
+  TinySpec spec;
+  spec.name = name;
+  spec.steps = 60;
+  spec.eval_every = 0;
+  spec.checkpoint_every = 20;
+  return spec;
+}
 
 // A coordinator, workers and the CLI, all real processes, in a fresh directory.
 class ServiceTest : public ::testing::Test {
@@ -257,9 +218,9 @@ class ServiceTest : public ::testing::Test {
 
   std::string address() const { return absl::StrCat("127.0.0.1:", grpc_port_); }
 
-  fs::path WriteSpec(const JobYaml& job) {
+  fs::path WriteSpec(const TinySpec& job) {
     const fs::path path = dir_ / (job.name + ".yaml");
-    std::ofstream(path) << job.Text();
+    std::ofstream(path) << job.Yaml();
     return path;
   }
 
@@ -276,7 +237,7 @@ class ServiceTest : public ::testing::Test {
   }
 
   // Submits through the CLI and returns the job id.
-  std::string Submit(const JobYaml& job, const std::string& submission_id = "") {
+  std::string Submit(const TinySpec& job, const std::string& submission_id = "") {
     std::vector<std::string> args = {"submit", WriteSpec(job).string(), "--json"};
     if (!submission_id.empty()) args.insert(args.end(), {"--id", submission_id});
     const Finished submitted = Moetrain(args);
