@@ -91,6 +91,7 @@ int RunJob(const RunOptions& options) {
   std::string checkpoint_dir = options.checkpoint_dir;
   if (checkpoint_dir.empty()) checkpoint_dir = spec->checkpoint().dir();
   if (checkpoint_dir.empty()) checkpoint_dir = "checkpoints";
+  spec->mutable_checkpoint()->set_dir(checkpoint_dir);
   // Everything the worker would refuse, refused here before anything starts.
   absl::StatusOr<TrainerConfig> config = TrainerConfigFromSpec(*spec, checkpoint_dir);
   if (!config.ok()) return Fail(config.status(), 2);

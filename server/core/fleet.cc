@@ -121,13 +121,20 @@ absl::StatusOr<Fleet::AttemptEntry*> Fleet::FindCurrentAttempt(absl::string_view
 absl::StatusOr<Fleet::AttemptEntry*> Fleet::FindAttempt(absl::string_view worker_id,
                                                         absl::string_view job_id, int64_t attempt,
                                                         int32_t rank) {
-  MOETRAIN_RETURN_IF_ERROR(FindWorker(worker_id).status());
+  MOETRAIN_ASSIGN_OR_RETURN(WorkerEntry * worker, FindWorker(worker_id));
   MOETRAIN_ASSIGN_OR_RETURN(AttemptEntry * entry, FindCurrentAttempt(job_id, attempt));
   const int32_t member = entry->MemberOf(rank);
   if (member < 0 || entry->workers[member] != worker_id) {
     return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " of attempt ", attempt,
                                                       " of job ", job_id,
                                                       " was not given to worker ", worker_id));
+  }
+  // A rank that reported its end holds no slot any more: nothing more may come from it.
+  if (!worker->slot.has_value() || !worker->slot->Is(job_id, attempt) ||
+      worker->slot->assignment.rank() != rank) {
+    return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " of attempt ", attempt,
+                                                      " of job ", job_id, " on worker ", worker_id,
+                                                      " has already ended"));
   }
   return entry;
 }

@@ -76,7 +76,9 @@ absl::Status FleetOptions::Validate() const {
 }
 
 std::string Fleet::CheckpointRoot(const JobRecord& job, const v1::JobSpec& spec) const {
-  return absl::StrCat(options_.checkpoint_dir, "/",
+  const std::string& root =
+      spec.checkpoint().dir().empty() ? options_.checkpoint_dir : spec.checkpoint().dir();
+  return absl::StrCat(root, "/",
                       options_.checkpoint_naming == CheckpointNaming::kJobName ? spec.name()
                                                                                 : job.id);
 }
@@ -175,6 +177,9 @@ absl::Status Fleet::Reload() {
     }
   }
   grace_until_ = workers_.empty() ? now : now + options_.reconcile_grace;
+  // Known workers get the grace period to come back even with nothing in flight, and waiting
+  // ends early once all of them are back.
+  if (!workers_.empty()) reconciling_ = true;
   if (!attempts_.empty()) {
     Log(absl::StrCat("reloaded ", workers_.size(), " workers and ", attempts_.size(),
                      " attempts in flight; waiting ", absl::FormatDuration(options_.reconcile_grace),
