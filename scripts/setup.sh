@@ -11,6 +11,7 @@ packages=(
   libcpp-httplib-dev  # server/http moetrain_http: /metrics, /healthz, /readyz
   prometheus  # promtool and the Prometheus server the metrics and service tests run
   openssl  # the TLS test certificates of tests/server/coordinator_server
+  libgloo-dev  # engine/comm GlooCommunicator: collectives between CPU ranks over TCP
 )
 
 missing=()
