@@ -12,6 +12,8 @@
 
 #include "absl/status/status.h"
 #include "engine/train/trainer.h"
+#include "absl/time/time.h"
+#include "moetrain/v1/connect.h"
 #include "moetrain/v1/worker.pb.h"
 #include "worker/reporter.h"
 
@@ -31,6 +33,10 @@ struct RankEnvironment {
   Reporter* reporter = nullptr;
   // OK while the worker may write into the job's directory; asked before every checkpoint.
   std::function<absl::Status()> may_write_checkpoints;
+  // A gang of several ranks meets through the coordinator's rendezvous and talks over TCP.
+  Connection connection;
+  std::string comm_host;  // see WorkerOptions::comm_host
+  absl::Duration comm_timeout = absl::Seconds(60);
 };
 
 // Runs the rank to its end and enqueues its reports, the end report last. Never throws; every

@@ -29,7 +29,8 @@ absl::Status WorkerOptions::Validate() const {
   for (const auto& [name, value] :
        {std::pair<const char*, absl::Duration>{"poll_wait", poll_wait},
         {"call_timeout", call_timeout},
-        {"max_backoff", max_backoff}}) {
+        {"max_backoff", max_backoff},
+        {"comm_timeout", comm_timeout}}) {
     if (value <= absl::ZeroDuration()) {
       return absl::InvalidArgumentError(
           absl::StrCat(name, " = ", absl::FormatDuration(value), " must be positive"));
@@ -239,6 +240,9 @@ void Worker::StartRank(const v1::Assignment& assignment) {
   environment.threads = options_.threads;
   environment.reporter = reporter_.get();
   environment.may_write_checkpoints = [this] { return MayWriteCheckpoints(); };
+  environment.connection = connection_;
+  environment.comm_host = options_.comm_host;
+  environment.comm_timeout = options_.comm_timeout;
   rank->thread = std::thread([this, rank, environment] {
     RunRank(rank->assignment, environment, &rank->control);
     absl::MutexLock lock(&mu_);

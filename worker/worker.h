@@ -50,6 +50,12 @@ struct WorkerOptions {
   absl::Duration max_backoff = absl::Seconds(5);
   // After Shutdown: how long to keep delivering the last reports to an unreachable coordinator.
   absl::Duration shutdown_timeout = absl::Seconds(30);
+  // The address this worker's ranks listen on for the other ranks of their gang (Gloo over TCP);
+  // empty = the local address of the route to the coordinator.
+  std::string comm_host;
+  // How long a rank waits for its gang: to meet at the rendezvous, and for any one collective.
+  // A rank whose peer died fails within it, so the coordinator can restart the gang.
+  absl::Duration comm_timeout = absl::Seconds(60);
 
   // InvalidArgument naming the option.
   absl::Status Validate() const;

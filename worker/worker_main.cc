@@ -17,8 +17,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "engine/core/log.h"
 #include "moetrain/v1/connect.h"
+#include "worker/rendezvous_store.h"
 #include "worker/worker.h"
 
 namespace {
@@ -93,8 +95,21 @@ int main(int argc, char** argv) {
                  "against it");
   app.add_option("--name", options.name, "name shown by `moetrain workers` (default: host name)")
       ->capture_default_str();
+  app.add_option("--comm-host", options.comm_host,
+                 "address the ranks listen on for the other ranks of their gang (default: the "
+                 "local address of the route to the coordinator)");
+  std::string comm_timeout = "60s";
+  app.add_option("--comm-timeout", comm_timeout,
+                 "how long a rank waits for its gang to meet and for one collective; a rank whose "
+                 "peer died fails after it")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
+  if (!absl::ParseDuration(comm_timeout, &options.comm_timeout)) {
+    std::fprintf(stderr, "moetrain-worker: --comm-timeout = '%s' is not a duration (e.g. 60s)\n",
+                 comm_timeout.c_str());
+    return 2;
+  }
   if (absl::Status parsed = ParseDevices(devices, &options); !parsed.ok()) {
     std::fprintf(stderr, "moetrain-worker: %s\n", std::string(parsed.message()).c_str());
     return 2;
@@ -106,6 +121,17 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "moetrain-worker: --work-dir = '%s': cannot create or enter it\n",
                    work_dir.c_str());
       return 2;
+    }
+  }
+  if (options.comm_host.empty()) {
+    absl::StatusOr<std::string> local = moetrain::LocalAddressToward(connect.address);
+    if (local.ok()) {
+      options.comm_host = *local;
+    } else {
+      // The host name: what a pod of a StatefulSet is reachable at.
+      options.comm_host = HostName();
+      moetrain::Log(absl::StrCat(local.status().message(), "; gang peers reach this worker at ",
+                                 options.comm_host, " (set --comm-host to choose)"));
     }
   }
   absl::StatusOr<moetrain::Connection> connection = moetrain::Connect(connect);
@@ -133,8 +159,8 @@ int main(int argc, char** argv) {
     worker.Shutdown();
   });
   moetrain::Log(absl::StrCat("moetrain-worker ", MOETRAIN_VERSION, " (", options.name, ", ",
-                             devices, ", ", options.threads, " threads) serving coordinator ",
-                             connect.address));
+                             devices, ", ", options.threads, " threads, gang address ",
+                             options.comm_host, ") serving coordinator ", connect.address));
   const absl::Status status = worker.Run();
   if (!status.ok()) {
     moetrain::Log(std::string(status.message()));

@@ -203,13 +203,15 @@ class ServiceTest : public ::testing::Test {
   }
 
   // Starts a worker named `name` (one thread, its own work directory).
-  Daemon& StartWorker(const std::string& name) {
+  Daemon& StartWorker(const std::string& name, const std::vector<std::string>& extra = {}) {
     auto worker = std::make_unique<Daemon>();
-    const std::string error = worker->Start(
-        Binary("moetrain-worker"),
-        {"--coordinator", address(), "--token-file", (dir_ / "token").string(), "--threads", "1",
-         "--work-dir", (dir_ / name).string(), "--name", name},
-        dir_ / (name + ".log"), {{"MOETRAIN_NUM_THREADS", "1"}, {"OMP_NUM_THREADS", "1"}});
+    std::vector<std::string> args = {"--coordinator", address(), "--token-file",
+                                     (dir_ / "token").string(), "--threads", "1", "--work-dir",
+                                     (dir_ / name).string(), "--name", name};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const std::string error =
+        worker->Start(Binary("moetrain-worker"), args, dir_ / (name + ".log"),
+                      {{"MOETRAIN_NUM_THREADS", "1"}, {"OMP_NUM_THREADS", "1"}});
     EXPECT_EQ(error, "");
     Daemon& started = *worker;
     workers_[name] = std::move(worker);

@@ -19,6 +19,7 @@ struct TinySpec {
   int64_t checkpoint_every = 10;
   int64_t keep_last = 3;
   int64_t workers = 1;
+  int64_t expert_parallel = 1;  // workers / expert_parallel data-parallel replicas
   int64_t max_restarts = 3;
   std::string top_k_line = "top_k: 2";  // replaced to make bad specs
 
@@ -59,6 +60,8 @@ checkpoint:
   keep_last: )", keep_last, R"(
 resources:
   workers: )", workers, R"(
+parallel:
+  expert_parallel: )", expert_parallel, R"(
 restart:
   max_restarts: )", max_restarts, "\n");
   }

@@ -479,6 +479,10 @@ TEST(JobSpecDefaultsTest, DerivedValuesFollowWhatIsSet) {
   spec = Resolved("name: x\nresources: {workers: 2}\ntrain: {batch_size: 16}\n");
   EXPECT_EQ(spec.parallel().data_parallel(), 2);
   EXPECT_EQ(spec.train().micro_batch_size(), 8);
+  spec = Resolved(
+      "name: x\nresources: {workers: 4}\nparallel: {expert_parallel: 2}\ntrain: {batch_size: 16}\n");
+  EXPECT_EQ(spec.parallel().data_parallel(), 2);
+  EXPECT_EQ(spec.train().micro_batch_size(), 4);
 }
 
 TEST(JobSpecDefaultsTest, ApplyDefaultsIsIdempotentAndKeepsExplicitValues) {
@@ -568,9 +572,10 @@ TEST(JobSpecValidateTest, TrainRanges) {
   EXPECT_EQ(ValidationError("train: {steps: 0}"), "train.steps = 0 must be at least 1");
   EXPECT_EQ(ValidationError("train: {batch_size: 16, micro_batch_size: 3}"),
             "train.micro_batch_size = 3 does not divide the per-rank batch train.batch_size / "
-            "parallel.data_parallel = 16");
+            "ranks = 16");
   EXPECT_EQ(ValidationError("resources: {workers: 4}\ntrain: {batch_size: 10}"),
-            "train.batch_size = 10 is not a multiple of parallel.data_parallel = 4");
+            "train.batch_size = 10 is not a multiple of the job's 4 ranks (each rank reads its "
+            "own share of every batch)");
   EXPECT_EQ(ValidationError("model: {max_seq_len: 256}\ntrain: {seq_len: 512}"),
             "train.seq_len = 512 exceeds model.max_seq_len = 256");
   EXPECT_EQ(ValidationError("train: {optimizer: {lr: 1e-4, min_lr: 1e-3}}"),
@@ -603,10 +608,15 @@ TEST(JobSpecValidateTest, CheckpointResourcesParallelRestartRanges) {
             "resources.devices_per_worker = 2 must be 1 with resources.device = CPU (a CPU worker "
             "runs one rank)");
   EXPECT_EQ(ValidationError("resources: {workers: 2}\nparallel: {data_parallel: 4}"),
-            "parallel.data_parallel = 4 does not equal the job's 2 ranks (resources.workers = 2 x "
-            "resources.devices_per_worker = 1)");
+            "parallel.data_parallel = 4 x parallel.expert_parallel = 1 does not equal the job's 2 "
+            "ranks (resources.workers = 2 x resources.devices_per_worker = 1)");
   EXPECT_EQ(ValidationError("resources: {workers: 4}\nparallel: {expert_parallel: 3}"),
-            "parallel.expert_parallel = 3 does not divide parallel.data_parallel = 4");
+            "parallel.expert_parallel = 3 does not divide the job's 4 ranks (resources.workers = 4 "
+            "x resources.devices_per_worker = 1)");
+  EXPECT_EQ(ValidationError("resources: {workers: 4}\nparallel: {expert_parallel: 2, "
+                            "data_parallel: 4}"),
+            "parallel.data_parallel = 4 x parallel.expert_parallel = 2 does not equal the job's 4 "
+            "ranks (resources.workers = 4 x resources.devices_per_worker = 1)");
   EXPECT_EQ(ValidationError("resources: {workers: 3}\nparallel: {expert_parallel: 3}\n"
                             "train: {batch_size: 9}"),
             "parallel.expert_parallel = 3 does not divide model.moe.num_experts = 8");

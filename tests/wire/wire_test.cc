@@ -223,7 +223,7 @@ v1::JobSpec FullSpec() {
   spec.mutable_resources()->set_device(v1::ResourceConfig::CUDA);
   spec.mutable_resources()->set_devices_per_worker(2);
   spec.mutable_parallel()->set_expert_parallel(4);
-  spec.mutable_parallel()->set_data_parallel(4);
+  spec.mutable_parallel()->set_data_parallel(1);
   spec.mutable_restart()->set_max_restarts(0);
   return spec;
 }

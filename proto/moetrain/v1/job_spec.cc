@@ -829,18 +829,19 @@ absl::Status ValidateResources(const v1::JobSpec& spec) {
   }
   const int64_t ranks = resources.workers() * resources.devices_per_worker();
   const v1::ParallelConfig& parallel = spec.parallel();
-  if (parallel.data_parallel() != ranks) {
+  const std::string ranks_are = absl::StrCat(
+      ranks, " ranks (resources.workers = ", resources.workers(),
+      " x resources.devices_per_worker = ", resources.devices_per_worker(), ")");
+  MOETRAIN_RETURN_IF_INVALID(AtLeast("parallel.expert_parallel", parallel.expert_parallel(), 1));
+  if (ranks % parallel.expert_parallel() != 0) {
+    return Invalid("parallel.expert_parallel", parallel.expert_parallel(),
+                   absl::StrCat("does not divide the job's ", ranks_are));
+  }
+  if (parallel.data_parallel() * parallel.expert_parallel() != ranks) {
     return Invalid(
         "parallel.data_parallel", parallel.data_parallel(),
-        absl::StrCat("does not equal the job's ", ranks,
-                     " ranks (resources.workers = ", resources.workers(),
-                     " x resources.devices_per_worker = ", resources.devices_per_worker(), ")"));
-  }
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("parallel.expert_parallel", parallel.expert_parallel(), 1));
-  if (parallel.data_parallel() % parallel.expert_parallel() != 0) {
-    return Invalid(
-        "parallel.expert_parallel", parallel.expert_parallel(),
-        absl::StrCat("does not divide parallel.data_parallel = ", parallel.data_parallel()));
+        absl::StrCat("x parallel.expert_parallel = ", parallel.expert_parallel(),
+                     " does not equal the job's ", ranks_are));
   }
   if (spec.model().moe().num_experts() % parallel.expert_parallel() != 0) {
     return Invalid(
@@ -854,17 +855,17 @@ absl::Status ValidateTrain(const v1::JobSpec& spec) {
   const v1::TrainConfig& train = spec.train();
   MOETRAIN_RETURN_IF_INVALID(AtLeast("train.steps", train.steps(), 1));
   MOETRAIN_RETURN_IF_INVALID(AtLeast("train.batch_size", train.batch_size(), 1));
-  const int64_t data_parallel = spec.parallel().data_parallel();
-  if (train.batch_size() % data_parallel != 0) {
+  const int64_t ranks = spec.resources().workers() * spec.resources().devices_per_worker();
+  if (train.batch_size() % ranks != 0) {
     return Invalid("train.batch_size", train.batch_size(),
-                   absl::StrCat("is not a multiple of parallel.data_parallel = ", data_parallel));
+                   absl::StrCat("is not a multiple of the job's ", ranks,
+                                " ranks (each rank reads its own share of every batch)"));
   }
-  const int64_t rank_batch = train.batch_size() / data_parallel;
+  const int64_t rank_batch = train.batch_size() / ranks;
   MOETRAIN_RETURN_IF_INVALID(AtLeast("train.micro_batch_size", train.micro_batch_size(), 1));
   if (rank_batch % train.micro_batch_size() != 0) {
     return Invalid("train.micro_batch_size", train.micro_batch_size(),
-                   absl::StrCat("does not divide the per-rank batch train.batch_size / "
-                                "parallel.data_parallel = ",
+                   absl::StrCat("does not divide the per-rank batch train.batch_size / ranks = ",
                                 rank_batch));
   }
   MOETRAIN_RETURN_IF_INVALID(AtLeast("train.seq_len", train.seq_len(), 1));
@@ -1006,15 +1007,17 @@ void ApplyDefaults(v1::JobSpec* spec) {
   const bool ranks_computable = resources.workers() >= 1 && resources.workers() <= kMaxWorkers &&
                                 resources.devices_per_worker() >= 1 &&
                                 resources.devices_per_worker() <= kMaxDevicesPerWorker;
-  if (parallel.data_parallel() == 0 && ranks_computable) {
-    parallel.set_data_parallel(resources.workers() * resources.devices_per_worker());
+  const int64_t ranks =
+      ranks_computable ? resources.workers() * resources.devices_per_worker() : int64_t{0};
+  if (parallel.data_parallel() == 0 && ranks > 0 && parallel.expert_parallel() >= 1 &&
+      ranks % parallel.expert_parallel() == 0) {
+    parallel.set_data_parallel(ranks / parallel.expert_parallel());
   }
 
   if (!train.has_steps()) train.set_steps(1000);
   if (!train.has_batch_size()) train.set_batch_size(8);
-  if (train.micro_batch_size() == 0 && parallel.data_parallel() > 0 &&
-      train.batch_size() % parallel.data_parallel() == 0) {
-    train.set_micro_batch_size(train.batch_size() / parallel.data_parallel());
+  if (train.micro_batch_size() == 0 && ranks > 0 && train.batch_size() % ranks == 0) {
+    train.set_micro_batch_size(train.batch_size() / ranks);
   }
   v1::Fp8Recipe& fp8 = *train.mutable_fp8();
   if (!fp8.has_amax_history_len()) fp8.set_amax_history_len(1024);
