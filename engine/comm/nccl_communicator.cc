@@ -1,0 +1,245 @@
+#include "engine/comm/nccl_communicator.h"
+
+#ifndef MOETRAIN_HAVE_NCCL
+
+namespace moetrain {
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclOptions& options) {
+  return absl::UnimplementedError(
+      "NCCL communicator: this build has no NCCL (built without CUDA, or NCCL was not found)");
+}
+
+bool NcclCommunicatorBuilt() { return false; }
+
+}  // namespace moetrain
+
+#else  // MOETRAIN_HAVE_NCCL
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "engine/comm/comm_checks.h"
+#include "engine/comm/nccl_group.h"
+#include "engine/core/status.h"
+
+namespace moetrain {
+namespace {
+
+// Every CUDA call is checked; a failure names the call.
+#ifndef MOETRAIN_CUDA_RETURN_IF_ERROR
+#define MOETRAIN_CUDA_RETURN_IF_ERROR(expr) MOETRAIN_RETURN_IF_ERROR(CudaStatus((expr), #expr))
+#endif
+
+class NcclRequest final : public CommRequest {
+ public:
+  NcclRequest(std::shared_ptr<NcclGroup> group, std::string what, cudaEvent_t event,
+              absl::Time deadline)
+      : group_(std::move(group)), what_(std::move(what)), event_(event), deadline_(deadline) {}
+  ~NcclRequest() override {
+    absl::MutexLock lock(&mu_);
+    if (event_ != nullptr) cudaEventDestroy(event_);
+  }
+
+  absl::Status Wait() override {
+    absl::MutexLock lock(&mu_);
+    if (event_ == nullptr) return status_;
+    status_ = group_->AwaitEvent(event_, deadline_, what_);
+    cudaEventDestroy(event_);
+    event_ = nullptr;
+    return status_;
+  }
+
+ private:
+  const std::shared_ptr<NcclGroup> group_;
+  const std::string what_;
+  absl::Mutex mu_;
+  cudaEvent_t event_ ABSL_GUARDED_BY(mu_);  // null once waited for
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  const absl::Time deadline_;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(std::shared_ptr<NcclGroup> group, NcclOptions options)
+      : group_(std::move(group)), options_(std::move(options)) {}
+
+  int rank() const override { return options_.group.rank; }
+  int size() const override { return options_.group.size; }
+  std::string backend() const override { return "nccl"; }
+
+  absl::StatusOr<std::unique_ptr<CommRequest>> StartAllToAllV(const AllToAllVArgs& args) override {
+    MOETRAIN_RETURN_IF_ERROR(CheckAllToAllV(Op("all_to_all_v"), args));
+    const size_t element = DTypeSize(args.dtype);
+    std::vector<size_t> send_offsets(size()), recv_offsets(size());
+    for (int r = 1; r < size(); ++r) {
+      send_offsets[r] = send_offsets[r - 1] + args.send_counts[r - 1] * element;
+      recv_offsets[r] = recv_offsets[r - 1] + args.recv_counts[r - 1] * element;
+    }
+    const auto* send = static_cast<const char*>(args.send);
+    auto* recv = static_cast<char*>(args.recv);
+    return Launch("all_to_all_v", [&](ncclComm_t comm, cudaStream_t stream) -> absl::Status {
+      // This rank's own chunk is a copy; peers with nothing to exchange are left out.
+      if (const size_t own = args.send_counts[rank()] * element; own > 0) {
+        MOETRAIN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(recv + recv_offsets[rank()],
+                                                      send + send_offsets[rank()], own,
+                                                      cudaMemcpyDeviceToDevice, stream));
+      }
+      MOETRAIN_RETURN_IF_ERROR(NcclStatus(ncclGroupStart(), "ncclGroupStart", comm));
+      absl::Status status;
+      for (int peer = 0; peer < size() && status.ok(); ++peer) {
+        if (peer == rank()) continue;
+        if (const size_t bytes = args.send_counts[peer] * element; bytes > 0) {
+          status =
+              NcclStatus(ncclSend(send + send_offsets[peer], bytes, ncclUint8, peer, comm, stream),
+                         "ncclSend", comm);
+        }
+        if (const size_t bytes = args.recv_counts[peer] * element; bytes > 0 && status.ok()) {
+          status =
+              NcclStatus(ncclRecv(recv + recv_offsets[peer], bytes, ncclUint8, peer, comm, stream),
+                         "ncclRecv", comm);
+        }
+      }
+      // The group must be closed even when a call inside it failed.
+      const absl::Status ended = NcclStatus(ncclGroupEnd(), "ncclGroupEnd", comm);
+      return status.ok() ? ended : status;
+    });
+  }
+
+  absl::StatusOr<std::unique_ptr<CommRequest>> StartAllReduceSum(void* data, int64_t count,
+                                                                 DType dtype) override {
+    MOETRAIN_RETURN_IF_ERROR(CheckAllReduceSum(Op("all_reduce_sum"), data, count, dtype));
+    const ncclDataType_t type = dtype == DType::kF32   ? ncclFloat32
+                                : dtype == DType::kI32 ? ncclInt32
+                                                       : ncclInt64;
+    return Launch("all_reduce_sum", [&](ncclComm_t comm, cudaStream_t stream) {
+      if (count == 0) return absl::OkStatus();
+      return NcclStatus(ncclAllReduce(data, data, count, type, ncclSum, comm, stream),
+                        "ncclAllReduce", comm);
+    });
+  }
+
+  absl::StatusOr<std::unique_ptr<CommRequest>> StartAllGather(const void* send, void* recv,
+                                                              int64_t count, DType dtype) override {
+    MOETRAIN_RETURN_IF_ERROR(CheckAllGather(Op("all_gather"), send, recv, count, dtype));
+    return Launch("all_gather", [&](ncclComm_t comm, cudaStream_t stream) {
+      if (count == 0) return absl::OkStatus();
+      return NcclStatus(
+          ncclAllGather(send, recv, count * DTypeSize(dtype), ncclUint8, comm, stream),
+          "ncclAllGather", comm);
+    });
+  }
+
+  absl::StatusOr<std::unique_ptr<CommRequest>> StartBroadcast(void* data, int64_t count,
+                                                              DType dtype, int root) override {
+    MOETRAIN_RETURN_IF_ERROR(CheckBroadcast(Op("broadcast"), data, count, dtype, root));
+    return Launch("broadcast", [&](ncclComm_t comm, cudaStream_t stream) {
+      if (count == 0) return absl::OkStatus();
+      return NcclStatus(
+          ncclBroadcast(data, data, count * DTypeSize(dtype), ncclUint8, root, comm, stream),
+          "ncclBroadcast", comm);
+    });
+  }
+
+  // An all-reduce of one integer kept on the device: NCCL has no barrier of its own.
+  absl::StatusOr<std::unique_ptr<CommRequest>> StartBarrier() override {
+    return Launch("barrier", [&](ncclComm_t comm, cudaStream_t stream) {
+      return NcclStatus(
+          ncclAllReduce(group_->scratch(), group_->scratch(), 1, ncclInt32, ncclSum, comm, stream),
+          "ncclAllReduce", comm);
+    });
+  }
+
+  absl::StatusOr<std::unique_ptr<Communicator>> Subgroup(const std::vector<int>& ranks) override {
+    MOETRAIN_ASSIGN_OR_RETURN(const int group_rank, CheckSubgroup(Op("subgroup"), ranks));
+    NcclOptions options = options_;
+    options.group.prefix = absl::StrCat(options_.group.prefix, "/group", subgroups_made_++, "/",
+                                        absl::StrJoin(ranks, ","));
+    options.group.rank = group_rank;
+    options.group.size = static_cast<int>(ranks.size());
+    // Members of one group share a color, the group's lowest rank; the key orders them as
+    // `ranks` does.
+    MOETRAIN_ASSIGN_OR_RETURN(std::shared_ptr<NcclGroup> child,
+                              group_->Split(ranks.front(), rank(), options));
+    return std::make_unique<NcclCommunicator>(std::move(child), std::move(options));
+  }
+
+ private:
+  OpContext Op(absl::string_view op) const {
+    return {.backend = "nccl", .op = op, .rank = rank(), .size = size()};
+  }
+
+  // Enqueues `enqueue`'s NCCL calls on the group's stream and returns a request for them.
+  absl::StatusOr<std::unique_ptr<CommRequest>> Launch(
+      absl::string_view op, absl::FunctionRef<absl::Status(ncclComm_t, cudaStream_t)> enqueue) {
+    const std::string what = group_->Describe(op);
+    const absl::Time deadline = absl::Now() + options_.group.timeout;
+    MOETRAIN_ASSIGN_OR_RETURN(cudaEvent_t event, group_->Enqueue(what, deadline, enqueue));
+    return std::make_unique<NcclRequest>(group_, what, event, deadline);
+  }
+
+  const std::shared_ptr<NcclGroup> group_;
+  const NcclOptions options_;
+  int subgroups_made_ = 0;  // Subgroup is called in the same order on every rank
+};
+
+// The unique id as hex, and back.
+std::string IdToHex(const ncclUniqueId& id) {
+  return absl::BytesToHexString(absl::string_view(id.internal, sizeof(id.internal)));
+}
+
+absl::StatusOr<ncclUniqueId> IdFromHex(const std::string& hex, const std::string& key) {
+  ncclUniqueId id;
+  const bool hex_digits =
+      std::all_of(hex.begin(), hex.end(), [](unsigned char c) { return std::isxdigit(c) != 0; });
+  if (!hex_digits || hex.size() != 2 * sizeof(id.internal)) {
+    return absl::DataLossError(absl::StrCat("NCCL unique id under '", key, "' is not ",
+                                            2 * sizeof(id.internal), " hex digits (", hex.size(),
+                                            " characters)"));
+  }
+  const std::string bytes = absl::HexStringToBytes(hex);
+  std::memcpy(id.internal, bytes.data(), sizeof(id.internal));
+  return id;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclOptions& options) {
+  const GroupOptions& group = options.group;
+  MOETRAIN_RETURN_IF_ERROR(group.Validate());
+  const std::string key = absl::StrCat(group.prefix, "/nccl_unique_id");
+  ncclUniqueId id;
+  if (group.rank == 0) {
+    MOETRAIN_RETURN_IF_ERROR(NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId", nullptr));
+    MOETRAIN_RETURN_IF_ERROR(group.store->Set(key, IdToHex(id)));
+  } else {
+    absl::StatusOr<std::string> hex = group.store->Get(key, group.timeout);
+    if (!hex.ok()) {
+      return absl::Status(
+          hex.status().code(),
+          absl::StrCat("nccl rendezvous of rank ", group.rank, " of ", group.size,
+                       ": rank 0 did not publish the unique id: ", hex.status().message()));
+    }
+    MOETRAIN_ASSIGN_OR_RETURN(id, IdFromHex(*hex, key));
+  }
+  MOETRAIN_ASSIGN_OR_RETURN(std::shared_ptr<NcclGroup> nccl_group, NcclGroup::Init(id, options));
+  return std::make_unique<NcclCommunicator>(std::move(nccl_group), options);
+}
+
+bool NcclCommunicatorBuilt() { return true; }
+
+}  // namespace moetrain
+
+#endif  // MOETRAIN_HAVE_NCCL
