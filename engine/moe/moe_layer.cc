@@ -9,8 +9,27 @@
 
 namespace moetrain {
 
+MoeLayer::MoeLayer(const MoeConfig& config, int64_t hidden_size, DType dtype,
+                   const ExpertParallelConfig& parallel)
+    : config_(config),
+      hidden_size_(hidden_size),
+      dtype_(dtype),
+      parallel_(parallel),
+      num_local_experts_(config.num_experts),
+      first_local_expert_(0) {
+  const int ep = parallel.expert_group != nullptr ? parallel.expert_group->size() : 1;
+  if (ep > 1) {
+    num_local_experts_ = config.num_experts / ep;
+    first_local_expert_ = parallel.expert_group->rank() * num_local_experts_;
+    expert_parallel_ = true;
+    num_chunks_ = static_cast<int>(std::min<int64_t>(
+        parallel.overlap_chunks == 0 ? 2 : parallel.overlap_chunks, num_local_experts_));
+  }
+}
+
 absl::StatusOr<MoeLayer> MoeLayer::Create(const MoeConfig& config, int64_t hidden_size,
-                                          DType compute_dtype) {
+                                          DType compute_dtype,
+                                          const ExpertParallelConfig& parallel) {
   MOETRAIN_RETURN_IF_ERROR(config.Validate());
   if (hidden_size < 1) {
     return absl::InvalidArgumentError(
@@ -21,7 +40,16 @@ absl::StatusOr<MoeLayer> MoeLayer::Create(const MoeConfig& config, int64_t hidde
         absl::StrCat("compute dtype ", std::string(DTypeName(compute_dtype)),
                      " is not supported by the MoE layer (f32, bf16)"));
   }
-  return MoeLayer(config, hidden_size, compute_dtype);
+  if (parallel.overlap_chunks < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expert parallel overlap_chunks = ", parallel.overlap_chunks, " must be at least 0"));
+  }
+  if (parallel.expert_group != nullptr && config.num_experts % parallel.expert_group->size() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.moe.num_experts = ", config.num_experts,
+        " is not divisible by parallel.expert_parallel = ", parallel.expert_group->size()));
+  }
+  return MoeLayer(config, hidden_size, compute_dtype, parallel);
 }
 
 TensorView MoeLayer::Workspace(Tensor& storage, DType dtype, std::initializer_list<int64_t> shape) {
@@ -34,7 +62,9 @@ TensorView MoeLayer::Workspace(Tensor& storage, DType dtype, std::initializer_li
 
 namespace {
 
-absl::Status CheckWeights(const MoeConfig& config, int64_t d, DType dtype, const MoeWeights& w) {
+// `local`: the routed experts held here (L).
+absl::Status CheckWeights(const MoeConfig& config, int64_t local, int64_t d, DType dtype,
+                          const MoeWeights& w) {
   const int64_t e = config.num_experts, f = config.expert_ffn_dim;
   const int64_t sf = config.num_shared_experts * f;
   MOETRAIN_RETURN_IF_ERROR(CheckTensor(w.router, "weights.router", DType::kF32, {e, d}));
@@ -42,8 +72,8 @@ absl::Status CheckWeights(const MoeConfig& config, int64_t d, DType dtype, const
     MOETRAIN_RETURN_IF_ERROR(CheckTensor(w.expert_bias, "weights.expert_bias", DType::kF32, {e}));
   }
   MOETRAIN_RETURN_IF_ERROR(
-      CheckTensor(w.expert_gate_up, "weights.expert_gate_up", dtype, {e, 2 * f, d}));
-  MOETRAIN_RETURN_IF_ERROR(CheckTensor(w.expert_down, "weights.expert_down", dtype, {e, d, f}));
+      CheckTensor(w.expert_gate_up, "weights.expert_gate_up", dtype, {local, 2 * f, d}));
+  MOETRAIN_RETURN_IF_ERROR(CheckTensor(w.expert_down, "weights.expert_down", dtype, {local, d, f}));
   if (sf > 0) {
     MOETRAIN_RETURN_IF_ERROR(
         CheckTensor(w.shared_gate_up, "weights.shared_gate_up", dtype, {2 * sf, d}));
@@ -52,13 +82,14 @@ absl::Status CheckWeights(const MoeConfig& config, int64_t d, DType dtype, const
   return absl::OkStatus();
 }
 
-absl::Status CheckGrads(const MoeConfig& config, int64_t d, const MoeGrads& g) {
+absl::Status CheckGrads(const MoeConfig& config, int64_t local, int64_t d, const MoeGrads& g) {
   const int64_t e = config.num_experts, f = config.expert_ffn_dim;
   const int64_t sf = config.num_shared_experts * f;
   MOETRAIN_RETURN_IF_ERROR(CheckTensor(g.router, "grads.router", DType::kF32, {e, d}));
   MOETRAIN_RETURN_IF_ERROR(
-      CheckTensor(g.expert_gate_up, "grads.expert_gate_up", DType::kF32, {e, 2 * f, d}));
-  MOETRAIN_RETURN_IF_ERROR(CheckTensor(g.expert_down, "grads.expert_down", DType::kF32, {e, d, f}));
+      CheckTensor(g.expert_gate_up, "grads.expert_gate_up", DType::kF32, {local, 2 * f, d}));
+  MOETRAIN_RETURN_IF_ERROR(
+      CheckTensor(g.expert_down, "grads.expert_down", DType::kF32, {local, d, f}));
   if (sf > 0) {
     MOETRAIN_RETURN_IF_ERROR(
         CheckTensor(g.shared_gate_up, "grads.shared_gate_up", DType::kF32, {2 * sf, d}));
@@ -69,19 +100,120 @@ absl::Status CheckGrads(const MoeConfig& config, int64_t d, const MoeGrads& g) {
 
 }  // namespace
 
+absl::Status MoeLayer::RoutedExpertsForward(const MoeWeights& weights, TensorView rows_x,
+                                            int64_t first, int64_t last,
+                                            absl::Span<const int64_t> offsets) {
+  const int64_t begin = offsets.front(), end = offsets.back();
+  std::vector<int64_t> relative(offsets.begin(), offsets.end());
+  for (int64_t& row : relative) row -= begin;
+  const TensorView gate_up = gate_up_.Slice(begin, end), activated = activated_.Slice(begin, end);
+  MOETRAIN_RETURN_IF_ERROR(cpu::GroupedGemmForward(
+      rows_x.Slice(begin, end), weights.expert_gate_up.Slice(first, last), relative, gate_up));
+  MOETRAIN_RETURN_IF_ERROR(cpu::SwigluForward(gate_up, activated));
+  return cpu::GroupedGemmForward(activated, weights.expert_down.Slice(first, last), relative,
+                                 expert_out_.Slice(begin, end));
+}
+
+absl::Status MoeLayer::RoutedExpertsBackward(const MoeWeights& weights, TensorView rows_x,
+                                             TensorView d_rows_out, int64_t first, int64_t last,
+                                             absl::Span<const int64_t> offsets, TensorView d_rows_x,
+                                             MoeGrads* grads) {
+  const int64_t f = config_.expert_ffn_dim, begin = offsets.front(), end = offsets.back();
+  std::vector<int64_t> relative(offsets.begin(), offsets.end());
+  for (int64_t& row : relative) row -= begin;
+  const TensorView x = rows_x.Slice(begin, end), d_out = d_rows_out.Slice(begin, end);
+  const TensorView w_gate_up = weights.expert_gate_up.Slice(first, last);
+  const TensorView w_down = weights.expert_down.Slice(first, last);
+  const int64_t total = gate_up_.dim(0);
+
+  // Down projection, SwiGLU, gate/up projection.
+  TensorView d_activated =
+      Workspace(buffers_[kDActivated], DType::kF32, {total, f}).Slice(begin, end);
+  MOETRAIN_RETURN_IF_ERROR(cpu::GroupedGemmBackwardData(d_out, w_down, relative, d_activated));
+  MOETRAIN_RETURN_IF_ERROR(cpu::GroupedGemmBackwardWeight(
+      d_out, activated_.Slice(begin, end), relative, grads->expert_down.Slice(first, last), true));
+  TensorView d_gate_up = Workspace(buffers_[kDGateUp], dtype_, {total, 2 * f}).Slice(begin, end);
+  MOETRAIN_RETURN_IF_ERROR(cpu::SwigluBackward(gate_up_.Slice(begin, end), d_activated, d_gate_up));
+  MOETRAIN_RETURN_IF_ERROR(
+      cpu::GroupedGemmBackwardData(d_gate_up, w_gate_up, relative, d_rows_x.Slice(begin, end)));
+  return cpu::GroupedGemmBackwardWeight(d_gate_up, x, relative,
+                                        grads->expert_gate_up.Slice(first, last), true);
+}
+
+absl::StatusOr<TensorView> MoeLayer::SharedExpertsForward(const MoeWeights& weights) {
+  const int64_t t = x_.dim(0), d = hidden_size_;
+  const int64_t sf = config_.num_shared_experts * config_.expert_ffn_dim;
+  if (sf == 0) return TensorView();
+  shared_gate_up_ = Workspace(buffers_[kSharedGateUp], DType::kF32, {t, 2 * sf});
+  MOETRAIN_RETURN_IF_ERROR(
+      cpu::Gemm({.a = x_, .b = weights.shared_gate_up, .c = shared_gate_up_, .trans_b = true}));
+  shared_activated_ = Workspace(buffers_[kSharedActivated], dtype_, {t, sf});
+  MOETRAIN_RETURN_IF_ERROR(cpu::SwigluForward(shared_gate_up_, shared_activated_));
+  TensorView shared_out = Workspace(buffers_[kSharedOut], DType::kF32, {t, d});
+  MOETRAIN_RETURN_IF_ERROR(cpu::Gemm(
+      {.a = shared_activated_, .b = weights.shared_down, .c = shared_out, .trans_b = true}));
+  return shared_out;
+}
+
+absl::StatusOr<TensorView> MoeLayer::SharedExpertsBackward(const MoeWeights& weights,
+                                                           TensorView d_out, MoeGrads* grads) {
+  const int64_t t = x_.dim(0), d = hidden_size_;
+  const int64_t sf = config_.num_shared_experts * config_.expert_ffn_dim;
+  if (sf == 0) return TensorView();
+  TensorView d_shared_activated = Workspace(buffers_[kDSharedActivated], DType::kF32, {t, sf});
+  MOETRAIN_RETURN_IF_ERROR(
+      cpu::Gemm({.a = d_out, .b = weights.shared_down, .c = d_shared_activated}));
+  MOETRAIN_RETURN_IF_ERROR(cpu::Gemm({.a = d_out,
+                                      .b = shared_activated_,
+                                      .c = grads->shared_down,
+                                      .trans_a = true,
+                                      .accumulate = true}));
+  TensorView d_shared_gate_up = Workspace(buffers_[kDSharedGateUp], dtype_, {t, 2 * sf});
+  MOETRAIN_RETURN_IF_ERROR(
+      cpu::SwigluBackward(shared_gate_up_, d_shared_activated, d_shared_gate_up));
+  TensorView d_x_shared = Workspace(buffers_[kDXShared], DType::kF32, {t, d});
+  MOETRAIN_RETURN_IF_ERROR(
+      cpu::Gemm({.a = d_shared_gate_up, .b = weights.shared_gate_up, .c = d_x_shared}));
+  MOETRAIN_RETURN_IF_ERROR(cpu::Gemm({.a = d_shared_gate_up,
+                                      .b = x_,
+                                      .c = grads->shared_gate_up,
+                                      .trans_a = true,
+                                      .accumulate = true}));
+  return d_x_shared;
+}
+
+absl::StatusOr<TensorView> MoeLayer::RouterBackwardPart(const MoeWeights& weights,
+                                                        TensorView d_weights, MoeGrads* grads,
+                                                        float loss_weight) {
+  const int64_t t = x_.dim(0), d = hidden_size_, e = config_.num_experts;
+  TensorView d_logits = Workspace(buffers_[kDLogits], DType::kF32, {t, e});
+  const RouterArgs router_args = {logits_, weights.expert_bias, tokens_per_sequence_};
+  MOETRAIN_RETURN_IF_ERROR(
+      RouterBackward(config_, router_args, routing_, d_weights, d_logits, loss_weight));
+  MOETRAIN_RETURN_IF_ERROR(cpu::Gemm({.a = d_logits,
+                                      .b = router_input_,
+                                      .c = grads->router,
+                                      .trans_a = true,
+                                      .accumulate = true}));
+  TensorView d_x_router = Workspace(buffers_[kDXRouter], DType::kF32, {t, d});
+  MOETRAIN_RETURN_IF_ERROR(cpu::Gemm({.a = d_logits, .b = weights.router, .c = d_x_router}));
+  return d_x_router;
+}
+
 absl::Status MoeLayer::Forward(const MoeWeights& weights, TensorView x, int64_t tokens_per_sequence,
                                TensorView out, MoeStats* stats) {
   // A failed Forward leaves nothing for Backward to use.
   has_forward_ = false;
   const int64_t d = hidden_size_, e = config_.num_experts, f = config_.expert_ffn_dim;
-  const int64_t sf = config_.num_shared_experts * f;
   MOETRAIN_RETURN_IF_ERROR(CheckTensor(x, "x", dtype_, {-1, d}));
   const int64_t t = x.dim(0);
   MOETRAIN_RETURN_IF_ERROR(CheckTensor(out, "out", dtype_, {t, d}));
-  MOETRAIN_RETURN_IF_ERROR(CheckWeights(config_, d, dtype_, weights));
+  MOETRAIN_RETURN_IF_ERROR(CheckWeights(config_, num_local_experts_, d, dtype_, weights));
   if (!x.is_contiguous() || !out.is_contiguous()) {
     return absl::InvalidArgumentError("x and out must be contiguous");
   }
+  x_ = x;
+  tokens_per_sequence_ = tokens_per_sequence;
 
   // Router, in f32.
   if (dtype_ == DType::kF32) {
@@ -93,42 +225,30 @@ absl::Status MoeLayer::Forward(const MoeWeights& weights, TensorView x, int64_t 
   logits_ = Workspace(buffers_[kLogits], DType::kF32, {t, e});
   MOETRAIN_RETURN_IF_ERROR(
       cpu::Gemm({.a = router_input_, .b = weights.router, .c = logits_, .trans_b = true}));
-  const RouterArgs router_args = {logits_, weights.expert_bias, tokens_per_sequence};
+  const RouterArgs router_args = {logits_, weights.expert_bias, tokens_per_sequence,
+                                  parallel_.count_group};
   MOETRAIN_RETURN_IF_ERROR(RouterForward(config_, router_args, &routing_));
-  MOETRAIN_RETURN_IF_ERROR(
-      BuildPermutation(config_, routing_.topk_experts, routing_.topk_weights, &permutation_));
 
-  // Routed experts over the permuted rows: one contiguous block per expert.
-  const int64_t r = permutation_.num_rows;
-  const auto& offsets = permutation_.expert_offsets;
-  permuted_x_ = Workspace(buffers_[kPermutedX], dtype_, {r, d});
-  MOETRAIN_RETURN_IF_ERROR(cpu::GatherRows(x, permutation_.row_token, permuted_x_));
-  gate_up_ = Workspace(buffers_[kGateUp], DType::kF32, {r, 2 * f});
-  MOETRAIN_RETURN_IF_ERROR(
-      cpu::GroupedGemmForward(permuted_x_, weights.expert_gate_up, offsets, gate_up_));
-  activated_ = Workspace(buffers_[kActivated], dtype_, {r, f});
-  MOETRAIN_RETURN_IF_ERROR(cpu::SwigluForward(gate_up_, activated_));
-  expert_out_ = Workspace(buffers_[kExpertOut], DType::kF32, {r, d});
-  MOETRAIN_RETURN_IF_ERROR(
-      cpu::GroupedGemmForward(activated_, weights.expert_down, offsets, expert_out_));
-
-  // Shared experts see every token.
-  TensorView shared_out;
-  if (sf > 0) {
-    shared_gate_up_ = Workspace(buffers_[kSharedGateUp], DType::kF32, {t, 2 * sf});
+  if (expert_parallel_) {
+    MOETRAIN_RETURN_IF_ERROR(ForwardExpertParallel(weights, out));
+  } else {
     MOETRAIN_RETURN_IF_ERROR(
-        cpu::Gemm({.a = x, .b = weights.shared_gate_up, .c = shared_gate_up_, .trans_b = true}));
-    shared_activated_ = Workspace(buffers_[kSharedActivated], dtype_, {t, sf});
-    MOETRAIN_RETURN_IF_ERROR(cpu::SwigluForward(shared_gate_up_, shared_activated_));
-    shared_out = Workspace(buffers_[kSharedOut], DType::kF32, {t, d});
-    MOETRAIN_RETURN_IF_ERROR(cpu::Gemm(
-        {.a = shared_activated_, .b = weights.shared_down, .c = shared_out, .trans_b = true}));
+        BuildPermutation(config_, routing_.topk_experts, routing_.topk_weights, &permutation_));
+    // Routed experts over the permuted rows: one contiguous block per expert.
+    const int64_t r = permutation_.num_rows;
+    permuted_x_ = Workspace(buffers_[kPermutedX], dtype_, {r, d});
+    MOETRAIN_RETURN_IF_ERROR(cpu::GatherRows(x, permutation_.row_token, permuted_x_));
+    gate_up_ = Workspace(buffers_[kGateUp], DType::kF32, {r, 2 * f});
+    activated_ = Workspace(buffers_[kActivated], dtype_, {r, f});
+    expert_out_ = Workspace(buffers_[kExpertOut], DType::kF32, {r, d});
+    MOETRAIN_RETURN_IF_ERROR(
+        RoutedExpertsForward(weights, permuted_x_, 0, e, permutation_.expert_offsets));
+    // Shared experts see every token.
+    MOETRAIN_ASSIGN_OR_RETURN(const TensorView shared_out, SharedExpertsForward(weights));
+    MOETRAIN_RETURN_IF_ERROR(cpu::CombineRows(expert_out_, permutation_.pair_row,
+                                              routing_.topk_weights, shared_out, out));
   }
-  MOETRAIN_RETURN_IF_ERROR(
-      cpu::CombineRows(expert_out_, permutation_.pair_row, routing_.topk_weights, shared_out, out));
 
-  x_ = x;
-  tokens_per_sequence_ = tokens_per_sequence;
   has_forward_ = true;
   if (stats != nullptr) {
     stats->tokens_per_expert = routing_.tokens_per_expert;
@@ -148,80 +268,38 @@ absl::Status MoeLayer::Backward(const MoeWeights& weights, TensorView d_out, Ten
   if (!has_forward_) {
     return absl::FailedPreconditionError("MoeLayer::Backward needs a successful Forward first");
   }
-  const int64_t d = hidden_size_, e = config_.num_experts, f = config_.expert_ffn_dim;
-  const int64_t sf = config_.num_shared_experts * f;
+  const int64_t d = hidden_size_, e = config_.num_experts;
   const int64_t t = x_.dim(0), k = config_.top_k, r = permutation_.num_rows;
   MOETRAIN_RETURN_IF_ERROR(CheckTensor(d_out, "d_out", dtype_, {t, d}));
   MOETRAIN_RETURN_IF_ERROR(CheckTensor(d_x, "d_x", dtype_, {t, d}));
   if (!d_out.is_contiguous() || !d_x.is_contiguous()) {
     return absl::InvalidArgumentError("d_out and d_x must be contiguous");
   }
-  MOETRAIN_RETURN_IF_ERROR(CheckWeights(config_, d, dtype_, weights));
+  MOETRAIN_RETURN_IF_ERROR(CheckWeights(config_, num_local_experts_, d, dtype_, weights));
   if (grads == nullptr) return absl::InvalidArgumentError("grads: null");
-  MOETRAIN_RETURN_IF_ERROR(CheckGrads(config_, d, *grads));
-  const auto& offsets = permutation_.expert_offsets;
+  MOETRAIN_RETURN_IF_ERROR(CheckGrads(config_, num_local_experts_, d, *grads));
+  if (expert_parallel_) {
+    return BackwardExpertParallel(weights, d_out, d_x, grads, loss_weight);
+  }
 
   // Combine → routed rows and combine weights.
   TensorView d_expert_out = Workspace(buffers_[kDExpertOut], dtype_, {r, d});
   TensorView d_weights = Workspace(buffers_[kDWeights], DType::kF32, {t, k});
   MOETRAIN_RETURN_IF_ERROR(cpu::CombineRowsBackward(
       d_out, expert_out_, permutation_.pair_row, routing_.topk_weights, d_expert_out, d_weights));
-
-  // Down projection, SwiGLU, gate/up projection of the routed experts.
-  TensorView d_activated = Workspace(buffers_[kDActivated], DType::kF32, {r, f});
-  MOETRAIN_RETURN_IF_ERROR(
-      cpu::GroupedGemmBackwardData(d_expert_out, weights.expert_down, offsets, d_activated));
-  MOETRAIN_RETURN_IF_ERROR(
-      cpu::GroupedGemmBackwardWeight(d_expert_out, activated_, offsets, grads->expert_down, true));
-  TensorView d_gate_up = Workspace(buffers_[kDGateUp], dtype_, {r, 2 * f});
-  MOETRAIN_RETURN_IF_ERROR(cpu::SwigluBackward(gate_up_, d_activated, d_gate_up));
   TensorView d_permuted_x = Workspace(buffers_[kDPermutedX], DType::kF32, {r, d});
-  MOETRAIN_RETURN_IF_ERROR(
-      cpu::GroupedGemmBackwardData(d_gate_up, weights.expert_gate_up, offsets, d_permuted_x));
-  MOETRAIN_RETURN_IF_ERROR(
-      cpu::GroupedGemmBackwardWeight(d_gate_up, permuted_x_, offsets, grads->expert_gate_up, true));
-
-  // Shared experts.
-  TensorView d_x_shared;
-  if (sf > 0) {
-    TensorView d_shared_activated = Workspace(buffers_[kDSharedActivated], DType::kF32, {t, sf});
-    MOETRAIN_RETURN_IF_ERROR(
-        cpu::Gemm({.a = d_out, .b = weights.shared_down, .c = d_shared_activated}));
-    MOETRAIN_RETURN_IF_ERROR(cpu::Gemm({.a = d_out,
-                                        .b = shared_activated_,
-                                        .c = grads->shared_down,
-                                        .trans_a = true,
-                                        .accumulate = true}));
-    TensorView d_shared_gate_up = Workspace(buffers_[kDSharedGateUp], dtype_, {t, 2 * sf});
-    MOETRAIN_RETURN_IF_ERROR(
-        cpu::SwigluBackward(shared_gate_up_, d_shared_activated, d_shared_gate_up));
-    d_x_shared = Workspace(buffers_[kDXShared], DType::kF32, {t, d});
-    MOETRAIN_RETURN_IF_ERROR(
-        cpu::Gemm({.a = d_shared_gate_up, .b = weights.shared_gate_up, .c = d_x_shared}));
-    MOETRAIN_RETURN_IF_ERROR(cpu::Gemm({.a = d_shared_gate_up,
-                                        .b = x_,
-                                        .c = grads->shared_gate_up,
-                                        .trans_a = true,
-                                        .accumulate = true}));
-  }
-
+  MOETRAIN_RETURN_IF_ERROR(RoutedExpertsBackward(weights, permuted_x_, d_expert_out, 0, e,
+                                                 permutation_.expert_offsets, d_permuted_x, grads));
+  MOETRAIN_ASSIGN_OR_RETURN(const TensorView d_x_shared,
+                            SharedExpertsBackward(weights, d_out, grads));
   // Router, in f32: the combine weights' gradient plus the aux and z losses.
-  TensorView d_logits = Workspace(buffers_[kDLogits], DType::kF32, {t, e});
-  const RouterArgs router_args = {logits_, weights.expert_bias, tokens_per_sequence_};
-  MOETRAIN_RETURN_IF_ERROR(
-      RouterBackward(config_, router_args, routing_, d_weights, d_logits, loss_weight));
-  MOETRAIN_RETURN_IF_ERROR(cpu::Gemm({.a = d_logits,
-                                      .b = router_input_,
-                                      .c = grads->router,
-                                      .trans_a = true,
-                                      .accumulate = true}));
-  TensorView d_x_router = Workspace(buffers_[kDXRouter], DType::kF32, {t, d});
-  MOETRAIN_RETURN_IF_ERROR(cpu::Gemm({.a = d_logits, .b = weights.router, .c = d_x_router}));
+  MOETRAIN_ASSIGN_OR_RETURN(const TensorView d_x_router,
+                            RouterBackwardPart(weights, d_weights, grads, loss_weight));
 
   // Each token's input gradient: its pairs' rows, the router's and the shared experts' parts.
   TensorView addends[2] = {d_x_router, d_x_shared};
   return cpu::SumPairRows(d_permuted_x, permutation_.pair_row,
-                          absl::MakeConstSpan(addends, sf > 0 ? 2 : 1), d_x);
+                          absl::MakeConstSpan(addends, d_x_shared.empty() ? 1 : 2), d_x);
 }
 
 }  // namespace moetrain

@@ -10,27 +10,55 @@
 //
 // Precision: x, out, d_out, d_x and the expert weights are in the compute dtype (f32 or bf16);
 // GEMMs accumulate in f32; the router runs in f32 (x is widened); gradients are f32.
+//
+// Expert parallel (ExpertParallelConfig::expert_group of ep > 1 ranks): rank j of the group holds
+// only its L = E/ep routed experts [j·L, (j+1)·L) (MoeWeights/MoeGrads expert_gate_up (L, 2F, D),
+// expert_down (L, D, F)); the router, expert bias and shared experts are whole on every rank.
+// Forward routes this rank's tokens over all E experts, sorts the pairs, dispatches them to the
+// ranks that own their experts (expert_parallel.h), runs the local experts on what arrives (one
+// grouped GEMM per source rank's block), and combines the results back; Backward mirrors it with
+// the same layout. Communication overlaps compute: the dispatch of each chunk of experts is in
+// flight while the shared experts and the previous chunk's GEMMs run, and its combine while the
+// next chunk's do. Every expert's GEMMs see the same row blocks in the same order whatever the
+// chunking, so results do not depend on it. In capacity mode each rank caps an expert's pairs
+// among its own tokens (⌈cf·T·k/E⌉ of its T).
 #ifndef MOETRAIN_ENGINE_MOE_MOE_LAYER_H_
 #define MOETRAIN_ENGINE_MOE_MOE_LAYER_H_
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/comm/communicator.h"
 #include "engine/core/tensor.h"
+#include "engine/moe/expert_parallel.h"
 #include "engine/moe/moe_config.h"
 #include "engine/moe/permutation.h"
 #include "engine/moe/router.h"
 
 namespace moetrain {
 
-// Read-only parameters. E experts, D hidden size, F expert_ffn_dim, S shared experts.
+// How one MoE layer shares its experts and its load counts with other ranks. The communicators
+// are not owned and must outlive the layer; every rank of a group runs Forward and Backward
+// together.
+struct ExpertParallelConfig {
+  // Ranks that share their experts; null = all E experts local.
+  Communicator* expert_group = nullptr;
+  // Ranks whose token counts form the aux loss's f_e (the world); null = this rank's.
+  Communicator* count_group = nullptr;
+  // 0 = default (2 when expert_group size > 1), 1 = no overlap; at most L are used.
+  int overlap_chunks = 0;
+};
+
+// Read-only parameters. E experts (L = E/ep of them local), D hidden size, F expert_ffn_dim,
+// S shared experts.
 struct MoeWeights {
   TensorView router;          // (E, D) f32
   TensorView expert_bias;     // (E) f32; only when config.expert_bias
-  TensorView expert_gate_up;  // (E, 2F, D) compute dtype: rows [0, F) gate, [F, 2F) up
-  TensorView expert_down;     // (E, D, F) compute dtype
+  TensorView expert_gate_up;  // (L, 2F, D) compute dtype: rows [0, F) gate, [F, 2F) up
+  TensorView expert_down;     // (L, D, F) compute dtype
   TensorView shared_gate_up;  // (2·S·F, D) compute dtype; only when S > 0
   TensorView shared_down;     // (D, S·F) compute dtype; only when S > 0
 };
@@ -39,12 +67,13 @@ struct MoeWeights {
 // micro-batches accumulate; zero them once per optimizer step.
 struct MoeGrads {
   TensorView router;          // (E, D)
-  TensorView expert_gate_up;  // (E, 2F, D)
-  TensorView expert_down;     // (E, D, F)
+  TensorView expert_gate_up;  // (L, 2F, D)
+  TensorView expert_down;     // (L, D, F)
   TensorView shared_gate_up;  // (2·S·F, D); only when S > 0
   TensorView shared_down;     // (D, S·F); only when S > 0
 };
 
+// This rank's numbers (the trainer sums tokens_per_expert over ranks for the expert bias).
 struct MoeStats {
   std::vector<int64_t> tokens_per_expert;  // (E) pairs routed to each expert, before drops
   int64_t dropped_tokens = 0;              // (token, slot) pairs dropped by capacity
@@ -55,13 +84,18 @@ struct MoeStats {
 
 class MoeLayer {
  public:
-  // InvalidArgument when the config (or hidden_size, compute_dtype ∉ {f32, bf16}) is invalid.
+  // InvalidArgument when the config (or hidden_size, compute_dtype ∉ {f32, bf16}) is invalid, or
+  // when the expert group's size does not divide model.moe.num_experts.
   static absl::StatusOr<MoeLayer> Create(const MoeConfig& config, int64_t hidden_size,
-                                         DType compute_dtype);
+                                         DType compute_dtype,
+                                         const ExpertParallelConfig& parallel = {});
 
   const MoeConfig& config() const { return config_; }
   int64_t hidden_size() const { return hidden_size_; }
   DType compute_dtype() const { return dtype_; }
+  // The routed experts this rank holds: global experts [first, first + num_local_experts()).
+  int64_t num_local_experts() const { return num_local_experts_; }
+  int64_t first_local_expert() const { return first_local_expert_; }
 
   // x (T, D), out (T, D) written. T = tokens in this micro-batch, in sequences of
   // tokens_per_sequence consecutive tokens (0 = one sequence; used by the sequence aux loss).
@@ -76,29 +110,68 @@ class MoeLayer {
                         MoeGrads* grads, float loss_weight = 1.0f);
 
  private:
-  MoeLayer(const MoeConfig& config, int64_t hidden_size, DType dtype)
-      : config_(config), hidden_size_(hidden_size), dtype_(dtype) {}
-
-  MoeConfig config_;
-  int64_t hidden_size_;
-  DType dtype_;
+  MoeLayer(const MoeConfig& config, int64_t hidden_size, DType dtype,
+           const ExpertParallelConfig& parallel);
 
   // Grows `storage` when needed and returns a view of it with `shape`: buffers live across steps,
   // so the hot path allocates (and page-faults) nothing after the first call.
   static TensorView Workspace(Tensor& storage, DType dtype, std::initializer_list<int64_t> shape);
 
-  // Saved by Forward for Backward (T tokens, R routed pairs kept, F, S·F).
+  // The pieces of Forward and Backward (moe_layer.cc), shared by both modes. The routed experts
+  // [first, last) (local indices) on their rows [offsets[0], offsets.back()) of `rows_x`, where
+  // `offsets` (last − first + 1) are absolute rows of gate_up_, activated_ and expert_out_.
+  absl::Status RoutedExpertsForward(const MoeWeights& weights, TensorView rows_x, int64_t first,
+                                    int64_t last, absl::Span<const int64_t> offsets);
+  // Their backward: d_rows_out (rows, D) compute dtype → d_rows_x (rows, D) f32, grads added.
+  absl::Status RoutedExpertsBackward(const MoeWeights& weights, TensorView rows_x,
+                                     TensorView d_rows_out, int64_t first, int64_t last,
+                                     absl::Span<const int64_t> offsets, TensorView d_rows_x,
+                                     MoeGrads* grads);
+  // Shared experts on every token: (T, D) f32, or an empty view when S = 0.
+  absl::StatusOr<TensorView> SharedExpertsForward(const MoeWeights& weights);
+  absl::StatusOr<TensorView> SharedExpertsBackward(const MoeWeights& weights, TensorView d_out,
+                                                   MoeGrads* grads);
+  // The router's gradient from the combine weights' (T, k) and the losses; returns d_x's part.
+  absl::StatusOr<TensorView> RouterBackwardPart(const MoeWeights& weights, TensorView d_weights,
+                                                MoeGrads* grads, float loss_weight);
+
+  // Expert parallel (moe_layer_expert_parallel.cc): from the routing to out, and back to d_x.
+  absl::Status ForwardExpertParallel(const MoeWeights& weights, TensorView out);
+  absl::Status BackwardExpertParallel(const MoeWeights& weights, TensorView d_out, TensorView d_x,
+                                      MoeGrads* grads, float loss_weight);
+  // Runs each chunk's `compute` between its dispatch and its combine, with `other` (work that
+  // needs neither) while the first dispatch is in flight; serially when there is one chunk.
+  // `compute(c, s)` is called for every source rank s of chunk c.
+  absl::Status RunChunks(const DispatchArgs& dispatch, const CombineArgs& combine,
+                         const std::function<absl::Status()>& other,
+                         const std::function<absl::Status(int chunk, int source)>& compute);
+
+  MoeConfig config_;
+  int64_t hidden_size_;
+  DType dtype_;
+  ExpertParallelConfig parallel_;
+  int64_t num_local_experts_;     // L
+  int64_t first_local_expert_;    // j·L
+  bool expert_parallel_ = false;  // an expert group of ep > 1 ranks
+  int num_chunks_ = 1;            // overlap chunks when expert parallel
+
+  // Saved by Forward for Backward (T tokens, R routed pairs kept, N rows received, F, S·F).
+  // Without expert parallelism the expert rows are the permuted rows, N = R; with it they are the
+  // received rows, in the dispatch layout (by chunk, source rank, local expert).
   bool has_forward_ = false;
   int64_t tokens_per_sequence_ = 0;
   TensorView x_;                 // (T, D) compute dtype: the caller's input; must outlive Backward
   TensorView router_input_;      // (T, D) f32: x, widened when computing in bf16
   TensorView logits_;            // (T, E) f32
   RouterOutput routing_;         // scores, top-k experts and weights, losses
-  Permutation permutation_;      // pairs sorted by expert
+  Permutation permutation_;      // pairs sorted by expert (by expert send slot when parallel)
+  DispatchHandle handle_;        // where the permuted rows went, when expert parallel
   TensorView permuted_x_;        // (R, D) compute dtype
-  TensorView gate_up_;           // (R, 2F) f32: expert pre-activations
-  TensorView activated_;         // (R, F) compute dtype: silu(gate) ⊙ up
-  TensorView expert_out_;        // (R, D) f32: routed expert outputs before weighting
+  TensorView received_x_;        // (N, D) compute dtype: rows of the local experts (parallel)
+  TensorView gate_up_;           // (N, 2F) f32: expert pre-activations
+  TensorView activated_;         // (N, F) compute dtype: silu(gate) ⊙ up
+  TensorView expert_out_;        // (N, D) f32: routed expert outputs before weighting
+  TensorView combined_;          // (R, D) f32: expert outputs back in permuted order (parallel)
   TensorView shared_gate_up_;    // (T, 2SF) f32
   TensorView shared_activated_;  // (T, SF) compute dtype
 
@@ -107,7 +180,8 @@ class MoeLayer {
   enum Buffer {
     kRouterInput, kLogits, kPermutedX, kGateUp, kActivated, kExpertOut, kSharedGateUp,
     kSharedActivated, kSharedOut, kDExpertOut, kDWeights, kDActivated, kDGateUp, kDPermutedX,
-    kDSharedActivated, kDSharedGateUp, kDXShared, kDLogits, kDXRouter, kNumBuffers
+    kDSharedActivated, kDSharedGateUp, kDXShared, kDLogits, kDXRouter,
+    kSendExperts, kReceivedX, kCombined, kDReceived, kDReceivedX, kNumBuffers
   };
   // clang-format on
   Tensor buffers_[kNumBuffers];

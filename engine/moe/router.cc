@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -213,9 +214,30 @@ std::vector<int64_t> CountPerSequence(const Extents& x, const int32_t* topk_expe
 }
 
 // ∂aux/∂p_{t,e} = aux_coeff · n_{q(t),e}: from α·E·mean_q Σ_e (n_{q,e}/(L·k))·(Σ_{t∈q} p_{t,e}/L).
-double AuxLossCoeff(const MoeConfig& config, const Extents& x) {
+// `count_tokens` is the T of f_e = n_e/(T·k): L, or the group's token count with a count group.
+double AuxLossCoeff(const MoeConfig& config, const Extents& x, int64_t count_tokens) {
   return static_cast<double>(config.aux_loss_coeff) * x.experts /
-         (static_cast<double>(x.tokens) * x.seq_len * x.top_k);
+         (static_cast<double>(x.tokens) * count_tokens * x.top_k);
+}
+
+// Whether f_e of the switch aux loss counts the pairs of every rank in args.count_group.
+bool UsesGroupCounts(const MoeConfig& config, const RouterArgs& args) {
+  return args.count_group != nullptr && HasAuxLoss(config) &&
+         config.aux_loss == AuxLossType::kSwitch;
+}
+
+// out->aux_counts, aux_tokens ← the E counts and T summed over the count group.
+absl::Status SumCountsOverGroup(const RouterArgs& args, int64_t tokens, RouterOutput* out) {
+  std::vector<int64_t> sums = out->tokens_per_expert;  // (E + 1): n_e, then T
+  sums.push_back(tokens);
+  MOETRAIN_ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> request,
+                            args.count_group->StartAllReduceSum(
+                                sums.data(), static_cast<int64_t>(sums.size()), DType::kI64));
+  MOETRAIN_RETURN_IF_ERROR(request->Wait());
+  out->aux_tokens = sums.back();
+  sums.pop_back();
+  out->aux_counts = std::move(sums);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -284,6 +306,11 @@ absl::Status RouterForward(const MoeConfig& config, const RouterArgs& args, Rout
   out->tokens_per_expert.assign(E, 0);
   for (size_t i = 0; i < counts.size(); ++i) out->tokens_per_expert[i % E] += counts[i];
 
+  out->aux_counts.clear();
+  out->aux_tokens = 0;
+  const bool group_counts = UsesGroupCounts(config, args);
+  if (group_counts) MOETRAIN_RETURN_IF_ERROR(SumCountsOverGroup(args, T, out));
+
   out->aux_loss = 0.0f;
   if (HasAuxLoss(config) && T > 0) {
     // aux = aux_coeff · Σ_t Σ_e n_{q(t),e}·p_{t,e}; p = s, or s / Σ_e s for sigmoid.
@@ -291,7 +318,8 @@ absl::Status RouterForward(const MoeConfig& config, const RouterArgs& args, Rout
     DefaultThreadPool().ParallelFor(T, kGrainTokens, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         const float* s = scores + t * E;
-        const int64_t* n = counts.data() + (t / x.seq_len) * E;
+        const int64_t* n =
+            group_counts ? out->aux_counts.data() : counts.data() + (t / x.seq_len) * E;
         double dot = 0.0, sum = 0.0;
         for (int64_t e = 0; e < E; ++e) {
           dot += static_cast<double>(n[e]) * s[e];
@@ -302,7 +330,8 @@ absl::Status RouterForward(const MoeConfig& config, const RouterArgs& args, Rout
     });
     double total = 0.0;
     for (int64_t t = 0; t < T; ++t) total += token_terms[t];
-    out->aux_loss = static_cast<float>(AuxLossCoeff(config, x) * total);
+    const int64_t count_tokens = group_counts ? out->aux_tokens : x.seq_len;
+    out->aux_loss = static_cast<float>(AuxLossCoeff(config, x, count_tokens) * total);
   }
 
   out->z_loss = 0.0f;
@@ -341,13 +370,25 @@ absl::Status RouterBackward(const MoeConfig& config, const RouterArgs& args,
   const bool sigmoid = config.score_function == ScoreFunction::kSigmoid;
   const bool softmax_after = IsSoftmaxAfterTopK(config);
   const double rho = config.routed_scaling_factor;
-  const std::vector<int64_t> counts =
-      HasAuxLoss(config) ? CountPerSequence(x, topk_experts) : std::vector<int64_t>();
+  // f_e's counts: those RouterForward summed over its count group, else this call's own.
+  const bool group_counts = !forward.aux_counts.empty();
+  if (group_counts && (static_cast<int64_t>(forward.aux_counts.size()) != E ||
+                       forward.aux_tokens < T || config.aux_loss != AuxLossType::kSwitch)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("forward.aux_counts has ", forward.aux_counts.size(),
+                     " counts over aux_tokens = ", forward.aux_tokens, " tokens; expected E = ", E,
+                     " over at least T = ", T, " tokens, and a switch aux loss"));
+  }
+  const std::vector<int64_t> counts = !HasAuxLoss(config) ? std::vector<int64_t>()
+                                      : group_counts      ? forward.aux_counts
+                                                          : CountPerSequence(x, topk_experts);
   if (!(loss_weight > 0.0f) || !std::isfinite(loss_weight)) {
     return absl::InvalidArgumentError(
         absl::StrCat("loss_weight = ", loss_weight, " must be positive and finite"));
   }
-  const double aux_coeff = HasAuxLoss(config) ? loss_weight * AuxLossCoeff(config, x) : 0.0;
+  const int64_t count_tokens = group_counts ? forward.aux_tokens : x.seq_len;
+  const double aux_coeff =
+      HasAuxLoss(config) ? loss_weight * AuxLossCoeff(config, x, count_tokens) : 0.0;
   const double z_coeff = T > 0 ? 2.0 * loss_weight * config.z_loss_coeff / T : 0.0;
 
   DefaultThreadPool().ParallelFor(T, kGrainTokens, [&](int64_t begin, int64_t end) {

@@ -13,7 +13,10 @@
 //   probability for the aux loss p_{t,e}: softmax(z_t)_e for softmax scores (either order),
 //     s_{t,e} / Σ_e s_{t,e} for sigmoid.
 //   switch aux loss: α·E·Σ_e f_e·P_e, f_e = n_e/(T·k) (n_e = pairs chosen for e, a constant for
-//     the gradient), P_e = mean_t p_{t,e}.
+//     the gradient), P_e = mean_t p_{t,e}. With a count group (RouterArgs::count_group), n_e and T
+//     are summed over the group's ranks while P_e stays the mean over this call's tokens: each
+//     rank's loss is then its share, and with equal T on every rank the mean of the ranks' losses
+//     (and of their gradients) is the loss of one call over the union of their tokens.
 //   sequence aux loss: the same within each sequence of tokens_per_sequence consecutive tokens,
 //     averaged over sequences.
 //   z-loss: β·mean_t (logsumexp_e z_{t,e})².
@@ -24,6 +27,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engine/comm/communicator.h"
 #include "engine/core/tensor.h"
 #include "engine/moe/moe_config.h"
 
@@ -33,6 +37,10 @@ struct RouterArgs {
   TensorView logits;            // (T, E) f32
   TensorView expert_bias;       // (E) f32; read only when config.expert_bias
   int64_t tokens_per_sequence;  // sequence aux loss: T must be a multiple of it; 0 = T
+  // Switch aux loss only: the ranks whose pair counts make f_e. RouterForward sums the E counts
+  // and T over them (one all-reduce, so every rank of the group calls it together, with the same
+  // config). Null: this call's tokens alone. Not owned.
+  Communicator* count_group = nullptr;
 };
 
 struct RouterOutput {
@@ -42,6 +50,10 @@ struct RouterOutput {
   std::vector<int64_t> tokens_per_expert;  // (E) pairs chosen for each expert
   float aux_loss = 0.0f;                   // already multiplied by α (0 when aux_loss is kNone)
   float z_loss = 0.0f;                     // already multiplied by β
+  // The n_e (E) and T of f_e when they were summed over RouterArgs::count_group (which
+  // RouterBackward then uses); empty and 0 when f_e counts this call's tokens.
+  std::vector<int64_t> aux_counts;
+  int64_t aux_tokens = 0;
 };
 
 // Fills `out` (allocating its tensors on first use or when shapes change).

@@ -28,55 +28,7 @@ namespace moetrain::moe_test {
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// Tensors
-
-// NaN everywhere, so that an element the engine forgets to write cannot pass.
-Tensor NanTensor(DType dtype, std::vector<int64_t> shape) {
-  Tensor t = Tensor::Empty(dtype, shape);
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    if (dtype == DType::kBF16) {
-      t.data<BF16>()[i] = BF16{0x7FC0};
-    } else {
-      t.data<float>()[i] = std::nanf("");
-    }
-  }
-  return t;
-}
-
-bool BitIdentical(const TensorView& a, const TensorView& b) {
-  return a.numel() == b.numel() && a.dtype() == b.dtype() &&
-         std::memcmp(a.raw(), b.raw(), a.numel() * DTypeSize(a.dtype())) == 0;
-}
-
-// ‖a − b‖ / ‖b‖; ‖a‖ when b is zero.
-double RelativeError(const std::vector<double>& actual, const std::vector<double>& expected) {
-  EXPECT_EQ(actual.size(), expected.size());
-  double diff = 0.0, norm = 0.0;
-  for (size_t i = 0; i < actual.size() && i < expected.size(); ++i) {
-    diff += (actual[i] - expected[i]) * (actual[i] - expected[i]);
-    norm += expected[i] * expected[i];
-  }
-  if (std::isnan(diff)) return std::numeric_limits<double>::infinity();
-  return norm > 0.0 ? std::sqrt(diff / norm) : std::sqrt(diff);
-}
-
-// ---------------------------------------------------------------------------------------------
 // The engine's grads and runs, and the reference for a problem.
-
-reference::Weights ToReference(const Problem& p) {
-  reference::Weights w;
-  w.num_experts = p.experts();
-  w.hidden = p.hidden;
-  w.ffn = p.ffn();
-  w.shared_ffn = p.shared_ffn();
-  w.router = ToDoubles(p.router);
-  w.expert_bias = ToDoubles(p.expert_bias);
-  w.expert_gate_up = ToDoubles(p.expert_gate_up);
-  w.expert_down = ToDoubles(p.expert_down);
-  w.shared_gate_up = ToDoubles(p.shared_gate_up);
-  w.shared_down = ToDoubles(p.shared_down);
-  return w;
-}
 
 // The grads' tensors in a fixed order (the shared ones only when present), and their names.
 std::vector<const Tensor*> GradList(const EngineGrads& g) {

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <ostream>
 #include <random>
 #include <string>
@@ -18,6 +20,7 @@
 #include "engine/moe/moe_config.h"
 #include "engine/moe/moe_layer.h"
 #include "gtest/gtest.h"
+#include "tests/engine/moe/moe_reference.h"
 
 // ASSERT_TRUE(status.ok()) that prints the status when it fails.
 #define MOETRAIN_ASSERT_OK(expr)          \
@@ -57,6 +60,37 @@ inline std::vector<double> ToDoubles(const TensorView& t) {
 
 inline std::vector<double> ToDoubles(const std::vector<float>& values) {
   return std::vector<double>(values.begin(), values.end());
+}
+
+// NaN everywhere, so that an element the engine forgets to write cannot pass.
+inline Tensor NanTensor(DType dtype, std::vector<int64_t> shape) {
+  Tensor t = Tensor::Empty(dtype, shape);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    if (dtype == DType::kBF16) {
+      t.data<BF16>()[i] = BF16{0x7FC0};
+    } else {
+      t.data<float>()[i] = std::nanf("");
+    }
+  }
+  return t;
+}
+
+inline bool BitIdentical(const TensorView& a, const TensorView& b) {
+  return a.numel() == b.numel() && a.dtype() == b.dtype() &&
+         std::memcmp(a.raw(), b.raw(), a.numel() * DTypeSize(a.dtype())) == 0;
+}
+
+// ‖a − b‖ / ‖b‖; ‖a‖ when b is zero.
+inline double RelativeError(const std::vector<double>& actual,
+                            const std::vector<double>& expected) {
+  EXPECT_EQ(actual.size(), expected.size());
+  double diff = 0.0, norm = 0.0;
+  for (size_t i = 0; i < actual.size() && i < expected.size(); ++i) {
+    diff += (actual[i] - expected[i]) * (actual[i] - expected[i]);
+    norm += expected[i] * expected[i];
+  }
+  if (std::isnan(diff)) return std::numeric_limits<double>::infinity();
+  return norm > 0.0 ? std::sqrt(diff / norm) : std::sqrt(diff);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -170,6 +204,22 @@ inline Problem MakeProblem(const LayerCase& c, DType dtype) {
     }
   }
   return p;
+}
+
+// The problem's values for the float64 reference (moe_reference.h).
+inline reference::Weights ToReference(const Problem& p) {
+  reference::Weights w;
+  w.num_experts = p.experts();
+  w.hidden = p.hidden;
+  w.ffn = p.ffn();
+  w.shared_ffn = p.shared_ffn();
+  w.router = ToDoubles(p.router);
+  w.expert_bias = ToDoubles(p.expert_bias);
+  w.expert_gate_up = ToDoubles(p.expert_gate_up);
+  w.expert_down = ToDoubles(p.expert_down);
+  w.shared_gate_up = ToDoubles(p.shared_gate_up);
+  w.shared_down = ToDoubles(p.shared_down);
+  return w;
 }
 
 struct EngineInputs {

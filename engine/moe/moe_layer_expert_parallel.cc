@@ -1,0 +1,133 @@
+// MoeLayer with its routed experts spread over an expert group (see moe_layer.h): the pairs go to
+// the ranks that own their experts and come back, chunk by chunk, while other work runs.
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/backend/cpu/elementwise.h"
+#include "engine/core/status.h"
+#include "engine/moe/moe_layer.h"
+
+namespace moetrain {
+
+absl::Status MoeLayer::RunChunks(
+    const DispatchArgs& dispatch, const CombineArgs& combine,
+    const std::function<absl::Status()>& other,
+    const std::function<absl::Status(int chunk, int source)>& compute) {
+  const int chunks = handle_.num_chunks;
+  const bool overlap = chunks > 1;
+  if (!overlap) MOETRAIN_RETURN_IF_ERROR(other());
+  // Destroyed before returning, an unfinished request waits: no buffer is written after an error.
+  std::vector<ExchangeRequest> dispatched(chunks), combined(chunks);
+  auto start_dispatch = [&](int c) -> absl::Status {
+    DispatchArgs args = dispatch;
+    args.chunk = c;
+    MOETRAIN_ASSIGN_OR_RETURN(dispatched[c], StartDispatch(args));
+    return absl::OkStatus();
+  };
+  MOETRAIN_RETURN_IF_ERROR(start_dispatch(0));
+  if (overlap) MOETRAIN_RETURN_IF_ERROR(other());
+  for (int c = 0; c < chunks; ++c) {
+    // One dispatch ahead: chunk c + 1 travels while chunk c computes.
+    if (c + 1 < chunks) MOETRAIN_RETURN_IF_ERROR(start_dispatch(c + 1));
+    MOETRAIN_RETURN_IF_ERROR(dispatched[c].Wait());
+    if (handle_.chunk_first_expert(c) < handle_.chunk_last_expert(c)) {
+      for (int s = 0; s < handle_.group_size; ++s) MOETRAIN_RETURN_IF_ERROR(compute(c, s));
+    }
+    CombineArgs args = combine;
+    args.chunk = c;
+    MOETRAIN_ASSIGN_OR_RETURN(combined[c], StartCombine(args));
+  }
+  for (ExchangeRequest& request : combined) MOETRAIN_RETURN_IF_ERROR(request.Wait());
+  return absl::OkStatus();
+}
+
+absl::Status MoeLayer::ForwardExpertParallel(const MoeWeights& weights, TensorView out) {
+  const int64_t t = x_.dim(0), k = config_.top_k, d = hidden_size_;
+  const int64_t e = config_.num_experts, f = config_.expert_ffn_dim;
+
+  // The rows each expert gets from this rank (capped by capacity as BuildPermutation caps them),
+  // exchanged for the layout; then the pairs sorted by their experts' send slots, so that every
+  // exchange sends one contiguous block of rows.
+  const int64_t capacity = ExpertCapacity(config_, t);
+  std::vector<int64_t> rows_per_expert(e);
+  for (int64_t i = 0; i < e; ++i) {
+    rows_per_expert[i] = std::min(routing_.tokens_per_expert[i], capacity);
+  }
+  MOETRAIN_ASSIGN_OR_RETURN(handle_, PlanDispatch({.group = parallel_.expert_group,
+                                                   .rows_per_expert = rows_per_expert,
+                                                   .num_chunks = num_chunks_}));
+  TensorView send_slots = Workspace(buffers_[kSendExperts], DType::kI32, {t, k});
+  const int32_t* experts = routing_.topk_experts.data<int32_t>();
+  for (int64_t i = 0; i < t * k; ++i) {
+    send_slots.data<int32_t>()[i] = handle_.expert_send_slot[experts[i]];
+  }
+  MOETRAIN_RETURN_IF_ERROR(
+      BuildPermutation(config_, send_slots, routing_.topk_weights, &permutation_));
+  const int64_t r = permutation_.num_rows, n = handle_.num_received_rows();
+  if (r != handle_.num_send_rows()) {
+    return absl::InternalError(absl::StrCat("expert parallel: ", r, " permuted rows but ",
+                                            handle_.num_send_rows(), " planned"));
+  }
+
+  permuted_x_ = Workspace(buffers_[kPermutedX], dtype_, {r, d});
+  MOETRAIN_RETURN_IF_ERROR(cpu::GatherRows(x_, permutation_.row_token, permuted_x_));
+  received_x_ = Workspace(buffers_[kReceivedX], dtype_, {n, d});
+  gate_up_ = Workspace(buffers_[kGateUp], DType::kF32, {n, 2 * f});
+  activated_ = Workspace(buffers_[kActivated], dtype_, {n, f});
+  expert_out_ = Workspace(buffers_[kExpertOut], DType::kF32, {n, d});
+  combined_ = Workspace(buffers_[kCombined], DType::kF32, {r, d});
+
+  TensorView shared_out;
+  MOETRAIN_RETURN_IF_ERROR(RunChunks(
+      {.handle = &handle_, .rows = permuted_x_, .received = received_x_},
+      {.handle = &handle_, .rows = expert_out_, .out = combined_},
+      [&]() -> absl::Status {
+        MOETRAIN_ASSIGN_OR_RETURN(shared_out, SharedExpertsForward(weights));
+        return absl::OkStatus();
+      },
+      [&](int c, int source) {
+        return RoutedExpertsForward(weights, received_x_, handle_.chunk_first_expert(c),
+                                    handle_.chunk_last_expert(c), handle_.ExpertOffsets(c, source));
+      }));
+  return cpu::CombineRows(combined_, permutation_.pair_row, routing_.topk_weights, shared_out, out);
+}
+
+absl::Status MoeLayer::BackwardExpertParallel(const MoeWeights& weights, TensorView d_out,
+                                              TensorView d_x, MoeGrads* grads, float loss_weight) {
+  const int64_t t = x_.dim(0), k = config_.top_k, d = hidden_size_;
+  const int64_t r = permutation_.num_rows, n = handle_.num_received_rows();
+
+  // Combine → the rows in permuted order and the combine weights.
+  TensorView d_combined = Workspace(buffers_[kDExpertOut], dtype_, {r, d});
+  TensorView d_weights = Workspace(buffers_[kDWeights], DType::kF32, {t, k});
+  MOETRAIN_RETURN_IF_ERROR(cpu::CombineRowsBackward(d_out, combined_, permutation_.pair_row,
+                                                    routing_.topk_weights, d_combined, d_weights));
+
+  // Their gradients travel to the experts (the backward of combine is a dispatch) and the input
+  // rows' gradients back (the backward of dispatch is a combine), in the forward's layout.
+  TensorView d_received = Workspace(buffers_[kDReceived], dtype_, {n, d});
+  TensorView d_received_x = Workspace(buffers_[kDReceivedX], DType::kF32, {n, d});
+  TensorView d_permuted_x = Workspace(buffers_[kDPermutedX], DType::kF32, {r, d});
+  TensorView d_x_shared, d_x_router;
+  MOETRAIN_RETURN_IF_ERROR(RunChunks(
+      {.handle = &handle_, .rows = d_combined, .received = d_received},
+      {.handle = &handle_, .rows = d_received_x, .out = d_permuted_x},
+      [&]() -> absl::Status {
+        MOETRAIN_ASSIGN_OR_RETURN(d_x_shared, SharedExpertsBackward(weights, d_out, grads));
+        MOETRAIN_ASSIGN_OR_RETURN(d_x_router,
+                                  RouterBackwardPart(weights, d_weights, grads, loss_weight));
+        return absl::OkStatus();
+      },
+      [&](int c, int source) {
+        return RoutedExpertsBackward(weights, received_x_, d_received,
+                                     handle_.chunk_first_expert(c), handle_.chunk_last_expert(c),
+                                     handle_.ExpertOffsets(c, source), d_received_x, grads);
+      }));
+
+  TensorView addends[2] = {d_x_router, d_x_shared};
+  return cpu::SumPairRows(d_permuted_x, permutation_.pair_row,
+                          absl::MakeConstSpan(addends, d_x_shared.empty() ? 1 : 2), d_x);
+}
+
+}  // namespace moetrain
