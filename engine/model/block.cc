@@ -51,7 +51,8 @@ absl::Status CheckStream(const TensorView& t, const char* name, int64_t tokens, 
 }  // namespace
 
 absl::StatusOr<TransformerBlock> TransformerBlock::Create(const ModelConfig& config, bool moe,
-                                                          DType compute_dtype) {
+                                                          DType compute_dtype,
+                                                          const ExpertParallelConfig& parallel) {
   MOETRAIN_RETURN_IF_ERROR(config.Validate());
   if (compute_dtype != DType::kF32 && compute_dtype != DType::kBF16) {
     return absl::InvalidArgumentError(
@@ -60,8 +61,8 @@ absl::StatusOr<TransformerBlock> TransformerBlock::Create(const ModelConfig& con
   }
   TransformerBlock block(config, compute_dtype);
   if (moe) {
-    MOETRAIN_ASSIGN_OR_RETURN(MoeLayer layer,
-                              MoeLayer::Create(config.moe, config.hidden_size, compute_dtype));
+    MOETRAIN_ASSIGN_OR_RETURN(
+        MoeLayer layer, MoeLayer::Create(config.moe, config.hidden_size, compute_dtype, parallel));
     block.moe_.emplace(std::move(layer));
   }
   return block;

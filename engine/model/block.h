@@ -50,9 +50,11 @@ struct BlockGrads {
 
 class TransformerBlock {
  public:
-  // A dense block when `moe` is false.
+  // A dense block when `moe` is false. An MoE block is built with `parallel` (its weights and
+  // grads then hold only the expert group's local experts).
   static absl::StatusOr<TransformerBlock> Create(const ModelConfig& config, bool moe,
-                                                 DType compute_dtype);
+                                                 DType compute_dtype,
+                                                 const ExpertParallelConfig& parallel = {});
 
   bool is_moe() const { return moe_.has_value(); }
 
@@ -69,7 +71,6 @@ class TransformerBlock {
  private:
   TransformerBlock(const ModelConfig& config, DType dtype) : config_(config), dtype_(dtype) {}
 
-  // (Re)creates the MoE layer with its loss coefficients multiplied by `scale`.
   // `src` (T, cols) f32 as a compute-dtype tensor: src itself for f32, else converted into `buf`.
   absl::StatusOr<TensorView> ToCompute(TensorView src, Tensor& buf);
 

@@ -55,35 +55,60 @@ void Transformer::BuildParameters() {
   const int64_t d = c.hidden_size, v = c.vocab_size, dh = c.resolved_head_dim();
   const int64_t q_dim = c.num_heads * dh, kv_dim = c.num_kv_heads * dh;
   const int64_t e = moe.num_experts, fe = moe.expert_ffn_dim;
+  const int64_t local_e = num_local_experts_, first_e = first_local_expert_;
   const int64_t shared_f = moe.num_shared_experts * fe;
+  const int64_t layers = c.num_layers;
 
+  // The dense part in the order backward completes it, then the routed experts likewise (see
+  // transformer.h); each stage's ranges run from the buffer's end before it to the end after it.
   Layout layout;
-  const Region embed = layout.Add({v, d});
-  std::vector<BlockRegions> regions(c.num_layers);
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    BlockRegions& r = regions[l];
-    r.input_norm = layout.Add({d});
-    r.q_proj = layout.Add({q_dim, d});
-    r.k_proj = layout.Add({kv_dim, d});
-    r.v_proj = layout.Add({kv_dim, d});
-    r.o_proj = layout.Add({d, q_dim});
-    r.post_attention_norm = layout.Add({d});
-    if (!blocks_[l].is_moe()) {
-      r.mlp_gate_up = layout.Add({2 * c.ffn_dim, d});
-      r.mlp_down = layout.Add({d, c.ffn_dim});
-      continue;
-    }
-    r.router = layout.Add({e, d});
-    if (moe.expert_bias) r.expert_bias = layout.Add({e});
-    r.experts_gate_up = layout.Add({e, 2 * fe, d});
-    r.experts_down = layout.Add({e, d, fe});
-    if (shared_f > 0) {
-      r.shared_gate_up = layout.Add({2 * shared_f, d});
-      r.shared_down = layout.Add({d, shared_f});
-    }
+  grad_stages_.assign(layers + 2, {});
+  const auto dense_stage = [&](int64_t stage, auto&& add_regions) {
+    grad_stages_[stage].dense_begin = layout.size();
+    add_regions();
+    grad_stages_[stage].dense_end = layout.size();
+  };
+  Region lm_head, final_norm, embed;
+  std::vector<BlockRegions> regions(layers);
+  dense_stage(0, [&] {
+    if (!c.tie_embeddings) lm_head = layout.Add({v, d});
+    final_norm = layout.Add({d});
+  });
+  for (int64_t l = layers - 1; l >= 0; --l) {
+    dense_stage(layers - l, [&] {
+      BlockRegions& r = regions[l];
+      r.input_norm = layout.Add({d});
+      r.q_proj = layout.Add({q_dim, d});
+      r.k_proj = layout.Add({kv_dim, d});
+      r.v_proj = layout.Add({kv_dim, d});
+      r.o_proj = layout.Add({d, q_dim});
+      r.post_attention_norm = layout.Add({d});
+      if (!blocks_[l].is_moe()) {
+        r.mlp_gate_up = layout.Add({2 * c.ffn_dim, d});
+        r.mlp_down = layout.Add({d, c.ffn_dim});
+        return;
+      }
+      r.router = layout.Add({e, d});
+      if (moe.expert_bias) r.expert_bias = layout.Add({e});
+      if (shared_f > 0) {
+        r.shared_gate_up = layout.Add({2 * shared_f, d});
+        r.shared_down = layout.Add({d, shared_f});
+      }
+    });
   }
-  const Region final_norm = layout.Add({d});
-  const Region lm_head = c.tie_embeddings ? embed : layout.Add({v, d});
+  dense_stage(layers + 1, [&] { embed = layout.Add({v, d}); });
+  if (c.tie_embeddings) lm_head = embed;
+  dense_size_ = layout.size();
+  for (int64_t stage = 0; stage < layers + 2; ++stage) {
+    GradStage& s = grad_stages_[stage];
+    s.expert_begin = layout.size();
+    const int64_t l = layers - stage;  // the block of this stage, when it is one
+    if (stage >= 1 && stage <= layers && blocks_[l].is_moe()) {
+      regions[l].experts_gate_up = layout.Add({local_e, 2 * fe, d});
+      regions[l].experts_down = layout.Add({local_e, d, fe});
+    }
+    s.expert_end = layout.size();
+  }
 
   masters_ = Tensor::Zeros(DType::kF32, {layout.size()});
   grads_ = Tensor::Zeros(DType::kF32, {layout.size()});
@@ -103,28 +128,34 @@ void Transformer::BuildParameters() {
 
   parameters_.clear();
   parameter_init_.clear();
-  auto add = [&](std::string name, TensorView value, TensorView g, Init init) {
+  parameter_init_index_.clear();
+  // The index each parameter has in the single-rank model: other ranks' experts are counted
+  // without being added.
+  int64_t init_index = 0;
+  auto add = [&](std::string name, TensorView value, TensorView g, Init init, bool expert) {
     const bool is_bias = init == Init::kZeros;
     parameters_.push_back({.name = std::move(name),
                            .value = value,
                            .grad = g,
                            .weight_decay = init == Init::kNormal,
-                           .trainable = !is_bias});
+                           .trainable = !is_bias,
+                           .expert = expert});
     parameter_init_.push_back(init);
+    parameter_init_index_.push_back(init_index++);
   };
   // A whole tensor, or rows [begin, end) of a fused one.
   auto add_region = [&](std::string name, const Region& r, Init init) {
-    add(std::move(name), master(r), grad(r), init);
+    add(std::move(name), master(r), grad(r), init, /*expert=*/false);
   };
-  auto add_rows = [&](std::string name, TensorView value, TensorView g, int64_t begin,
-                      int64_t end) {
-    add(std::move(name), value.Slice(begin, end), g.Slice(begin, end), Init::kNormal);
+  auto add_rows = [&](std::string name, TensorView value, TensorView g, int64_t begin, int64_t end,
+                      bool expert = false) {
+    add(std::move(name), value.Slice(begin, end), g.Slice(begin, end), Init::kNormal, expert);
   };
 
   add_region("model.embed_tokens.weight", embed, Init::kNormal);
-  block_weights_.assign(c.num_layers, {});
-  block_grads_.assign(c.num_layers, {});
-  for (int64_t l = 0; l < c.num_layers; ++l) {
+  block_weights_.assign(layers, {});
+  block_grads_.assign(layers, {});
+  for (int64_t l = 0; l < layers; ++l) {
     const BlockRegions& r = regions[l];
     const std::string prefix = absl::StrCat("model.layers.", l, ".");
     add_region(prefix + "input_layernorm.weight", r.input_norm, Init::kOnes);
@@ -168,16 +199,21 @@ void Transformer::BuildParameters() {
       add_region(prefix + "mlp.gate.e_score_correction_bias", r.expert_bias, Init::kZeros);
       w.moe.expert_bias = master(r.expert_bias);
     }
-    // Experts are fused (E, 2F, D) and (E, D, F) for the grouped GEMM; each expert's
-    // gate/up/down are contiguous blocks of them.
+    // This rank's experts are fused (E/ep, 2F, D) and (E/ep, D, F) for the grouped GEMM; each
+    // expert's gate/up/down are contiguous blocks of them.
     const TensorView gate_up = master(r.experts_gate_up), gate_up_grad = grad(r.experts_gate_up);
     const TensorView down = master(r.experts_down), down_grad = grad(r.experts_down);
-    for (int64_t x = 0; x < e; ++x) {
-      const std::string expert = absl::StrCat(prefix, "mlp.experts.", x, ".");
-      add_rows(expert + "gate_proj.weight", gate_up.Select(x), gate_up_grad.Select(x), 0, fe);
-      add_rows(expert + "up_proj.weight", gate_up.Select(x), gate_up_grad.Select(x), fe, 2 * fe);
-      add(expert + "down_proj.weight", down.Select(x), down_grad.Select(x), Init::kNormal);
+    init_index += 3 * first_e;  // gate, up and down of each expert before this rank's
+    for (int64_t x = 0; x < local_e; ++x) {
+      const std::string expert = absl::StrCat(prefix, "mlp.experts.", first_e + x, ".");
+      add_rows(expert + "gate_proj.weight", gate_up.Select(x), gate_up_grad.Select(x), 0, fe,
+               /*expert=*/true);
+      add_rows(expert + "up_proj.weight", gate_up.Select(x), gate_up_grad.Select(x), fe, 2 * fe,
+               /*expert=*/true);
+      add(expert + "down_proj.weight", down.Select(x), down_grad.Select(x), Init::kNormal,
+          /*expert=*/true);
     }
+    init_index += 3 * (e - first_e - local_e);  // and after it
     w.moe.expert_gate_up = compute(r.experts_gate_up);
     w.moe.expert_down = compute(r.experts_down);
     g.moe.expert_gate_up = gate_up_grad;
@@ -219,7 +255,7 @@ absl::Status Transformer::Initialize(uint64_t seed) {
         std::fill(data, data + n, 0.0f);
         break;
       case Init::kNormal: {
-        const Rng rng(seed, /*step=*/i, /*rank=*/0, kInitStream);
+        const Rng rng(seed, /*step=*/parameter_init_index_[i], /*rank=*/0, kInitStream);
         // Value j of the stream depends only on j, so the split over threads does not matter.
         DefaultThreadPool().ParallelFor(n, 1 << 16, [&](int64_t begin, int64_t end) {
           rng.FillNormal(data + begin, end - begin, 0.0f, config_.init_std, begin);

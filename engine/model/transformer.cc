@@ -10,18 +10,27 @@
 
 namespace moetrain {
 
-absl::StatusOr<Transformer> Transformer::Create(const ModelConfig& config, DType compute_dtype) {
+absl::StatusOr<Transformer> Transformer::Create(const ModelConfig& config, DType compute_dtype,
+                                                const ExpertParallelConfig& parallel) {
   MOETRAIN_RETURN_IF_ERROR(config.Validate());
   if (compute_dtype != DType::kF32 && compute_dtype != DType::kBF16) {
     return absl::InvalidArgumentError(
         absl::StrCat("compute dtype ", std::string(DTypeName(compute_dtype)),
                      " is not supported by the transformer (f32, bf16)"));
   }
+  const int ep = parallel.expert_group != nullptr ? parallel.expert_group->size() : 1;
+  if (config.moe.num_experts % ep != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the expert group's ", ep,
+                     " ranks do not divide model.moe.num_experts = ", config.moe.num_experts));
+  }
   Transformer model(config, compute_dtype);
+  model.num_local_experts_ = config.moe.num_experts / ep;
+  model.first_local_expert_ = ep > 1 ? parallel.expert_group->rank() * model.num_local_experts_ : 0;
   for (int64_t l = 0; l < config.num_layers; ++l) {
     MOETRAIN_ASSIGN_OR_RETURN(
         TransformerBlock block,
-        TransformerBlock::Create(config, /*moe=*/l >= config.first_dense_layers, compute_dtype));
+        TransformerBlock::Create(config, l >= config.first_dense_layers, compute_dtype, parallel));
     model.blocks_.push_back(std::move(block));
   }
   model.BuildParameters();
@@ -86,7 +95,19 @@ LmHeadLossArgs Transformer::LmHeadArgs() const {
   return {.hidden = final_normed_, .weight = lm_head_, .targets = targets_};
 }
 
+absl::Status Transformer::StageDone(const BackwardOptions& options, int64_t stage) {
+  return options.on_stage_done ? options.on_stage_done(stage) : absl::OkStatus();
+}
+
 absl::StatusOr<StepResult> Transformer::ForwardBackward(TensorView tokens, float loss_scale) {
+  BackwardOptions options;
+  options.loss_scale = loss_scale;
+  return ForwardBackward(tokens, options);
+}
+
+absl::StatusOr<StepResult> Transformer::ForwardBackward(TensorView tokens,
+                                                        const BackwardOptions& options) {
+  const float loss_scale = options.loss_scale;
   if (!(loss_scale > 0.0f) || !std::isfinite(loss_scale)) {
     return absl::InvalidArgumentError(
         absl::StrCat("loss_scale = ", loss_scale, " must be positive and finite"));
@@ -104,8 +125,9 @@ absl::StatusOr<StepResult> Transformer::ForwardBackward(TensorView tokens, float
       LmHeadLossForwardBackward(
           LmHeadArgs(), {.d_loss = loss_scale, .d_hidden = d_final, .d_weight = lm_head_grad_},
           &lm_head_workspace_));
-  if (!std::isfinite(result.loss) || !std::isfinite(result.aux_loss) ||
-      !std::isfinite(result.z_loss)) {
+  if (!options.backward_through_nonfinite_loss &&
+      (!std::isfinite(result.loss) || !std::isfinite(result.aux_loss) ||
+       !std::isfinite(result.z_loss))) {
     return NonFiniteError(absl::StrCat("loss = ", result.loss, ", aux_loss = ", result.aux_loss,
                                        ", z_loss = ", result.z_loss,
                                        " (grads are partly accumulated: zero them)"));
@@ -118,10 +140,13 @@ absl::StatusOr<StepResult> Transformer::ForwardBackward(TensorView tokens, float
                                             .d_out = d_final,
                                             .d_x = d_residual,
                                             .d_weight = final_norm_grad_}));
+  MOETRAIN_RETURN_IF_ERROR(StageDone(options, 0));
   for (int64_t l = layers - 1; l >= 0; --l) {
     MOETRAIN_RETURN_IF_ERROR(blocks_[l].Backward(block_weights_[l], d_residual, &block_grads_[l]));
+    MOETRAIN_RETURN_IF_ERROR(StageDone(options, layers - l));
   }
   MOETRAIN_RETURN_IF_ERROR(EmbeddingBackward(inputs_, d_residual, embed_grad_));
+  MOETRAIN_RETURN_IF_ERROR(StageDone(options, layers + 1));
   return result;
 }
 

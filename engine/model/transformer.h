@@ -5,10 +5,22 @@
 // the masters, SyncComputeWeights refreshes the compute copies; ZeroGrads starts the next step.
 // All parameters live in one flat f32 buffer (and their gradients in another, laid out alike), so
 // that the optimizer and a data-parallel all-reduce can treat them as one vector.
+//
+// Expert parallel: built with an expert group of ep ranks, the model holds only its rank's
+// routed experts, [ep_rank·E/ep, (ep_rank+1)·E/ep) of every MoE layer (the MoE layers exchange
+// tokens with the other ranks); everything else is whole on every rank. Parameter names keep
+// the global expert index, and Initialize gives every expert the values it has in the
+// single-rank model of the same seed.
+//
+// Buffer layout, for gradient all-reduces that start while backward is still running: first
+// the dense part (every parameter but the routed experts) in the order backward finishes it
+// (LM head and final norm, blocks L-1 … 0, embedding), then the routed experts, blocks L-1 … 0.
+// grad_stages() says which ranges each backward stage completes.
 #ifndef MOETRAIN_ENGINE_MODEL_TRANSFORMER_H_
 #define MOETRAIN_ENGINE_MODEL_TRANSFORMER_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -30,6 +42,29 @@ struct NamedParameter {
   TensorView grad;    // f32, same shape
   bool weight_decay;  // false for norms and the expert bias
   bool trainable;     // false for the expert bias (moved by UpdateExpertBiases, not the optimizer)
+  bool expert;        // a routed expert's weight (held by its expert-parallel rank only)
+};
+
+// The parameters whose gradients one backward stage completes: two ranges of the flat buffers,
+// in elements (empty ranges when begin == end). Stage 0 is the LM head and final norm, stage
+// 1 + (L-1-l) block l, stage L+1 the embedding (also the tied LM head). The dense ranges of
+// stages 0, 1, … tile [0, dense_size) in order; the expert ranges tile [dense_size, N).
+struct GradStage {
+  int64_t dense_begin = 0, dense_end = 0;    // every parameter but the routed experts
+  int64_t expert_begin = 0, expert_end = 0;  // this rank's routed experts
+};
+
+// How ForwardBackward runs one micro-batch.
+struct BackwardOptions {
+  // Multiplies ∇(cross-entropy + aux + z losses) before it is added into the grads (> 0, e.g.
+  // 1 / micro-batches).
+  float loss_scale = 1.0f;
+  // Called with s after backward stage s (grad_stages()) is done, in order; an error stops
+  // backward and is returned. Null: nothing is called.
+  std::function<absl::Status(int64_t stage)> on_stage_done;
+  // A NaN/Inf loss still runs backward (the grads take the NaN) and is reported in the result
+  // instead of as an error: ranks whose collectives must pair up keep in step.
+  bool backward_through_nonfinite_loss = false;
 };
 
 struct StepResult {
@@ -42,17 +77,20 @@ struct StepResult {
 
 class Transformer {
  public:
-  // InvalidArgument for an invalid config or a compute dtype other than f32 or bf16. Parameters
-  // start at zero: call Initialize, or write the masters (a checkpoint) and SyncComputeWeights.
-  static absl::StatusOr<Transformer> Create(const ModelConfig& config, DType compute_dtype);
+  // InvalidArgument for an invalid config, a compute dtype other than f32 or bf16, or an expert
+  // group whose size does not divide model.moe.num_experts. Parameters start at zero: call
+  // Initialize, or write the masters (a checkpoint) and SyncComputeWeights. The communicators
+  // in `parallel` must outlive the model.
+  static absl::StatusOr<Transformer> Create(const ModelConfig& config, DType compute_dtype,
+                                            const ExpertParallelConfig& parallel = {});
 
   const ModelConfig& config() const { return config_; }
   DType compute_dtype() const { return dtype_; }
 
   // normal(0, init_std) for linear weights, embeddings and routers; ones for norms; zeros for
-  // expert biases. Parameter i (in parameters() order) draws from
+  // expert biases. Parameter i (in the single-rank model's parameters() order) draws from
   // Rng(seed, /*step=*/i, /*rank=*/0, kInitStream), so the result depends on the seed and the
-  // architecture only. Also syncs the compute weights.
+  // architecture only, not on the expert-parallel layout. Also syncs the compute weights.
   absl::Status Initialize(uint64_t seed);
   static constexpr uint32_t kInitStream = 0x1417;
 
@@ -65,6 +103,9 @@ class Transformer {
   // 1 / micro-batches). The result reports the losses unscaled. A NaN or Inf loss is a
   // NonFiniteError (engine/core/status.h), with the grads partly accumulated.
   absl::StatusOr<StepResult> ForwardBackward(TensorView tokens, float loss_scale = 1.0f);
+  // The same with every option; a NaN/Inf loss is a NonFiniteError unless
+  // options.backward_through_nonfinite_loss.
+  absl::StatusOr<StepResult> ForwardBackward(TensorView tokens, const BackwardOptions& options);
   // The mean next-token cross-entropy only (NonFiniteError if NaN or Inf); grads untouched.
   absl::StatusOr<float> Evaluate(TensorView tokens);
 
@@ -79,9 +120,19 @@ class Transformer {
   TensorView master_buffer() const { return masters_; }
   TensorView grad_buffer() const { return grads_; }
   int64_t num_moe_layers() const { return config_.num_layers - config_.first_dense_layers; }
+  // This rank's routed experts: [first_local_expert, first_local_expert + num_local_experts).
+  int64_t first_local_expert() const { return first_local_expert_; }
+  int64_t num_local_experts() const { return num_local_experts_; }
+  // In backward order; L + 2 stages.
+  const std::vector<GradStage>& grad_stages() const { return grad_stages_; }
+  // Elements [0, dense_size) of the flat buffers are the dense part.
+  int64_t dense_size() const { return dense_size_; }
 
  private:
   Transformer(const ModelConfig& config, DType dtype) : config_(config), dtype_(dtype) {}
+
+  // Stage `stage` of backward is done: calls options.on_stage_done if set.
+  static absl::Status StageDone(const BackwardOptions& options, int64_t stage);
 
   // Builds the flat buffers and every view into them (parameters.cc).
   void BuildParameters();
@@ -101,6 +152,12 @@ class Transformer {
   std::vector<NamedParameter> parameters_;
   enum class Init : uint8_t { kNormal, kOnes, kZeros };
   std::vector<Init> parameter_init_;  // one per parameters_ entry
+  // One per parameters_ entry: its index in the single-rank model, which keys its init stream.
+  std::vector<int64_t> parameter_init_index_;
+  int64_t first_local_expert_ = 0;
+  int64_t num_local_experts_ = 0;
+  std::vector<GradStage> grad_stages_;
+  int64_t dense_size_ = 0;
 
   // Views of the model's tensors: masters (f32), compute copies (act) and grads (f32).
   TensorView embed_;       // (V, D) f32

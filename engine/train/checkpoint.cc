@@ -51,10 +51,7 @@ absl::Status SyncDirectory(const std::string& dir) {
   return absl::OkStatus();
 }
 
-std::string RandomSuffix() {
-  std::random_device device;
-  return absl::StrFormat("%08x%08x", device(), device());
-}
+std::string RandomSuffix() { return absl::StrFormat("%016x", NewCheckpointNonce()); }
 
 // The step of a canonical step directory name ("step-00000100"), or -1.
 int64_t ParseStepDirName(const std::string& name) {
@@ -178,10 +175,10 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& dir, int64_t dir_step) 
   if (!manifest.json.is_object()) return Damaged(absl::StrCat(kManifestName, " is no object"));
   MOETRAIN_ASSIGN_OR_RETURN(const int64_t version,
                             GetInteger(manifest.json, "format_version", kManifestName));
-  if (version != kCheckpointFormatVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(kManifestName, ": format_version ", version,
-                                                      " is not supported (this build reads ",
-                                                      kCheckpointFormatVersion, ")"));
+  if (version < kOldestCheckpointFormatVersion || version > kCheckpointFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        kManifestName, ": format_version ", version, " is not supported (this build reads ",
+        kOldestCheckpointFormatVersion, " to ", kCheckpointFormatVersion, ")"));
   }
   MOETRAIN_ASSIGN_OR_RETURN(manifest.step, GetInteger(manifest.json, "step", kManifestName));
   if (dir_step >= 0 && manifest.step != dir_step) {
@@ -232,44 +229,79 @@ absl::StatusOr<std::map<std::string, Tensor>> ReadTensorFile(const std::string& 
   return file->TakeTensors();
 }
 
-// LoadCheckpoint without the directory in its messages.
-absl::StatusOr<LoadedCheckpoint> LoadStep(const std::string& dir, int rank) {
+absl::Status CheckRank(int rank) {
   if (rank < 0 || rank > kMaxRankIndex) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank = ", rank, " must be in [0, ", kMaxRankIndex, "]"));
   }
+  return absl::OkStatus();
+}
+
+// Hashes `name` and compares it with its manifest entry.
+absl::Status VerifyListedFile(const std::string& dir, const Manifest& manifest,
+                              const std::string& name) {
+  const auto listed = std::find_if(manifest.files.begin(), manifest.files.end(),
+                                   [&](const ManifestFile& f) { return f.name == name; });
+  if (listed == manifest.files.end()) {
+    return Damaged(absl::StrCat(kManifestName, " lists no ", name));
+  }
+  MOETRAIN_ASSIGN_OR_RETURN(const FileDigest digest, DigestFile(Join(dir, name)));
+  if (digest.sha256 != listed->sha256) {
+    return Damaged(absl::StrCat(name, " sha256 mismatch (manifest ", listed->sha256.substr(0, 12),
+                                "..., file ", digest.sha256.substr(0, 12), "...)"));
+  }
+  return absl::OkStatus();
+}
+
+// Reads a tensor file into `into`; a name already there is damage (two files claim it).
+absl::Status MergeTensorFile(const std::string& dir, const std::string& name,
+                             std::map<std::string, Tensor>* into) {
+  absl::StatusOr<std::map<std::string, Tensor>> tensors = ReadTensorFile(Join(dir, name));
+  if (!tensors.ok()) return tensors.status();
+  for (auto& [key, tensor] : *tensors) {
+    if (!into->emplace(key, std::move(tensor)).second) {
+      return Damaged(absl::StrCat(name, ": tensor ", key, " is in another rank file too"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// LoadCheckpoint without the directory in its messages.
+absl::StatusOr<LoadedCheckpoint> LoadStep(const std::string& dir,
+                                          const CheckpointReadOptions& options) {
+  for (int rank : options.ranks) MOETRAIN_RETURN_IF_ERROR(CheckRank(rank));
   MOETRAIN_ASSIGN_OR_RETURN(Manifest manifest,
                             ReadManifest(dir, ParseStepDirName(fs::path(dir).filename().string())));
   MOETRAIN_RETURN_IF_ERROR(CheckFileSizes(dir, manifest));
   // Other ranks' files were size-checked above; each rank hashes only what it reads.
-  const std::string model_name = ModelFileName(rank);
-  const std::string optim_name = OptimFileName(rank);
-  for (const std::string& needed : {model_name, optim_name, std::string(kConfigName)}) {
-    const auto listed = std::find_if(manifest.files.begin(), manifest.files.end(),
-                                     [&](const ManifestFile& f) { return f.name == needed; });
-    if (listed == manifest.files.end()) {
-      return Damaged(absl::StrCat(kManifestName, " lists no ", needed));
-    }
-    MOETRAIN_ASSIGN_OR_RETURN(const FileDigest digest, DigestFile(Join(dir, needed)));
-    if (digest.sha256 != listed->sha256) {
-      return Damaged(absl::StrCat(needed, " sha256 mismatch (manifest ",
-                                  listed->sha256.substr(0, 12), "..., file ",
-                                  digest.sha256.substr(0, 12), "...)"));
-    }
+  std::vector<std::string> model_names, optim_names;
+  for (int rank : options.ranks) {
+    model_names.push_back(ModelFileName(rank));
+    if (options.optimizer) optim_names.push_back(OptimFileName(rank));
   }
+  for (const std::string& name : model_names)
+    MOETRAIN_RETURN_IF_ERROR(VerifyListedFile(dir, manifest, name));
+  for (const std::string& name : optim_names)
+    MOETRAIN_RETURN_IF_ERROR(VerifyListedFile(dir, manifest, name));
+  MOETRAIN_RETURN_IF_ERROR(VerifyListedFile(dir, manifest, kConfigName));
 
   LoadedCheckpoint loaded;
   loaded.path = dir;
   loaded.step = manifest.step;
   loaded.tokens_seen = manifest.tokens_seen;
+  loaded.ranks = options.ranks;
   MOETRAIN_ASSIGN_OR_RETURN(const std::string config_text, ReadWholeFile(Join(dir, kConfigName)));
   try {
     loaded.hf_config = Json::parse(config_text);
   } catch (const Json::parse_error& e) {
     return Damaged(absl::StrCat(kConfigName, " is not valid JSON (at byte ", e.byte, ")"));
   }
-  MOETRAIN_ASSIGN_OR_RETURN(loaded.model_tensors, ReadTensorFile(Join(dir, model_name)));
-  MOETRAIN_ASSIGN_OR_RETURN(loaded.optim_tensors, ReadTensorFile(Join(dir, optim_name)));
+  for (const std::string& name : model_names) {
+    MOETRAIN_RETURN_IF_ERROR(MergeTensorFile(dir, name, &loaded.model_tensors));
+  }
+  for (const std::string& name : optim_names) {
+    MOETRAIN_RETURN_IF_ERROR(MergeTensorFile(dir, name, &loaded.optim_tensors));
+  }
   loaded.manifest = std::move(manifest.json);
   return loaded;
 }
@@ -286,10 +318,7 @@ absl::Status ValidateContents(const CheckpointContents& contents) {
     return absl::InvalidArgumentError(
         absl::StrCat("tokens_seen = ", contents.tokens_seen, " is negative"));
   }
-  if (contents.rank < 0 || contents.rank > kMaxRankIndex) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank = ", contents.rank, " must be in [0, ", kMaxRankIndex, "]"));
-  }
+  MOETRAIN_RETURN_IF_ERROR(CheckRank(contents.rank));
   if (!contents.sections.is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat("sections must be a JSON object, got ", contents.sections.type_name()));
@@ -303,26 +332,19 @@ absl::Status ValidateContents(const CheckpointContents& contents) {
   return absl::OkStatus();
 }
 
-// Writes every file of the step into `dir` (fsyncing each, then `dir`).
-absl::Status WriteStepFiles(const std::string& dir, const std::string& job_id,
-                            const CheckpointContents& contents) {
-  nlohmann::ordered_json files = nlohmann::ordered_json::array();
-  auto record = [&](const std::string& name, const FileDigest& digest) {
-    files.push_back({{"name", name}, {"bytes", digest.bytes}, {"sha256", digest.sha256}});
-  };
-  // "pt" is the format tag Hugging Face transformers expects when it loads the weights.
-  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
-  for (const auto& [name, tensors] :
-       {std::pair{ModelFileName(contents.rank), &contents.model_tensors},
-        std::pair{OptimFileName(contents.rank), &contents.optim_tensors}}) {
-    FileDigest digest;
-    MOETRAIN_RETURN_IF_ERROR(WriteSafetensors(Join(dir, name), *tensors, metadata, &digest));
-    record(name, digest);
-  }
+// Writes config.json and the manifest (listing `files` and config.json) into `dir`, fsyncing
+// each, then `dir`.
+absl::Status WriteManifestFiles(const std::string& dir, const std::string& job_id,
+                                const CheckpointContents& contents,
+                                std::vector<CheckpointFile> files) {
   MOETRAIN_ASSIGN_OR_RETURN(const std::string config, DumpJson(contents.hf_config, "hf_config"));
   MOETRAIN_ASSIGN_OR_RETURN(const FileDigest config_digest,
                             WriteFileSynced(Join(dir, kConfigName), config));
-  record(kConfigName, config_digest);
+  files.push_back({kConfigName, config_digest.bytes, config_digest.sha256});
+  nlohmann::ordered_json listed = nlohmann::ordered_json::array();
+  for (const CheckpointFile& file : files) {
+    listed.push_back({{"name", file.name}, {"bytes", file.bytes}, {"sha256", file.sha256}});
+  }
 
   // Ordered so that a person reading the manifest sees the identity first and the files last.
   nlohmann::ordered_json manifest = {{"format_version", kCheckpointFormatVersion},
@@ -334,10 +356,22 @@ absl::Status WriteStepFiles(const std::string& dir, const std::string& job_id,
   for (const auto& [key, value] : ordered_sections.items()) {
     manifest[key] = value;
   }
-  manifest["files"] = std::move(files);
+  manifest["files"] = std::move(listed);
   MOETRAIN_ASSIGN_OR_RETURN(const std::string manifest_text, DumpJson(manifest, "the manifest"));
   MOETRAIN_RETURN_IF_ERROR(WriteFileSynced(Join(dir, kManifestName), manifest_text).status());
   return SyncDirectory(dir);
+}
+
+// The root as a path without a trailing slash, and the job id it ends in.
+absl::StatusOr<std::pair<fs::path, std::string>> SplitRoot(const std::string& root) {
+  fs::path root_path = fs::path(root).lexically_normal();
+  if (!root_path.has_filename()) root_path = root_path.parent_path();  // "a/b/" -> "a/b"
+  std::string job_id = root_path.filename().string();
+  if (job_id.empty() || job_id == "." || job_id == "..") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint root \"", root, "\" does not end in a job id"));
+  }
+  return std::pair{std::move(root_path), std::move(job_id)};
 }
 
 // Renames `dir` out of the step namespace, then deletes it: a crash mid-delete leaves a .tmp-*
@@ -359,16 +393,20 @@ std::string CheckpointStepDirName(int64_t step) { return absl::StrFormat("step-%
 std::string ModelFileName(int rank) { return absl::StrFormat("model-rank%05d.safetensors", rank); }
 std::string OptimFileName(int rank) { return absl::StrFormat("optim-rank%05d.safetensors", rank); }
 
-absl::StatusOr<std::string> WriteCheckpoint(const std::string& root,
-                                            const CheckpointContents& contents) {
-  MOETRAIN_RETURN_IF_ERROR(ValidateContents(contents));
-  fs::path root_path = fs::path(root).lexically_normal();
-  if (!root_path.has_filename()) root_path = root_path.parent_path();  // "a/b/" -> "a/b"
-  const std::string job_id = root_path.filename().string();
-  if (job_id.empty() || job_id == "." || job_id == "..") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint root \"", root, "\" does not end in a job id"));
-  }
+uint64_t NewCheckpointNonce() {
+  std::random_device device;
+  return (static_cast<uint64_t>(device()) << 32) | device();
+}
+
+std::string CheckpointTempDir(const std::string& root, int64_t step, uint64_t nonce) {
+  return Join(fs::path(root), absl::StrCat(kTmpPrefix, CheckpointStepDirName(step), "-",
+                                           absl::StrFormat("%016x", nonce)));
+}
+
+absl::StatusOr<std::string> BeginCheckpoint(const std::string& root, int64_t step, uint64_t nonce) {
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step = ", step, " is negative"));
+  MOETRAIN_ASSIGN_OR_RETURN(const auto split, SplitRoot(root));
+  const fs::path& root_path = split.first;
   std::error_code ec;
   const bool created = fs::create_directories(root_path, ec);
   if (ec) return FsError(ec, absl::StrCat("create ", root_path.string()));
@@ -376,19 +414,45 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& root,
     const fs::path parent = root_path.has_parent_path() ? root_path.parent_path() : fs::path(".");
     MOETRAIN_RETURN_IF_ERROR(SyncDirectory(parent.string()));
   }
-
-  const std::string step_name = CheckpointStepDirName(contents.step);
-  const std::string final_dir = Join(root_path, step_name);
+  const std::string final_dir = Join(root_path, CheckpointStepDirName(step));
   if (fs::exists(final_dir, ec)) {
     return absl::AlreadyExistsError(absl::StrCat(final_dir, " already exists"));
   }
-  const std::string tmp_dir =
-      Join(root_path, absl::StrCat(kTmpPrefix, step_name, "-", RandomSuffix()));
+  const std::string tmp_dir = CheckpointTempDir(root_path.string(), step, nonce);
   if (!fs::create_directory(tmp_dir, ec)) {
     if (ec) return FsError(ec, absl::StrCat("create ", tmp_dir));
     return absl::AlreadyExistsError(absl::StrCat(tmp_dir, " already exists"));
   }
-  absl::Status status = WriteStepFiles(tmp_dir, job_id, contents);
+  return tmp_dir;
+}
+
+absl::StatusOr<std::vector<CheckpointFile>> WriteCheckpointShard(
+    const std::string& tmp_dir, const CheckpointContents& contents) {
+  MOETRAIN_RETURN_IF_ERROR(CheckRank(contents.rank));
+  std::vector<CheckpointFile> files;
+  // "pt" is the format tag Hugging Face transformers expects when it loads the weights.
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  for (const auto& [name, tensors] :
+       {std::pair{ModelFileName(contents.rank), &contents.model_tensors},
+        std::pair{OptimFileName(contents.rank), &contents.optim_tensors}}) {
+    FileDigest digest;
+    MOETRAIN_RETURN_IF_ERROR(WriteSafetensors(Join(tmp_dir, name), *tensors, metadata, &digest));
+    files.push_back({name, digest.bytes, digest.sha256});
+  }
+  return files;
+}
+
+absl::StatusOr<std::string> CommitCheckpoint(const std::string& root, const std::string& tmp_dir,
+                                             const CheckpointContents& contents,
+                                             std::vector<CheckpointFile> files) {
+  absl::Status status = ValidateContents(contents);
+  absl::StatusOr<std::pair<fs::path, std::string>> split = SplitRoot(root);
+  if (status.ok()) status = split.status();
+  std::string final_dir;
+  if (status.ok()) {
+    final_dir = Join(split->first, CheckpointStepDirName(contents.step));
+    status = WriteManifestFiles(tmp_dir, split->second, contents, std::move(files));
+  }
   if (status.ok() && std::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
     const int error_number = errno;
     status = error_number == EEXIST || error_number == ENOTEMPTY
@@ -396,11 +460,29 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& root,
                  : absl::ErrnoToStatus(error_number, absl::StrCat("rename to ", final_dir));
   }
   if (!status.ok()) {
-    fs::remove_all(tmp_dir, ec);  // best effort: a leftover is harmless and pruned later
+    AbandonCheckpoint(tmp_dir);
     return status;
   }
-  MOETRAIN_RETURN_IF_ERROR(SyncDirectory(root_path.string()));
+  MOETRAIN_RETURN_IF_ERROR(SyncDirectory(split->first.string()));
   return final_dir;
+}
+
+void AbandonCheckpoint(const std::string& tmp_dir) {
+  std::error_code ec;
+  fs::remove_all(tmp_dir, ec);  // best effort: a leftover is harmless and pruned later
+}
+
+absl::StatusOr<std::string> WriteCheckpoint(const std::string& root,
+                                            const CheckpointContents& contents) {
+  MOETRAIN_RETURN_IF_ERROR(ValidateContents(contents));
+  MOETRAIN_ASSIGN_OR_RETURN(const std::string tmp_dir,
+                            BeginCheckpoint(root, contents.step, NewCheckpointNonce()));
+  absl::StatusOr<std::vector<CheckpointFile>> files = WriteCheckpointShard(tmp_dir, contents);
+  if (!files.ok()) {
+    AbandonCheckpoint(tmp_dir);
+    return files.status();
+  }
+  return CommitCheckpoint(root, tmp_dir, contents, *std::move(files));
 }
 
 absl::StatusOr<std::vector<int64_t>> ListCheckpointSteps(const std::string& root) {
@@ -434,14 +516,32 @@ absl::Status PruneCheckpoints(const std::string& root, int keep_last) {
   return listing.root_exists ? SyncDirectory(root) : absl::OkStatus();
 }
 
-absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& step_dir, int rank) {
+absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& step_dir,
+                                                const CheckpointReadOptions& options) {
   std::error_code ec;
   if (!fs::is_directory(step_dir, ec)) {
     return absl::NotFoundError(absl::StrCat(step_dir, ": no such checkpoint directory"));
   }
-  absl::StatusOr<LoadedCheckpoint> loaded = LoadStep(step_dir, rank);
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadStep(step_dir, options);
   if (!loaded.ok()) return Prefixed(loaded.status(), step_dir);
   return loaded;
+}
+
+absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& step_dir, int rank) {
+  return LoadCheckpoint(step_dir, CheckpointReadOptions{.ranks = {rank}});
+}
+
+absl::StatusOr<nlohmann::json> LoadCheckpointManifest(const std::string& step_dir) {
+  std::error_code ec;
+  if (!fs::is_directory(step_dir, ec)) {
+    return absl::NotFoundError(absl::StrCat(step_dir, ": no such checkpoint directory"));
+  }
+  absl::StatusOr<Manifest> manifest =
+      ReadManifest(step_dir, ParseStepDirName(fs::path(step_dir).filename().string()));
+  absl::Status status = manifest.status();
+  if (status.ok()) status = CheckFileSizes(step_dir, *manifest);
+  if (!status.ok()) return Prefixed(status, step_dir);
+  return std::move(manifest->json);
 }
 
 absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& root, int rank) {
@@ -457,7 +557,8 @@ absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& root, i
   }
   for (auto it = listing.steps.rbegin(); it != listing.steps.rend(); ++it) {
     const std::string name = CheckpointStepDirName(*it);
-    absl::StatusOr<LoadedCheckpoint> loaded = LoadStep(Join(root, name), rank);
+    absl::StatusOr<LoadedCheckpoint> loaded =
+        LoadStep(Join(root, name), CheckpointReadOptions{.ranks = {rank}});
     if (loaded.ok()) {
       loaded->warnings = std::move(warnings);
       return loaded;

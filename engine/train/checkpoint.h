@@ -1,19 +1,24 @@
 // Checkpoint directories: written atomically, verified on load, pruned to the newest few.
 //
 //   <checkpoint dir>/<job id>/step-00000100/
-//     manifest.json                 {"format_version": 1, "job_id", "step", "tokens_seen",
+//     manifest.json                 {"format_version": 2, "job_id", "step", "tokens_seen",
 //                                    the trainer's sections ("model_config", "world_layout",
 //                                    "data_position", "rng_state", ...),
 //                                    "files": [{"name", "bytes", "sha256"}, ...]}
 //     model-rank00000.safetensors   parameters, HF names; metadata {"format": "pt"}
-//     optim-rank00000.safetensors   optimizer moments and master weights
+//     optim-rank00000.safetensors   optimizer moments
+//     model-rank00001.safetensors … the tensors other ranks wrote (sharded checkpoints)
 //     config.json                   the HF architecture description
 //
-// A step is written into `<root>/.tmp-step-00000100-<random>`, every file and the directory
+// A step is written into `<root>/.tmp-step-00000100-<nonce>`, every file and the directory
 // fsynced, then renamed to `step-00000100` and the root fsynced: after a crash there is either
 // no step directory or a complete one (plus a .tmp-* leftover, which readers ignore and
-// PruneCheckpoints removes). One writer per root: a step directory holds the files of the ranks
-// one WriteCheckpoint call wrote (today: one rank per call).
+// PruneCheckpoints removes). WriteCheckpoint does it all for one writer; the ranks of a sharded
+// checkpoint share the steps: BeginCheckpoint (one rank), WriteCheckpointShard (each rank that
+// holds tensors, into the same temporary directory), CommitCheckpoint (one rank, with every
+// rank's file entries).
+//
+// Format versions: 2 (this build) adds sharded steps; 1 (single-rank) still loads.
 #ifndef MOETRAIN_ENGINE_TRAIN_CHECKPOINT_H_
 #define MOETRAIN_ENGINE_TRAIN_CHECKPOINT_H_
 
@@ -30,7 +35,8 @@
 
 namespace moetrain {
 
-inline constexpr int kCheckpointFormatVersion = 1;
+inline constexpr int kCheckpointFormatVersion = 2;
+inline constexpr int kOldestCheckpointFormatVersion = 1;
 
 // "step-00000100" (at least 8 digits).
 std::string CheckpointStepDirName(int64_t step);
@@ -58,6 +64,37 @@ struct CheckpointContents {
 absl::StatusOr<std::string> WriteCheckpoint(const std::string& root,
                                             const CheckpointContents& contents);
 
+// --- Sharded writing: WriteCheckpoint in the pieces the ranks of one step share. -------------
+
+// A file of a step directory as the manifest lists it.
+struct CheckpointFile {
+  std::string name;
+  int64_t bytes = 0;
+  std::string sha256;  // 64 lowercase hex digits
+};
+
+// A random number that makes a temporary directory's name unique.
+uint64_t NewCheckpointNonce();
+// `<root>/.tmp-step-XXXXXXXX-<nonce as 16 hex digits>`: where every rank writes step `step`.
+std::string CheckpointTempDir(const std::string& root, int64_t step, uint64_t nonce);
+// One rank, first: creates `root` when missing and CheckpointTempDir(root, step, nonce); returns
+// the latter. AlreadyExists when the step (or that temporary directory) is there already.
+absl::StatusOr<std::string> BeginCheckpoint(const std::string& root, int64_t step, uint64_t nonce);
+// Each rank that holds tensors: writes ModelFileName(contents.rank) and
+// OptimFileName(contents.rank) into `tmp_dir`, fsynced, and returns their entries. Reads only
+// contents.rank and the tensors.
+absl::StatusOr<std::vector<CheckpointFile>> WriteCheckpointShard(
+    const std::string& tmp_dir, const CheckpointContents& contents);
+// One rank, last, once every shard is written: writes config.json and the manifest (listing
+// `files`, every rank's, and config.json) into `tmp_dir`, fsyncs it, renames it to the step
+// directory and fsyncs `root`; returns the step directory. Reads everything in `contents` but
+// the tensors. On error the temporary directory is removed.
+absl::StatusOr<std::string> CommitCheckpoint(const std::string& root, const std::string& tmp_dir,
+                                             const CheckpointContents& contents,
+                                             std::vector<CheckpointFile> files);
+// Removes a temporary directory whose step will not be committed (best effort).
+void AbandonCheckpoint(const std::string& tmp_dir);
+
 // The steps of the step directories under `root`, ascending; empty when `root` does not exist.
 // Lists by name only: LoadCheckpoint says whether one is good.
 absl::StatusOr<std::vector<int64_t>> ListCheckpointSteps(const std::string& root);
@@ -73,19 +110,34 @@ struct LoadedCheckpoint {
   int64_t tokens_seen = 0;
   nlohmann::json manifest;  // the whole manifest: the trainer's sections are manifest["rng_state"]…
   nlohmann::json hf_config;  // config.json
-  std::map<std::string, Tensor> model_tensors;
+  std::vector<int> ranks;    // the rank files read
+  std::map<std::string, Tensor> model_tensors;  // of those files together
   std::map<std::string, Tensor> optim_tensors;
   // LoadLatestCheckpoint: why newer steps were passed over, newest first, e.g.
   // "step-00000200: model-rank00000.safetensors sha256 mismatch (manifest 3f09..., file 9a4c...)".
   std::vector<std::string> warnings;
 };
 
-// Loads `rank`'s tensors from one step directory after verifying it: the manifest parses and has
-// format_version 1 and the directory's step; every listed file exists with its listed size; the
-// files this rank reads (its two tensor files, config.json) match their sha256 and parse.
-// NotFound when there is no such directory; DataLoss when it is damaged (the message names the
-// directory, the file and the problem); FailedPrecondition for another format version.
+// Which files of a step directory LoadCheckpoint reads.
+struct CheckpointReadOptions {
+  std::vector<int> ranks = {0};  // model-rankR (and optim-rankR) for each R, merged
+  bool optimizer = true;         // false: the model files only
+};
+
+// Loads the tensors of the rank files `options.ranks` from one step directory after verifying
+// it: the manifest parses and has a readable format_version and the directory's step; every
+// listed file exists with its listed size; the files read (tensor files, config.json) match
+// their sha256 and parse, and no tensor is in two of them. NotFound when there is no such
+// directory; DataLoss when it is damaged (the message names the directory, the file and the
+// problem); FailedPrecondition for another format version; InvalidArgument for a bad rank.
+absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& step_dir,
+                                                const CheckpointReadOptions& options);
+// The files of one rank: LoadCheckpoint(step_dir, {.ranks = {rank}}).
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& step_dir, int rank = 0);
+
+// The manifest of a step directory, verified as LoadCheckpoint does but without hashing or
+// reading any file: to learn what a step holds (its world layout) before loading it.
+absl::StatusOr<nlohmann::json> LoadCheckpointManifest(const std::string& step_dir);
 
 // Loads the newest step under `root` that passes LoadCheckpoint, recording in `warnings` each
 // newer one skipped and each .tmp-* leftover. NotFound when there is no step directory at all;

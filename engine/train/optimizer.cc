@@ -351,6 +351,11 @@ absl::Status AdamW::SetStep(int64_t step) {
 }
 
 absl::StatusOr<double> GlobalGradNorm(absl::Span<const Parameter> params) {
+  MOETRAIN_ASSIGN_OR_RETURN(const double sum, GradSquaredSum(params));
+  return std::sqrt(sum);
+}
+
+absl::StatusOr<double> GradSquaredSum(absl::Span<const Parameter> params) {
   MOETRAIN_RETURN_IF_ERROR(CheckParameters(params));
   const std::vector<int64_t> offsets = GradOffsets(params);
   const int64_t total = offsets.back();
@@ -370,7 +375,7 @@ absl::StatusOr<double> GlobalGradNorm(absl::Span<const Parameter> params) {
   });
   double sum = 0.0;
   for (double block_sum : block_sums) sum += block_sum;
-  return std::sqrt(sum);
+  return sum;
 }
 
 absl::Status ClipGradNorm(absl::Span<const Parameter> params, double max_norm,
@@ -380,6 +385,14 @@ absl::Status ClipGradNorm(absl::Span<const Parameter> params, double max_norm,
   }
   MOETRAIN_ASSIGN_OR_RETURN(const double norm, GlobalGradNorm(params));
   if (norm_before != nullptr) *norm_before = norm;
+  return ClipGradsToNorm(params, max_norm, norm);
+}
+
+absl::Status ClipGradsToNorm(absl::Span<const Parameter> params, double max_norm, double norm) {
+  if (std::isnan(max_norm)) {
+    return absl::InvalidArgumentError("max grad norm = nan (0 or less turns clipping off)");
+  }
+  MOETRAIN_RETURN_IF_ERROR(CheckParameters(params));
   if (!(max_norm > 0.0) || !std::isfinite(norm) || !(norm > max_norm)) return absl::OkStatus();
   const float scale = static_cast<float>(max_norm / (norm + 1e-6));
   const std::vector<int64_t> offsets = GradOffsets(params);

@@ -98,11 +98,17 @@ class AdamW {
 // InvalidArgument when the parameters break the contract (CheckParameters).
 absl::StatusOr<double> GlobalGradNorm(absl::Span<const Parameter> params);
 
+// ‖g‖₂² as GlobalGradNorm sums it (before the square root): for a norm whose parts live on
+// several ranks.
+absl::StatusOr<double> GradSquaredSum(absl::Span<const Parameter> params);
+
 // Writes the global grad norm to *norm_before (when not null); if max_norm > 0 and the norm
 // exceeds it, scales every grad by max_norm / (norm + 1e-6). max_norm ≤ 0 (or +Inf) never clips.
 // A NaN or Inf norm leaves the grads as they are: the caller should skip that step. NaN max_norm
 // or parameters that break the contract: InvalidArgument, and nothing changes.
 absl::Status ClipGradNorm(absl::Span<const Parameter> params, double max_norm, double* norm_before);
+// The same with the norm given (computed over more grads than `params`, e.g. over all ranks).
+absl::Status ClipGradsToNorm(absl::Span<const Parameter> params, double max_norm, double norm);
 
 // True when no grad holds a NaN or ±Inf. A grad that is not contiguous f32 is never reported
 // finite (it would not have been checked).

@@ -1,14 +1,18 @@
+// The trainer: configuration, the step loop and evaluation. Checkpoints and resume are in
+// trainer_checkpoint.cc.
 #include "engine/train/trainer.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
+#include <limits>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/core/status.h"
-#include "engine/train/checkpoint.h"
-#include "engine/train/model_config_json.h"
 
 namespace moetrain {
 namespace {
@@ -21,33 +25,7 @@ double Seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-absl::Status CopyCheckpointTensor(const std::string& path,
-                                  const std::map<std::string, Tensor>& tensors,
-                                  const std::string& name, TensorView dst) {
-  auto it = tensors.find(name);
-  if (it == tensors.end()) {
-    return absl::DataLossError(absl::StrCat(path, ": tensor ", name, " is missing"));
-  }
-  const Tensor& src = it->second;
-  if (src.dtype() != DType::kF32 || src.view().shape() != dst.shape()) {
-    return absl::DataLossError(absl::StrCat(path, ": tensor ", name, " is ",
-                                            src.view().DebugString(), ", expected ",
-                                            dst.DebugString()));
-  }
-  std::memcpy(dst.raw(), src.view().raw(), dst.numel() * sizeof(float));
-  return absl::OkStatus();
-}
-
 }  // namespace
-
-absl::Status RestoreModelParameters(const LoadedCheckpoint& loaded, Transformer* model) {
-  for (const NamedParameter& p : model->parameters()) {
-    MOETRAIN_RETURN_IF_ERROR(
-        CopyCheckpointTensor(loaded.path, loaded.model_tensors, p.name, p.value));
-  }
-  model->SyncComputeWeights();
-  return absl::OkStatus();
-}
 
 absl::Status TrainerConfig::Validate() const {
   MOETRAIN_RETURN_IF_ERROR(model.Validate());
@@ -68,6 +46,7 @@ absl::Status TrainerConfig::Validate() const {
     return Invalid("train.micro_batch_size", micro_batch_size,
                    absl::StrCat("must divide train.batch_size = ", data.batch_size).c_str());
   }
+  MOETRAIN_RETURN_IF_ERROR(parallel.Validate(model, data.batch_size, micro_batch_size));
   if (log_every < 1) return Invalid("train.log_every", log_every, "must be at least 1");
   if (eval_every < 0) return Invalid("train.eval_every", eval_every, "must not be negative");
   if (eval_batches < 0) return Invalid("train.eval_batches", eval_batches, "must not be negative");
@@ -84,26 +63,33 @@ absl::Status TrainerConfig::Validate() const {
   return resolved.Validate();
 }
 
-absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& config, int rank,
-                                                         int world_size) {
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& config,
+                                                         std::shared_ptr<Communicator> world) {
   MOETRAIN_RETURN_IF_ERROR(config.Validate());
   std::unique_ptr<Trainer> trainer(new Trainer());
   trainer->config_ = config;
   if (trainer->config_.schedule.total_steps == 0)
     trainer->config_.schedule.total_steps = config.steps;
-  trainer->rank_ = rank;
-  trainer->world_size_ = world_size;
+  MOETRAIN_ASSIGN_OR_RETURN(trainer->groups_,
+                            ParallelGroups::Create(config.parallel, std::move(world)));
+  const ParallelGroups& groups = *trainer->groups_;
 
-  MOETRAIN_ASSIGN_OR_RETURN(Transformer model,
-                            Transformer::Create(config.model, config.compute_dtype));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      Transformer model,
+      Transformer::Create(config.model, config.compute_dtype, groups.moe_parallel()));
   trainer->model_ = std::make_unique<Transformer>(std::move(model));
   MOETRAIN_RETURN_IF_ERROR(trainer->model_->Initialize(config.seed));
   for (const NamedParameter& p : trainer->model_->parameters()) {
-    if (p.trainable) trainer->trainable_.push_back({p.name, p.value, p.grad, p.weight_decay});
+    if (!p.trainable) continue;
+    const Parameter param = {p.name, p.value, p.grad, p.weight_decay};
+    trainer->trainable_.push_back(param);
+    (p.expert ? trainer->trainable_experts_ : trainer->trainable_dense_).push_back(param);
   }
+  trainer->grad_sync_ = std::make_unique<GradSync>(groups, *trainer->model_);
   MOETRAIN_ASSIGN_OR_RETURN(AdamW optimizer, AdamW::Create(config.optimizer, trainer->trainable_));
   trainer->optimizer_ = std::make_unique<AdamW>(std::move(optimizer));
-  MOETRAIN_ASSIGN_OR_RETURN(DataLoader data, DataLoader::Create(config.data, rank, world_size));
+  MOETRAIN_ASSIGN_OR_RETURN(DataLoader data,
+                            DataLoader::Create(config.data, groups.rank(), groups.world_size()));
   trainer->data_ = std::make_unique<DataLoader>(std::move(data));
   trainer->model_->ZeroGrads();
   return trainer;
@@ -120,72 +106,100 @@ std::string Trainer::CheckpointRoot() const {
 
 absl::StatusOr<StepReport> Trainer::TrainStep() {
   const double start = Seconds();
+  const int world = groups_->world_size();
   const int64_t micro =
       config_.micro_batch_size > 0 ? config_.micro_batch_size : config_.data.batch_size;
+  const int64_t micro_batches = config_.data.batch_size / micro;
   const int64_t local_batch = data_->local_batch_size();
-  const int64_t micro_batches = std::max<int64_t>(1, local_batch / micro);
-  Tensor batch = data_->Next();  // (local B, S + 1) i32
+  Tensor batch = data_->Next();  // (B/W, S + 1) i32
 
   StepReport report;
-  std::vector<std::vector<int64_t>> tokens_per_expert(model_->num_moe_layers());
-  int64_t tokens = 0;
-  double loss_sum = 0, aux_sum = 0, z_sum = 0;
+  const int64_t moe_layers = model_->num_moe_layers(), num_experts = config_.model.moe.num_experts;
+  // Summed over the micro-batches here, then over the ranks: the losses, and [tokens, dropped
+  // tokens, tokens per expert (MoE layers × E)].
+  double losses[3] = {0, 0, 0};  // cross-entropy, aux, z
+  std::vector<int64_t> counts(2 + moe_layers * num_experts, 0);
   std::string non_finite_detail;
+  BackwardOptions options;
+  // 1/W: the ranks' grads are summed, and their mean is the single-process gradient.
+  options.loss_scale = 1.0f / static_cast<float>(micro_batches * world);
+  // A rank that stopped early would leave the others' collectives unanswered.
+  options.backward_through_nonfinite_loss = world > 1;
   for (int64_t m = 0; m < micro_batches; ++m) {
+    if (m == micro_batches - 1) {
+      options.on_stage_done = [this](int64_t stage) { return grad_sync_->StageDone(stage); };
+    }
     TensorView rows =
         batch.view().Slice(m * local_batch / micro_batches, (m + 1) * local_batch / micro_batches);
-    absl::StatusOr<StepResult> step_result = model_->ForwardBackward(rows, 1.0f / micro_batches);
+    absl::StatusOr<StepResult> step_result = model_->ForwardBackward(rows, options);
     if (!step_result.ok()) {
       if (!IsNonFiniteError(step_result.status())) return step_result.status();
       // NaN/Inf activations: the step is non-finite, whatever its remaining micro-batches hold.
-      report.loss = std::nan("");
       non_finite_detail = std::string(step_result.status().message());
-      loss_sum = std::nan("");
+      losses[0] = std::nan("");
       break;
     }
     const StepResult& result = *step_result;
-    loss_sum += result.loss;
-    aux_sum += result.aux_loss;
-    z_sum += result.z_loss;
-    tokens += result.tokens;
-    for (size_t l = 0; l < result.moe_layers.size(); ++l) {
+    losses[0] += result.loss;
+    losses[1] += result.aux_loss;
+    losses[2] += result.z_loss;
+    counts[0] += result.tokens;
+    for (int64_t l = 0; l < static_cast<int64_t>(result.moe_layers.size()); ++l) {
       const MoeStats& stats = result.moe_layers[l];
-      auto& counts = tokens_per_expert[l];
-      counts.resize(stats.tokens_per_expert.size(), 0);
-      for (size_t e = 0; e < counts.size(); ++e) counts[e] += stats.tokens_per_expert[e];
-      report.dropped_tokens += stats.dropped_tokens;
+      counts[1] += stats.dropped_tokens;
+      for (int64_t e = 0; e < num_experts; ++e) {
+        counts[2 + l * num_experts + e] += stats.tokens_per_expert[e];
+      }
     }
   }
-  report.loss = loss_sum / micro_batches;
-  report.aux_loss = aux_sum / micro_batches;
-  report.z_loss = z_sum / micro_batches;
-  for (const auto& counts : tokens_per_expert) {
+  MOETRAIN_RETURN_IF_ERROR(grad_sync_->Finish());
+  MOETRAIN_RETURN_IF_ERROR(SumOverRanks(&groups_->world(), absl::MakeSpan(losses)));
+  MOETRAIN_RETURN_IF_ERROR(SumOverRanks(&groups_->world(), absl::MakeSpan(counts)));
+  const int64_t tokens = counts[0];
+  report.dropped_tokens = counts[1];
+  report.loss = losses[0] / (micro_batches * world);
+  report.aux_loss = losses[1] / (micro_batches * world);
+  report.z_loss = losses[2] / (micro_batches * world);
+  std::vector<std::vector<int64_t>> tokens_per_expert(moe_layers);
+  for (int64_t l = 0; l < moe_layers; ++l) {
+    const int64_t* layer = counts.data() + 2 + l * num_experts;
+    tokens_per_expert[l].assign(layer, layer + num_experts);
     int64_t total = 0, max = 0;
-    for (int64_t c : counts) {
+    for (int64_t c : tokens_per_expert[l]) {
       total += c;
       max = std::max(max, c);
     }
     const double load =
-        total > 0 ? static_cast<double>(max) * counts.size() / static_cast<double>(total) : 0.0;
+        total > 0 ? static_cast<double>(max) * num_experts / static_cast<double>(total) : 0.0;
     report.expert_load_per_layer.push_back(load);
     report.expert_load_max_over_mean = std::max(report.expert_load_max_over_mean, load);
   }
 
+  // The global norm: the dense grads are the same on every rank; the expert group together
+  // holds every expert once.
+  MOETRAIN_ASSIGN_OR_RETURN(const double dense_squares, GradSquaredSum(trainable_dense_));
+  MOETRAIN_ASSIGN_OR_RETURN(double expert_squares, GradSquaredSum(trainable_experts_));
+  MOETRAIN_RETURN_IF_ERROR(
+      SumOverRanks(groups_->expert_group(), absl::MakeSpan(&expert_squares, 1)));
+  const double grad_norm = std::sqrt(dense_squares + expert_squares);
+
   const int64_t step = step_;  // 0-based index of this optimizer step
-  const bool finite = std::isfinite(report.loss) && AllFinite(trainable_);
-  if (!finite) {
+  // The same on every rank: the sums above reach every rank with the same bits.
+  const bool finite_loss =
+      std::isfinite(report.loss) && std::isfinite(report.aux_loss) && std::isfinite(report.z_loss);
+  if (!finite_loss || !std::isfinite(grad_norm)) {
     if (!config_.skip_nonfinite_steps) {
       return absl::DataLossError(absl::StrCat(
-          "step ", step + 1, ": the ", std::isfinite(report.loss) ? "gradient" : "loss",
-          " is not finite (loss = ", report.loss,
-          non_finite_detail.empty() ? "" : absl::StrCat(": ", non_finite_detail),
+          "step ", step + 1, ": the ", finite_loss ? "gradient" : "loss", " is not finite (loss = ",
+          report.loss, non_finite_detail.empty() ? "" : absl::StrCat(": ", non_finite_detail),
           "); stopping without a checkpoint of this state (set train.skip_nonfinite_steps to "
           "skip such steps)"));
     }
     report.skipped = true;
     report.grad_norm = std::nan("");
   } else {
-    MOETRAIN_RETURN_IF_ERROR(ClipGradNorm(trainable_, config_.grad_clip, &report.grad_norm));
+    report.grad_norm = grad_norm;
+    MOETRAIN_RETURN_IF_ERROR(ClipGradsToNorm(trainable_, config_.grad_clip, grad_norm));
     report.lr = LearningRate(config_.schedule, step);
     MOETRAIN_RETURN_IF_ERROR(optimizer_->Step(static_cast<float>(report.lr)));
     MOETRAIN_RETURN_IF_ERROR(model_->UpdateExpertBiases(tokens_per_expert));
@@ -193,34 +207,79 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
   }
   model_->ZeroGrads();
   ++step_;
-  tokens_seen_ += tokens * world_size_;
+  tokens_seen_ += tokens;
   report.step = step_;
   report.tokens_seen = tokens_seen_;
   report.step_seconds = std::max(Seconds() - start, 1e-9);
-  report.tokens_per_s = tokens * world_size_ / report.step_seconds;
+  report.tokens_per_s = tokens / report.step_seconds;
   return report;
 }
 
 absl::StatusOr<double> Trainer::Evaluate() {
+  const int world = groups_->world_size();
   EvalIterator eval = data_->Eval();
+  const int64_t windows = data_->num_eval_windows(), batch_size = config_.data.batch_size;
+  // Σ over batches of this rank's part of the batch's mean loss (its mean × its share of rows).
   double loss_sum = 0;
   int64_t batches = 0;
+  std::string non_finite;
+  // One row of token 0, for a rank whose share of a short batch is empty.
+  std::optional<Tensor> placeholder;
   while (config_.eval_batches == 0 || batches < config_.eval_batches) {
     std::optional<Tensor> batch = eval.Next();
     if (!batch.has_value()) break;
-    if (batch->dim(0) == 0) continue;
-    MOETRAIN_ASSIGN_OR_RETURN(float loss, model_->Evaluate(*batch));
-    loss_sum += loss;
+    const int64_t rows = batch->dim(0);
+    const int64_t batch_rows = std::min(batch_size, windows - batches * batch_size);
     ++batches;
+    // Every rank runs every batch, since the MoE layers exchange tokens: an empty share runs a
+    // placeholder row whose loss is not counted.
+    TensorView tokens = batch->view();
+    if (rows == 0) {
+      if (!placeholder.has_value()) {
+        placeholder = Tensor::Zeros(DType::kI32, {1, config_.data.seq_len + 1});
+      }
+      tokens = placeholder->view();
+    }
+    absl::StatusOr<float> loss = model_->Evaluate(tokens);
+    if (!loss.ok()) {
+      // With several ranks the others still need this one in the remaining batches' collectives.
+      if (world == 1 || !IsNonFiniteError(loss.status())) return loss.status();
+      non_finite = std::string(loss.status().message());
+      loss_sum = std::nan("");
+      continue;
+    }
+    if (rows > 0) loss_sum += *loss * (static_cast<double>(rows) / batch_rows);
   }
   if (batches == 0) return absl::FailedPreconditionError("the data has no held-out windows");
+  MOETRAIN_RETURN_IF_ERROR(SumOverRanks(&groups_->world(), absl::MakeSpan(&loss_sum, 1)));
+  if (!std::isfinite(loss_sum)) {
+    return NonFiniteError(non_finite.empty() ? "evaluation loss = nan on another rank"
+                                             : non_finite);
+  }
   return loss_sum / batches;
 }
 
+absl::StatusOr<StopRequest> Trainer::AgreeOnStop(const std::atomic<StopRequest>* stop) {
+  const StopRequest local = stop != nullptr ? stop->load() : StopRequest::kNone;
+  if (groups_->world_size() == 1) return local;
+  int64_t votes[2] = {local == StopRequest::kCheckpointAndStop, local == StopRequest::kStop};
+  MOETRAIN_RETURN_IF_ERROR(SumOverRanks(&groups_->world(), absl::MakeSpan(votes)));
+  // Saving what the ranks have done is never wrong; stopping without it only when none asks.
+  if (votes[0] > 0) return StopRequest::kCheckpointAndStop;
+  if (votes[1] > 0) return StopRequest::kStop;
+  return StopRequest::kNone;
+}
+
 absl::StatusOr<bool> Trainer::MaybeSaveCheckpoint(TrainObserver* observer) {
-  if (absl::Status allowed = observer->BeforeCheckpoint(step_); !allowed.ok()) {
-    observer->OnMessage(absl::StrCat("checkpoint of step ", step_,
-                                     " skipped: ", allowed.message()));
+  const absl::Status allowed = observer->BeforeCheckpoint(step_);
+  int64_t refusals = allowed.ok() ? 0 : 1;
+  // A checkpoint some ranks wrote and others did not would be no checkpoint at all.
+  MOETRAIN_RETURN_IF_ERROR(SumOverRanks(&groups_->world(), absl::MakeSpan(&refusals, 1)));
+  if (refusals > 0) {
+    observer->OnMessage(
+        absl::StrCat("checkpoint of step ", step_, " skipped: ",
+                     !allowed.ok() ? std::string(allowed.message())
+                                   : absl::StrCat(refusals, " other rank(s) may not write it")));
     return false;
   }
   MOETRAIN_ASSIGN_OR_RETURN(CheckpointReport report, SaveCheckpoint());
@@ -236,7 +295,7 @@ absl::Status Trainer::Run(TrainObserver* observer, const std::atomic<StopRequest
   // saving it again would collide with its step directory.
   int64_t last_saved = step_;
   while (step_ < config_.steps) {
-    const StopRequest request = stop != nullptr ? stop->load() : StopRequest::kNone;
+    MOETRAIN_ASSIGN_OR_RETURN(const StopRequest request, AgreeOnStop(stop));
     if (request == StopRequest::kStop) {
       observer->OnMessage(absl::StrCat("stopping at step ", step_, " without a checkpoint"));
       return absl::OkStatus();
@@ -269,117 +328,6 @@ absl::Status Trainer::Run(TrainObserver* observer, const std::atomic<StopRequest
     MOETRAIN_RETURN_IF_ERROR(MaybeSaveCheckpoint(observer).status());
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<CheckpointReport> Trainer::SaveCheckpoint() {
-  const double start = Seconds();
-  CheckpointContents contents;
-  contents.step = step_;
-  contents.tokens_seen = tokens_seen_;
-  contents.rank = rank_;
-  contents.sections = {
-      {"model_config", ModelConfigToJson(config_.model)},
-      {"world_layout", {{"world_size", world_size_}, {"rank", rank_}}},
-      {"data_position", data_->position().ToJson()},
-      // The RNG is counter-based: (seed, step, rank, stream) is its whole state.
-      {"rng_state", {{"seed", config_.seed}, {"data_seed", config_.data.seed}, {"step", step_}}},
-      {"optimizer", {{"step", optimizer_->step()}}},
-      {"compute_dtype", std::string(DTypeName(config_.compute_dtype))},
-  };
-  // The model file holds the f32 master weights themselves, so the optimizer file needs only
-  // the moments.
-  for (const NamedParameter& p : model_->parameters())
-    contents.model_tensors.push_back({p.name, p.value});
-  for (int64_t i = 0; i < optimizer_->num_params(); ++i) {
-    const std::string& name = optimizer_->param(i).name;
-    contents.optim_tensors.push_back({name + kExpAvgSuffix, optimizer_->exp_avg(i)});
-    contents.optim_tensors.push_back({name + kExpAvgSqSuffix, optimizer_->exp_avg_sq(i)});
-  }
-  contents.hf_config = HuggingFaceConfig(config_.model, config_.data.seq_len);
-  CheckpointReport report;
-  report.step = step_;
-  report.tokens_seen = tokens_seen_;
-  MOETRAIN_ASSIGN_OR_RETURN(report.path, WriteCheckpoint(CheckpointRoot(), contents));
-  if (config_.keep_last > 0) {
-    MOETRAIN_RETURN_IF_ERROR(PruneCheckpoints(CheckpointRoot(), config_.keep_last));
-  }
-  report.write_seconds = Seconds() - start;
-  return report;
-}
-
-absl::Status Trainer::Resume(TrainObserver* observer) {
-  if (config_.checkpoint_dir.empty()) {
-    return absl::FailedPreconditionError("resume needs a checkpoint directory (checkpoint.dir)");
-  }
-  MOETRAIN_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, LoadLatestCheckpoint(CheckpointRoot(), rank_));
-  if (observer != nullptr) {
-    for (const std::string& warning : loaded.warnings) observer->OnMessage(warning);
-  }
-  if (loaded.manifest.value("model_config", nlohmann::json()) != ModelConfigToJson(config_.model)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(loaded.path, " holds a different model than this job's spec"));
-  }
-  auto copy = [&](const std::map<std::string, Tensor>& tensors, const std::string& name,
-                  TensorView dst) { return CopyCheckpointTensor(loaded.path, tensors, name, dst); };
-  MOETRAIN_RETURN_IF_ERROR(RestoreModelParameters(loaded, model_.get()));
-  for (int64_t i = 0; i < optimizer_->num_params(); ++i) {
-    const std::string& name = optimizer_->param(i).name;
-    MOETRAIN_RETURN_IF_ERROR(
-        copy(loaded.optim_tensors, name + kExpAvgSuffix, optimizer_->exp_avg(i)));
-    MOETRAIN_RETURN_IF_ERROR(
-        copy(loaded.optim_tensors, name + kExpAvgSqSuffix, optimizer_->exp_avg_sq(i)));
-  }
-  const nlohmann::json& manifest = loaded.manifest;
-  int64_t optimizer_step = 0;
-  try {
-    optimizer_step = manifest.at("optimizer").at("step").get<int64_t>();
-  } catch (const nlohmann::json::exception& e) {
-    return absl::DataLossError(absl::StrCat(loaded.path, ": manifest optimizer.step: ", e.what()));
-  }
-  MOETRAIN_RETURN_IF_ERROR(optimizer_->SetStep(optimizer_step));
-  MOETRAIN_ASSIGN_OR_RETURN(DataPosition position, DataPosition::FromJson(manifest.value(
-                                                       "data_position", nlohmann::json())));
-  MOETRAIN_RETURN_IF_ERROR(data_->Restore(position));
-  model_->ZeroGrads();
-  step_ = loaded.step;
-  tokens_seen_ = loaded.tokens_seen;
-  if (observer != nullptr) {
-    observer->OnMessage(absl::StrCat("resumed from ", loaded.path, " (step ", step_, ")"));
-  }
-  return absl::OkStatus();
-}
-
-nlohmann::json HuggingFaceConfig(const ModelConfig& c, int64_t seq_len) {
-  const MoeConfig& m = c.moe;
-  return {
-      {"architectures", {"DeepseekV3ForCausalLM"}},
-      {"model_type", "deepseek_v3"},
-      {"vocab_size", c.vocab_size},
-      {"hidden_size", c.hidden_size},
-      {"num_hidden_layers", c.num_layers},
-      {"num_attention_heads", c.num_heads},
-      {"num_key_value_heads", c.num_kv_heads},
-      {"head_dim", c.resolved_head_dim()},
-      {"intermediate_size", c.ffn_dim},
-      {"moe_intermediate_size", m.expert_ffn_dim},
-      {"n_routed_experts", m.num_experts},
-      {"num_experts_per_tok", m.top_k},
-      {"n_shared_experts", m.num_shared_experts},
-      {"first_k_dense_replace", c.first_dense_layers},
-      {"scoring_func", m.score_function == ScoreFunction::kSigmoid ? "sigmoid" : "softmax"},
-      {"norm_topk_prob", m.normalize_topk_weights},
-      {"routed_scaling_factor", m.routed_scaling_factor},
-      {"n_group", m.num_groups},
-      {"topk_group", m.group_top_k},
-      {"rms_norm_eps", c.rms_norm_eps},
-      {"rope_theta", c.rope_theta},
-      {"max_position_embeddings", seq_len},
-      {"tie_word_embeddings", c.tie_embeddings},
-      {"hidden_act", "silu"},
-      {"moetrain_softmax_before_topk", m.softmax_before_topk},
-      {"moetrain_expert_bias", m.expert_bias},
-      {"moetrain_capacity_factor", m.capacity_factor},
-  };
 }
 
 }  // namespace moetrain

@@ -1,15 +1,25 @@
 // The training loop of one rank: micro-batches, gradient accumulation, clipping, AdamW, the
 // learning-rate schedule, the expert-bias update, evaluation and checkpoints, with exact resume.
+// Every rank of a job runs it, in lock-step (parallel.h: W = dp × ep ranks).
 //
-// One optimizer step s (0-based):
-//   for each of batch_size / micro_batch_size micro-batches: ForwardBackward, grads scaled by
-//     1 / micro-batches, MoE token counts summed;
-//   a NaN/Inf loss or grad fails the job with an error naming the step, or skips the update when
-//     skip_nonfinite_steps (the step still counts and its data is consumed);
-//   clip to grad_clip (global norm), AdamW at LearningRate(schedule, s), expert-bias update,
-//   refresh the compute weights, zero the grads.
+// One optimizer step s (0-based), M = batch_size / micro_batch_size micro-batches:
+//   for each micro-batch: this rank's micro_batch_size / W sequences of it, ForwardBackward with
+//     grads scaled by 1 / (M·W), MoE token counts summed; during the last one's backward the
+//     grads are summed over the ranks (grad_sync.h), giving the single-process mean gradient;
+//   losses, token counts and the expert load are summed over the ranks, so that every rank
+//     reports the global step;
+//   a NaN/Inf loss or grad on any rank fails the job with an error naming the step on every rank,
+//     or skips the update everywhere when skip_nonfinite_steps (the step still counts and its
+//     data is consumed);
+//   clip to grad_clip (the global norm: dense grads once plus every expert shard), AdamW at
+//     LearningRate(schedule, s), expert-bias update from the global token counts, refresh the
+//     compute weights, zero the grads.
 // Every step depends only on the parameters, the optimizer state and the data position, all in
-// the checkpoint, so N steps straight and N/2 + resume + N/2 give bit-identical losses and weights.
+// the checkpoint, so N steps straight and N/2 + resume + N/2 give bit-identical losses and weights
+// (for a fixed world layout). With one micro-batch per step, any layout of the same job computes
+// the single-process step up to float rounding; with several, rank r's share of micro-batch m is
+// not the single process's micro-batch m, which changes only the aux loss (its token counts are
+// per micro-batch).
 #ifndef MOETRAIN_ENGINE_TRAIN_TRAINER_H_
 #define MOETRAIN_ENGINE_TRAIN_TRAINER_H_
 
@@ -22,22 +32,28 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/comm/communicator.h"
 #include "engine/model/model_config.h"
 #include "engine/model/transformer.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/data.h"
+#include "engine/train/grad_sync.h"
 #include "engine/train/lr_schedule.h"
 #include "engine/train/optimizer.h"
+#include "engine/train/parallel.h"
 
 namespace moetrain {
 
 struct TrainerConfig {
   std::string job_id = "job";  // names the checkpoint folder <checkpoint_dir>/<job_id>
   ModelConfig model;
-  DataConfig data;  // data.batch_size: sequences per optimizer step; data.seq_len: S
+  DataConfig data;  // data.batch_size: sequences per optimizer step, all ranks; data.seq_len: S
+  ParallelConfig parallel;
   DType compute_dtype = DType::kF32;
-  int64_t steps = 100;           // optimizer steps in all (a resumed job continues to it)
-  int64_t micro_batch_size = 0;  // sequences per forward/backward; 0 = data.batch_size
+  int64_t steps = 100;  // optimizer steps in all (a resumed job continues to it)
+  // Sequences per forward/backward over all ranks (each rank takes 1/W of them); 0 =
+  // data.batch_size.
+  int64_t micro_batch_size = 0;
   AdamWConfig optimizer;
   LrScheduleConfig schedule;  // total_steps is taken from `steps` when 0
   double grad_clip = 1.0;     // global-norm clip; ≤ 0 disables
@@ -50,11 +66,13 @@ struct TrainerConfig {
   int64_t checkpoint_every = 0;  // steps between checkpoints (and after the last); 0 = only last
   int keep_last = 3;             // complete checkpoints kept; 0 = every one
 
-  // OK, or InvalidArgument naming the field (and validates model, data, optimizer, schedule).
+  // OK, or InvalidArgument naming the field (and validates model, data, parallel, optimizer,
+  // schedule).
   absl::Status Validate() const;
 };
 
-// What one logged step reports.
+// What one logged step reports. Global values: every rank reports the same numbers (but
+// step_seconds), those the single-process run of the job would.
 struct StepReport {
   int64_t step = 0;  // optimizer steps done, after this one
   double loss = 0;   // mean next-token cross-entropy over the step's tokens
@@ -62,7 +80,7 @@ struct StepReport {
   std::optional<double> eval_loss;
   double lr = 0;
   double grad_norm = 0;  // before clipping
-  double tokens_per_s = 0;
+  double tokens_per_s = 0;               // the step's tokens, all ranks, over step_seconds
   double step_seconds = 0;               // wall time of the step on this rank
   double expert_load_max_over_mean = 0;  // the worst MoE layer this step
   std::vector<double> expert_load_per_layer;  // busiest expert over the mean, per MoE layer
@@ -88,7 +106,8 @@ class TrainObserver {
   virtual void OnMessage(const std::string& message) {}
   // Asked before each checkpoint is written; an error skips that one checkpoint (its message is
   // passed to OnMessage) and training goes on. A worker whose hold on the job may have lapsed
-  // must not write into the job's directory.
+  // must not write into the job's directory. Asked on every rank; when any rank refuses, every
+  // rank skips the checkpoint.
   virtual absl::Status BeforeCheckpoint(int64_t step) { return absl::OkStatus(); }
 };
 
@@ -99,45 +118,65 @@ enum class StopRequest {
   kStop,               // return at once, without a checkpoint (the job was cancelled)
 };
 
+// Every rank of a job makes the same calls: Create, Resume, Run, Evaluate and SaveCheckpoint are
+// collectives over the world communicator.
 class Trainer {
  public:
-  // Builds the model (initialised from config.seed), the optimizer and the data loader.
-  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainerConfig& config, int rank = 0,
-                                                         int world_size = 1);
+  // Builds the parallel groups (over `world`, null = a single-rank LocalCommunicator), the model
+  // with this rank's experts (initialised from config.seed), the optimizer and the data loader.
+  // InvalidArgument when world->size() is not config.parallel.world_size().
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(
+      const TrainerConfig& config, std::shared_ptr<Communicator> world = nullptr);
 
-  // Continues from the newest good checkpoint of the job. NotFound when there is none; each
-  // newer damaged checkpoint passed over is reported through `observer` (may be null).
+  // Continues from the newest checkpoint of the job that is good on every rank. NotFound when
+  // there is none; each newer damaged checkpoint passed over is reported through `observer`
+  // (may be null). FailedPrecondition when the newest readable one holds another model or was
+  // written by another world layout (both layouts named). After an error other than NotFound
+  // the trainer may hold part of a checkpoint: make a new one rather than train on.
   absl::Status Resume(TrainObserver* observer);
 
-  // Trains until config.steps, or until *stop asks otherwise (checked between steps). Saves a
-  // checkpoint every checkpoint_every steps and at the end (with a checkpoint dir), including
-  // the end that kCheckpointAndStop asks for, but not the one kStop asks for.
+  // Trains until config.steps, or until *stop asks otherwise (checked between steps, and agreed
+  // by the ranks: when any rank asks for kCheckpointAndStop every rank does that, else when any
+  // asks for kStop every rank stops). Saves a checkpoint every checkpoint_every steps and at the
+  // end (with a checkpoint dir), including the end that kCheckpointAndStop asks for, but not the
+  // one kStop asks for.
   absl::Status Run(TrainObserver* observer, const std::atomic<StopRequest>* stop = nullptr);
 
   int64_t step() const { return step_; }
   int64_t tokens_seen() const { return tokens_seen_; }
   const TrainerConfig& config() const { return config_; }
+  // This rank's model: the dense weights and its own experts.
   Transformer& model() { return *model_; }
+  const ParallelGroups& groups() const { return *groups_; }
   // The best possible loss of synthetic data (its entropy rate), if the data is synthetic.
   std::optional<double> best_possible_loss() const;
 
-  // Mean next-token loss over the held-out data (at most config.eval_batches batches).
+  // Mean next-token loss over the held-out data (at most config.eval_batches batches), over
+  // every rank's share of it.
   absl::StatusOr<double> Evaluate();
-  // Writes a checkpoint of the current state.
+  // Writes a checkpoint of the current state (trainer_checkpoint.cc): every rank writes what
+  // only it holds into one step directory.
   absl::StatusOr<CheckpointReport> SaveCheckpoint();
 
  private:
   Trainer() = default;
   absl::StatusOr<StepReport> TrainStep();
-  // SaveCheckpoint when the observer allows it; true when one was written.
+  // The stop request every rank follows (see Run).
+  absl::StatusOr<StopRequest> AgreeOnStop(const std::atomic<StopRequest>* stop);
+  // SaveCheckpoint when every rank's observer allows it; true when one was written.
   absl::StatusOr<bool> MaybeSaveCheckpoint(TrainObserver* observer);
   std::string CheckpointRoot() const;
+  // Resume's part after the ranks agreed on a step: copies it into the model, optimizer, data.
+  absl::Status RestoreFrom(const LoadedCheckpoint& loaded);
 
   TrainerConfig config_;
-  int rank_ = 0;
-  int world_size_ = 1;
+  // Declared before the model, whose MoE layers hold pointers to its communicators.
+  std::unique_ptr<ParallelGroups> groups_;
   std::unique_ptr<Transformer> model_;
+  std::unique_ptr<GradSync> grad_sync_;
   std::vector<Parameter> trainable_;  // the optimizer's view of the model's trainable tensors
+  std::vector<Parameter> trainable_dense_;    // the part every rank holds
+  std::vector<Parameter> trainable_experts_;  // this rank's routed experts
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<DataLoader> data_;
   int64_t step_ = 0;
@@ -146,7 +185,9 @@ class Trainer {
 
 // Copies a checkpoint's model tensors into `model`'s masters (by parameter name, f32, exact
 // shapes) and refreshes its compute weights; DataLoss naming the checkpoint and the tensor when
-// one is missing or mis-shaped.
+// one is missing or mis-shaped. Tensors that are not in `loaded` are read from the step's other
+// model files (verified), so that a model can be loaded whole from a sharded checkpoint (moetrain
+// eval).
 absl::Status RestoreModelParameters(const LoadedCheckpoint& loaded, Transformer* model);
 
 // The Hugging Face config.json of a model (DeepSeek-V3 key names, plus moetrain_* keys for what

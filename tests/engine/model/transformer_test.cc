@@ -1,25 +1,24 @@
-// The whole model: config validation, the parameter table, initialisation, gradients against
-// finite differences, determinism, bf16, loss scaling, expert-bias updates and a few SGD steps.
+// The whole model: config validation, the parameter table, initialisation, determinism, bf16,
+// loss scaling, expert-bias updates and a few SGD steps.
 #include "engine/model/transformer.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
-#include <random>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
+#include "absl/status/statusor.h"
 #include "engine/core/status.h"
 #include "engine/core/tensor.h"
 #include "engine/model/model_config.h"
 #include "gtest/gtest.h"
+#include "tests/engine/model/transformer_test_util.h"
 
-namespace moetrain {
+namespace moetrain::transformer_test {
 namespace {
 
 #define ASSERT_OK(expr)                   \
@@ -27,62 +26,6 @@ namespace {
     const absl::Status status_ = (expr);  \
     ASSERT_TRUE(status_.ok()) << status_; \
   } while (0)
-
-// V = 11, D = 8, two blocks (dense, then MoE with E = 4, k = 2 and a shared expert), H = 2 query
-// heads over Hkv = 1 key/value head of Dh = 4.
-ModelConfig TinyConfig() {
-  ModelConfig c;
-  c.vocab_size = 11;
-  c.hidden_size = 8;
-  c.num_layers = 2;
-  c.num_heads = 2;
-  c.num_kv_heads = 1;
-  c.ffn_dim = 12;
-  c.first_dense_layers = 1;
-  c.max_seq_len = 8;
-  c.init_std = 0.02f;
-  c.moe.num_experts = 4;
-  c.moe.top_k = 2;
-  c.moe.expert_ffn_dim = 6;
-  c.moe.num_shared_experts = 1;
-  c.moe.score_function = ScoreFunction::kSigmoid;
-  c.moe.expert_bias = true;
-  c.moe.aux_loss = AuxLossType::kSequence;
-  c.moe.aux_loss_coeff = 0.05f;
-  c.moe.z_loss_coeff = 0.01f;
-  return c;
-}
-
-// The same size with softmax routing, the switch aux loss, multi-head attention and a tied
-// LM head.
-ModelConfig TinySoftmaxTiedConfig() {
-  ModelConfig c = TinyConfig();
-  c.num_kv_heads = 2;
-  c.tie_embeddings = true;
-  c.moe.score_function = ScoreFunction::kSoftmax;
-  c.moe.expert_bias = false;
-  c.moe.aux_loss = AuxLossType::kSwitch;
-  return c;
-}
-
-Tensor RandomTokens(int64_t batch, int64_t seq_len, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
-  Tensor t = Tensor::Empty(DType::kI32, {batch, seq_len + 1});
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = token(rng);
-  return t;
-}
-
-std::vector<float> Copy(const TensorView& t) {
-  return std::vector<float>(t.data<float>(), t.data<float>() + t.numel());
-}
-
-Transformer MakeModel(const ModelConfig& config, DType dtype, uint64_t seed) {
-  absl::StatusOr<Transformer> model = Transformer::Create(config, dtype);
-  EXPECT_TRUE(model.ok()) << model.status();
-  EXPECT_TRUE(model->Initialize(seed).ok());
-  return std::move(model).value();
-}
 
 // ---------------------------------------------------------------------------------------------
 // ModelConfig::Validate
@@ -313,121 +256,6 @@ TEST(TransformerTest, InitStdIsRespected) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Gradients against central differences
-
-struct GradCheckStats {
-  int checked = 0;
-  int skipped = 0;
-  double worst = 0.0;  // of |analytic − numeric| / (atol + rtol·|numeric|)
-};
-
-// The full objective, as ForwardBackward defines it (grads are touched and ignored).
-double Objective(Transformer& model, const Tensor& tokens, std::vector<MoeStats>* stats) {
-  absl::StatusOr<StepResult> r = model.ForwardBackward(tokens);
-  EXPECT_TRUE(r.ok()) << r.status();
-  if (!r.ok()) return NAN;
-  if (stats != nullptr) *stats = r->moe_layers;
-  return double{r->loss} + r->aux_loss + r->z_loss;
-}
-
-bool SameRouting(const std::vector<MoeStats>& a, const std::vector<MoeStats>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].tokens_per_expert != b[i].tokens_per_expert) return false;
-  }
-  return true;
-}
-
-GradCheckStats CheckGradients(const ModelConfig& config, uint64_t seed) {
-  Transformer model = MakeModel(config, DType::kF32, seed);
-  // Give the expert bias values, so that selection differs from the scores' order.
-  std::mt19937 rng(static_cast<uint32_t>(seed));
-  for (NamedParameter& p : model.parameters()) {
-    if (p.trainable) continue;
-    std::normal_distribution<float> dist(0.0f, 0.05f);
-    for (int64_t i = 0; i < p.value.numel(); ++i) p.value.data<float>()[i] = dist(rng);
-  }
-  const Tensor tokens = RandomTokens(/*batch=*/2, /*seq_len=*/5, config.vocab_size, 99);
-  model.ZeroGrads();
-  std::vector<MoeStats> base_stats;
-  Objective(model, tokens, &base_stats);
-  const std::vector<float> analytic = Copy(model.grad_buffer());
-
-  // The f32 loss (~2.4) carries noise of ~1e-7, ~1e-5 of a difference over h/2 = 1e-2.
-  // Richardson extrapolation of the central differences at h and h/2 cancels their O(h²)
-  // truncation error. Entries whose perturbation changes the routing (the loss is only
-  // piecewise smooth) are skipped: the expert loads change, or the two differences disagree.
-  constexpr double kH = 2e-2, kAtol = 5e-5, kRtol = 5e-3;
-  GradCheckStats stats;
-  const float* base = model.master_buffer().data<float>();
-  for (NamedParameter& p : model.parameters()) {
-    const int64_t n = p.value.numel();
-    const int64_t offset = p.value.data<float>() - base;
-    if (!p.trainable) {
-      // Selection only: no gradient flows into the expert bias.
-      for (int64_t i = 0; i < n; ++i) EXPECT_EQ(analytic[offset + i], 0.0f) << p.name;
-      continue;
-    }
-    std::uniform_int_distribution<int64_t> pick(0, n - 1);
-    for (int sample = 0; sample < 4; ++sample) {
-      const int64_t i = pick(rng);
-      float* x = p.value.data<float>() + i;
-      const float original = *x;
-      auto difference = [&](double h, bool* routing_changed) {
-        std::vector<MoeStats> plus_stats, minus_stats;
-        *x = static_cast<float>(original + h);
-        const double plus = Objective(model, tokens, &plus_stats);
-        *x = static_cast<float>(original - h);
-        const double minus = Objective(model, tokens, &minus_stats);
-        *x = original;
-        *routing_changed |=
-            !SameRouting(plus_stats, base_stats) || !SameRouting(minus_stats, base_stats);
-        // The perturbation actually applied, after rounding to f32.
-        const double applied =
-            (double{static_cast<float>(original + h)} - double{static_cast<float>(original - h)});
-        return (plus - minus) / applied;
-      };
-      bool routing_changed = false;
-      const double coarse = difference(kH, &routing_changed);
-      const double fine = difference(kH / 2, &routing_changed);
-      const double numeric = (4.0 * fine - coarse) / 3.0;
-      const double tolerance = kAtol + kRtol * std::abs(numeric);
-      if (routing_changed || std::abs(coarse - fine) > 10.0 * tolerance) {
-        ++stats.skipped;
-        continue;
-      }
-      const double got = analytic[offset + i];
-      ++stats.checked;
-      stats.worst = std::max(stats.worst, std::abs(got - numeric) / tolerance);
-      EXPECT_NEAR(got, numeric, tolerance) << p.name << "[" << i << "]";
-    }
-  }
-  return stats;
-}
-
-TEST(TransformerGradientTest, SigmoidBiasUntiedMatchesFiniteDifferences) {
-  ModelConfig c = TinyConfig();
-  // Larger weights than training would start from, so that every gradient is well above the
-  // finite differences' noise.
-  c.init_std = 0.4f;
-  const GradCheckStats stats = CheckGradients(c, 3);
-  EXPECT_GE(stats.checked, 80);
-  EXPECT_LE(stats.skipped, stats.checked / 3);
-  std::printf("checked %d, skipped %d, worst error / tolerance %.3f\n", stats.checked,
-              stats.skipped, stats.worst);
-}
-
-TEST(TransformerGradientTest, SoftmaxTiedMatchesFiniteDifferences) {
-  ModelConfig c = TinySoftmaxTiedConfig();
-  c.init_std = 0.4f;
-  const GradCheckStats stats = CheckGradients(c, 4);
-  EXPECT_GE(stats.checked, 80);
-  EXPECT_LE(stats.skipped, stats.checked / 3);
-  std::printf("checked %d, skipped %d, worst error / tolerance %.3f\n", stats.checked,
-              stats.skipped, stats.worst);
-}
-
-// ---------------------------------------------------------------------------------------------
 // Steps
 
 TEST(TransformerTest, TheSameStepTwiceIsBitIdentical) {
@@ -638,6 +466,19 @@ TEST(TransformerTest, ANonFiniteLossIsANonFiniteError) {
   const absl::Status status = model.ForwardBackward(tokens).status();
   EXPECT_TRUE(IsNonFiniteError(status)) << status;
   EXPECT_TRUE(IsNonFiniteError(model.Evaluate(tokens).status()));
+  // Ranks that must keep their collectives in step go through backward and see the NaN.
+  BackwardOptions options;
+  options.backward_through_nonfinite_loss = true;
+  int64_t stages = 0;
+  options.on_stage_done = [&](int64_t) {
+    ++stages;
+    return absl::OkStatus();
+  };
+  model.ZeroGrads();
+  const absl::StatusOr<StepResult> result = model.ForwardBackward(tokens, options);
+  ASSERT_OK(result.status());
+  EXPECT_TRUE(std::isnan(result->loss));
+  EXPECT_EQ(stages, c.num_layers + 2);
 }
 
 TEST(TransformerTest, TrainingFlopsPerToken) {
@@ -649,4 +490,4 @@ TEST(TransformerTest, TrainingFlopsPerToken) {
 }
 
 }  // namespace
-}  // namespace moetrain
+}  // namespace moetrain::transformer_test

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/train/safetensors.h"
 #include "gtest/gtest.h"
 
@@ -140,7 +141,7 @@ TEST_F(CheckpointTest, WriteListLoadRoundTrip) {
                                    "optim-rank00000.safetensors"}));
 
   const Json manifest = Json::parse(ReadBytes(fs::path(*path) / "manifest.json"));
-  EXPECT_EQ(manifest["format_version"], 1);
+  EXPECT_EQ(manifest["format_version"], kCheckpointFormatVersion);
   EXPECT_EQ(manifest["job_id"], "job-42");
   EXPECT_EQ(manifest["step"], 100);
   EXPECT_EQ(manifest["tokens_seen"], 100 * 4096);
@@ -233,10 +234,11 @@ TEST_F(CheckpointTest, ManifestOfAnotherVersionFallsBack) {
   ExpectFallbackTo100(
       [](const fs::path& step) {
         Json manifest = Json::parse(ReadBytes(step / "manifest.json"));
-        manifest["format_version"] = 2;
+        manifest["format_version"] = kCheckpointFormatVersion + 1;
         WriteBytes(step / "manifest.json", manifest.dump());
       },
-      "step-00000200: manifest.json: format_version 2 is not supported");
+      absl::StrCat("step-00000200: manifest.json: format_version ", kCheckpointFormatVersion + 1,
+                   " is not supported"));
 }
 
 TEST_F(CheckpointTest, ConsistentChecksumsOfAnUnparsableFileFallBack) {
@@ -322,6 +324,103 @@ TEST_F(CheckpointTest, RanksHaveTheirOwnFiles) {
   EXPECT_EQ(other.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_TRUE(Contains(other.status().message(), "lists no model-rank00000.safetensors"));
   EXPECT_EQ(LoadCheckpoint(*path, -1).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CheckpointTest, FormatVersionOneStillLoads) {
+  const std::string path = Write(100);
+  Json manifest = Json::parse(ReadBytes(fs::path(path) / "manifest.json"));
+  manifest["format_version"] = 1;
+  WriteBytes(fs::path(path) / "manifest.json", manifest.dump());
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpoint(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->model_tensors.size(), 4u);
+}
+
+// Two ranks write their own tensors into one temporary directory, the first commits the step.
+TEST_F(CheckpointTest, ShardsOfSeveralRanksMakeOneStep) {
+  CheckpointContents rank0 = Contents(100, 0), rank1 = Contents(100, 1);
+  rank1.model_tensors.erase(rank1.model_tensors.begin());  // the embedding only in rank 0's
+  for (auto& [name, view] : rank1.model_tensors) name += ".rank1";
+  for (auto& [name, view] : rank1.optim_tensors) name += ".rank1";
+  const uint64_t nonce = NewCheckpointNonce();
+  absl::StatusOr<std::string> tmp = BeginCheckpoint(root_.string(), 100, nonce);
+  ASSERT_TRUE(tmp.ok()) << tmp.status();
+  EXPECT_EQ(*tmp, CheckpointTempDir(root_.string(), 100, nonce));
+  EXPECT_EQ(BeginCheckpoint(root_.string(), 100, nonce).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  std::vector<CheckpointFile> files;
+  for (const CheckpointContents* shard : {&rank1, &rank0}) {
+    absl::StatusOr<std::vector<CheckpointFile>> written = WriteCheckpointShard(*tmp, *shard);
+    ASSERT_TRUE(written.ok()) << written.status();
+    ASSERT_EQ(written->size(), 2u);
+    files.insert(files.end(), written->begin(), written->end());
+  }
+  absl::StatusOr<std::string> path = CommitCheckpoint(root_.string(), *tmp, rank0, files);
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_EQ(Entries(root_), (std::set<std::string>{"step-00000100"}));
+  EXPECT_EQ(Entries(*path),
+            (std::set<std::string>{"manifest.json", "config.json", "model-rank00000.safetensors",
+                                   "optim-rank00000.safetensors", "model-rank00001.safetensors",
+                                   "optim-rank00001.safetensors"}));
+  EXPECT_EQ(Json::parse(ReadBytes(fs::path(*path) / "manifest.json"))["files"].size(), 5u);
+
+  // Each rank reads what it needs; files read together are merged.
+  absl::StatusOr<LoadedCheckpoint> both =
+      LoadCheckpoint(*path, CheckpointReadOptions{.ranks = {0, 1}});
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ(both->ranks, (std::vector<int>{0, 1}));
+  EXPECT_EQ(both->model_tensors.size(), 7u);
+  EXPECT_EQ(both->optim_tensors.size(), 6u);
+  EXPECT_EQ(BytesOf(both->model_tensors.at("model.norm.weight.rank1")),
+            BytesOf(rank1.model_tensors.back().second));
+  absl::StatusOr<LoadedCheckpoint> models_only =
+      LoadCheckpoint(*path, CheckpointReadOptions{.ranks = {1}, .optimizer = false});
+  ASSERT_TRUE(models_only.ok()) << models_only.status();
+  EXPECT_EQ(models_only->model_tensors.size(), 3u);
+  EXPECT_TRUE(models_only->optim_tensors.empty());
+
+  // Only the files read are hashed: damage in rank 1's optimizer file spares a model-only read.
+  const fs::path optim1 = fs::path(*path) / "optim-rank00001.safetensors";
+  std::string bytes = ReadBytes(optim1);
+  bytes[bytes.size() - 3] ^= 0x40;
+  WriteBytes(optim1, bytes);
+  EXPECT_TRUE(
+      LoadCheckpoint(*path, CheckpointReadOptions{.ranks = {0, 1}, .optimizer = false}).ok());
+  const absl::Status damaged =
+      LoadCheckpoint(*path, CheckpointReadOptions{.ranks = {0, 1}}).status();
+  EXPECT_EQ(damaged.code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(Contains(damaged.message(), "optim-rank00001.safetensors sha256 mismatch"))
+      << damaged;
+  EXPECT_TRUE(LoadCheckpointManifest(*path).ok()) << "the manifest check does not hash";
+}
+
+TEST_F(CheckpointTest, ATensorInTwoRankFilesIsDamage) {
+  const uint64_t nonce = NewCheckpointNonce();
+  absl::StatusOr<std::string> tmp = BeginCheckpoint(root_.string(), 7, nonce);
+  ASSERT_TRUE(tmp.ok()) << tmp.status();
+  std::vector<CheckpointFile> files;
+  for (int rank : {0, 1}) {
+    absl::StatusOr<std::vector<CheckpointFile>> written =
+        WriteCheckpointShard(*tmp, Contents(7, rank));
+    ASSERT_TRUE(written.ok()) << written.status();
+    files.insert(files.end(), written->begin(), written->end());
+  }
+  absl::StatusOr<std::string> path = CommitCheckpoint(root_.string(), *tmp, Contents(7), files);
+  ASSERT_TRUE(path.ok()) << path.status();
+  const absl::Status status =
+      LoadCheckpoint(*path, CheckpointReadOptions{.ranks = {0, 1}}).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(Contains(status.message(), "is in another rank file too")) << status;
+}
+
+TEST_F(CheckpointTest, AFailedCommitLeavesNothing) {
+  absl::StatusOr<std::string> tmp = BeginCheckpoint(root_.string(), 3, NewCheckpointNonce());
+  ASSERT_TRUE(tmp.ok()) << tmp.status();
+  CheckpointContents bad = Contents(3);
+  bad.sections["step"] = 4;  // the manifest's own key
+  EXPECT_EQ(CommitCheckpoint(root_.string(), *tmp, bad, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Entries(root_).empty());
 }
 
 TEST_F(CheckpointTest, RewritingAStepIsAlreadyExistsAndLeavesNothing) {

@@ -1,0 +1,98 @@
+#include "engine/train/grad_sync.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "engine/core/status.h"
+
+namespace moetrain {
+namespace {
+
+struct Range {
+  int64_t begin, end, last_stage;
+};
+
+// Cuts the ranges `range_of(stage)` of consecutive stages (which tile one part of the buffer in
+// stage order) into buckets of at least `bucket_elements`, the last one possibly smaller.
+template <typename RangeOf>
+std::vector<Range> CutBuckets(int64_t num_stages, int64_t bucket_elements, RangeOf range_of) {
+  std::vector<Range> buckets;
+  Range open = {0, 0, -1};
+  for (int64_t stage = 0; stage < num_stages; ++stage) {
+    const auto [begin, end] = range_of(stage);
+    if (begin == end) continue;
+    if (open.last_stage < 0) open.begin = begin;
+    open.end = end;
+    open.last_stage = stage;
+    if (open.end - open.begin >= bucket_elements) {
+      buckets.push_back(open);
+      open = {0, 0, -1};
+    }
+  }
+  if (open.last_stage >= 0) buckets.push_back(open);
+  return buckets;
+}
+
+}  // namespace
+
+GradSync::GradSync(const ParallelGroups& groups, const Transformer& model)
+    : grads_(model.grad_buffer().data<float>()) {
+  const std::vector<GradStage>& stages = model.grad_stages();
+  const int64_t num_stages = static_cast<int64_t>(stages.size());
+  const int64_t bucket_elements =
+      std::max<int64_t>(1, groups.config().grad_bucket_bytes / static_cast<int64_t>(sizeof(float)));
+  std::vector<Range> dense, expert;
+  if (groups.world_size() > 1) {
+    dense = CutBuckets(num_stages, bucket_elements, [&](int64_t s) {
+      return std::pair{stages[s].dense_begin, stages[s].dense_end};
+    });
+  }
+  if (groups.expert_data_group() != nullptr) {
+    expert = CutBuckets(num_stages, bucket_elements, [&](int64_t s) {
+      return std::pair{stages[s].expert_begin, stages[s].expert_end};
+    });
+  }
+  // Merged by the stage that completes them, dense first on a tie: the same order on every rank.
+  size_t d = 0, e = 0;
+  while (d < dense.size() || e < expert.size()) {
+    const bool take_dense =
+        e == expert.size() || (d < dense.size() && dense[d].last_stage <= expert[e].last_stage);
+    const Range& r = take_dense ? dense[d++] : expert[e++];
+    Communicator* group = take_dense ? &groups.world() : groups.expert_data_group();
+    buckets_.push_back({group, r.begin, r.end, r.last_stage, nullptr});
+  }
+}
+
+GradSync::~GradSync() {
+  // After an error: the buffers must outlive whatever is still in flight.
+  for (Bucket& bucket : buckets_) {
+    if (bucket.request != nullptr) (void)bucket.request->Wait();
+  }
+}
+
+absl::Status GradSync::StartThrough(int64_t stage) {
+  for (; next_ < buckets_.size() && buckets_[next_].last_stage <= stage; ++next_) {
+    Bucket& bucket = buckets_[next_];
+    MOETRAIN_ASSIGN_OR_RETURN(
+        bucket.request, bucket.group->StartAllReduceSum(grads_ + bucket.begin,
+                                                        bucket.end - bucket.begin, DType::kF32));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GradSync::StageDone(int64_t stage) { return StartThrough(stage); }
+
+absl::Status GradSync::Finish() {
+  absl::Status status = StartThrough(std::numeric_limits<int64_t>::max());
+  for (Bucket& bucket : buckets_) {
+    if (bucket.request == nullptr) continue;
+    const absl::Status waited = bucket.request->Wait();
+    if (status.ok()) status = waited;
+    bucket.request.reset();
+  }
+  next_ = 0;
+  return status;
+}
+
+}  // namespace moetrain

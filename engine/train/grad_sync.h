@@ -1,0 +1,64 @@
+// Sums one optimizer step's gradients over the ranks that hold the same parameters, while the
+// last micro-batch's backward is still running.
+//
+// Dense grads (the model's buffer [0, dense_size)) are summed over the world, the local experts'
+// grads ([dense_size, N)) over the expert-data group. Each part is cut into buckets of whole
+// backward stages of about ParallelConfig::grad_bucket_bytes; a bucket's all-reduce starts as
+// soon as backward has finished its last stage, so the all-reduces of later layers run while
+// the earlier layers' backward computes, and the dense and expert all-reduces run side by side.
+// The trainer folds the 1/W of the global mean into the loss scale, so the sums are the
+// single-process gradients.
+//
+// Every rank starts the same buckets in the same order: by the stage that completes them, dense
+// before expert, so the collectives of each communicator pair up.
+#ifndef MOETRAIN_ENGINE_TRAIN_GRAD_SYNC_H_
+#define MOETRAIN_ENGINE_TRAIN_GRAD_SYNC_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/comm/communicator.h"
+#include "engine/model/transformer.h"
+#include "engine/train/parallel.h"
+
+namespace moetrain {
+
+class GradSync {
+ public:
+  // Buckets over `model`'s grad buffer; `groups` and `model` must outlive this object. No
+  // buckets (nothing to do) for a single rank.
+  GradSync(const ParallelGroups& groups, const Transformer& model);
+  GradSync(const GradSync&) = delete;
+  GradSync& operator=(const GradSync&) = delete;
+  ~GradSync();
+
+  // Backward stage `stage` of the step's last micro-batch is done: starts the buckets it
+  // completes (BackwardOptions::on_stage_done).
+  absl::Status StageDone(int64_t stage);
+  // Starts the buckets not started yet (all of them when backward stopped early), then waits for
+  // every one. After it the grads are summed; the next step starts from no bucket in flight.
+  absl::Status Finish();
+
+  int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
+
+ private:
+  struct Bucket {
+    Communicator* group;                   // the world (dense) or the expert-data group (experts)
+    int64_t begin, end;                    // elements of the grad buffer
+    int64_t last_stage;                    // the backward stage that completes it
+    std::unique_ptr<CommRequest> request;  // in flight, from its start to Finish
+  };
+
+  // Starts buckets_[next_ …] while their last stage is ≤ `stage`.
+  absl::Status StartThrough(int64_t stage);
+
+  float* grads_;                 // (N) f32: the model's grad buffer
+  std::vector<Bucket> buckets_;  // in start order
+  size_t next_ = 0;              // the first bucket not started
+};
+
+}  // namespace moetrain
+
+#endif  // MOETRAIN_ENGINE_TRAIN_GRAD_SYNC_H_

@@ -1,0 +1,414 @@
+// The trainer's checkpoints: sharded writing by every rank, agreed resume, and loading a model
+// from any checkpoint.
+//
+// Who writes what (W = dp × ep ranks; the dp replicas of a shard hold the same values):
+//   rank 0                       the dense parameters and their optimizer moments
+//   ranks 0 … ep-1 (dp_rank 0)   their experts, [j·E/ep, (j+1)·E/ep), and their moments
+// in model-rank{j}.safetensors / optim-rank{j}.safetensors; ranks with dp_rank > 0 write nothing.
+// The manifest's "world_layout" records the layout and the shards, so that a loader (or a future
+// re-sharder) knows which file holds which tensors:
+//   {"world_size": 4, "data_parallel": 2, "expert_parallel": 2,
+//    "shards": [{"rank": 0, "model": "model-rank00000.safetensors",
+//                "optim": "optim-rank00000.safetensors", "dense": true, "experts": [0, 4]}, …]}
+#include "engine/train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "engine/core/status.h"
+#include "engine/train/checkpoint.h"
+#include "engine/train/model_config_json.h"
+
+namespace moetrain {
+namespace {
+
+using Json = nlohmann::json;
+
+// A written file as integers for AllGather: [bytes, the sha256's 32 bytes as 4 words].
+constexpr int kFileWords = 5;
+// What each rank tells the others after writing: [ok, number of files, 2 files × kFileWords].
+constexpr int kShardWords = 2 + 2 * kFileWords;
+
+void PackFile(const CheckpointFile& file, int64_t* out) {
+  out[0] = file.bytes;
+  for (int w = 0; w < 4; ++w) {
+    uint64_t word = 0;
+    for (int c = 0; c < 16; ++c) {
+      const char h = file.sha256[w * 16 + c];
+      word = word << 4 | static_cast<uint64_t>(h <= '9' ? h - '0' : h - 'a' + 10);
+    }
+    out[1 + w] = static_cast<int64_t>(word);
+  }
+}
+
+CheckpointFile UnpackFile(const int64_t* in, std::string name) {
+  CheckpointFile file{std::move(name), in[0], ""};
+  for (int w = 0; w < 4; ++w) {
+    const uint64_t word = static_cast<uint64_t>(in[1 + w]);
+    for (int c = 15; c >= 0; --c) file.sha256 += "0123456789abcdef"[(word >> (4 * c)) & 0xf];
+  }
+  return file;
+}
+
+absl::Status CopyTensor(const std::string& path, const Tensor& src, const std::string& name,
+                        TensorView dst) {
+  if (src.dtype() != DType::kF32 || src.view().shape() != dst.shape()) {
+    return absl::DataLossError(absl::StrCat(path, ": tensor ", name, " is ",
+                                            src.view().DebugString(), ", expected ",
+                                            dst.DebugString()));
+  }
+  std::memcpy(dst.raw(), src.view().raw(), dst.numel() * sizeof(float));
+  return absl::OkStatus();
+}
+
+absl::Status CopyCheckpointTensor(const std::string& path,
+                                  const std::map<std::string, Tensor>& tensors,
+                                  const std::string& name, TensorView dst) {
+  auto it = tensors.find(name);
+  if (it == tensors.end()) {
+    return absl::DataLossError(absl::StrCat(path, ": tensor ", name, " is missing"));
+  }
+  return CopyTensor(path, it->second, name, dst);
+}
+
+// The ranks R of the files model-rankR.safetensors a manifest lists.
+std::vector<int> ModelFileRanks(const Json& manifest) {
+  std::vector<int> ranks;
+  const auto files = manifest.find("files");
+  if (files == manifest.end() || !files->is_array()) return ranks;
+  constexpr size_t kDigitsAt = sizeof("model-rank") - 1;
+  for (const Json& entry : *files) {
+    const std::string name = entry.is_object() ? entry.value("name", "") : "";
+    if (name.size() != ModelFileName(0).size() || name.rfind("model-rank", 0) != 0) continue;
+    // Parsed, then checked by formatting it back.
+    const int rank = std::atoi(name.substr(kDigitsAt, 5).c_str());
+    if (ModelFileName(rank) == name) ranks.push_back(rank);
+  }
+  return ranks;
+}
+
+// The world layout a manifest records. Format 1 (single-rank) manifests have only world_size.
+absl::StatusOr<ParallelConfig> ManifestLayout(const Json& manifest) {
+  const Json layout = manifest.value("world_layout", Json::object());
+  ParallelConfig config;
+  try {
+    const int world_size = layout.value("world_size", 1);
+    config.data_parallel = layout.value("data_parallel", world_size);
+    config.expert_parallel = layout.value("expert_parallel", 1);
+  } catch (const Json::exception& e) {
+    return absl::DataLossError(absl::StrCat("manifest world_layout: ", e.what()));
+  }
+  return config;
+}
+
+}  // namespace
+
+absl::Status RestoreModelParameters(const LoadedCheckpoint& loaded, Transformer* model) {
+  // A sharded checkpoint keeps each expert shard in one rank's model file: read the step's other
+  // model files when `loaded` lacks some of this model's tensors.
+  std::map<std::string, Tensor> others;
+  const bool missing =
+      std::any_of(model->parameters().begin(), model->parameters().end(),
+                  [&](const NamedParameter& p) { return !loaded.model_tensors.contains(p.name); });
+  if (missing) {
+    CheckpointReadOptions options{.ranks = {}, .optimizer = false};
+    for (int rank : ModelFileRanks(loaded.manifest)) {
+      if (std::find(loaded.ranks.begin(), loaded.ranks.end(), rank) == loaded.ranks.end()) {
+        options.ranks.push_back(rank);
+      }
+    }
+    if (!options.ranks.empty()) {
+      MOETRAIN_ASSIGN_OR_RETURN(LoadedCheckpoint rest, LoadCheckpoint(loaded.path, options));
+      others = std::move(rest.model_tensors);
+    }
+  }
+  for (const NamedParameter& p : model->parameters()) {
+    const auto it = loaded.model_tensors.find(p.name);
+    MOETRAIN_RETURN_IF_ERROR(it != loaded.model_tensors.end()
+                                 ? CopyTensor(loaded.path, it->second, p.name, p.value)
+                                 : CopyCheckpointTensor(loaded.path, others, p.name, p.value));
+  }
+  model->SyncComputeWeights();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CheckpointReport> Trainer::SaveCheckpoint() {
+  const auto start = std::chrono::steady_clock::now();
+  Communicator& world = groups_->world();
+  const int rank = groups_->rank(), ep = config_.parallel.expert_parallel;
+  const std::string root = CheckpointRoot();
+  const std::string step_name = CheckpointStepDirName(step_);
+
+  // Rank 0 makes the temporary directory; the others learn its name (the nonce) from it.
+  int64_t begun[2] = {0, 0};  // [nonce, ok]
+  absl::Status status;
+  if (rank == 0) {
+    const uint64_t nonce = NewCheckpointNonce();
+    status = BeginCheckpoint(root, step_, nonce).status();
+    begun[0] = static_cast<int64_t>(nonce);
+    begun[1] = status.ok();
+  }
+  if (world.size() > 1) MOETRAIN_RETURN_IF_ERROR(world.Broadcast(begun, 2, DType::kI64, 0));
+  if (!begun[1]) {
+    return rank == 0 ? status
+                     : absl::AbortedError(
+                           absl::StrCat("rank 0 could not start the checkpoint of ", step_name));
+  }
+  const std::string tmp_dir = CheckpointTempDir(root, step_, static_cast<uint64_t>(begun[0]));
+
+  const int64_t num_experts = config_.model.moe.num_experts;
+  Json shards = Json::array();
+  for (int j = 0; j < ep; ++j) {
+    shards.push_back({{"rank", j},
+                      {"model", ModelFileName(j)},
+                      {"optim", OptimFileName(j)},
+                      {"dense", j == 0},
+                      {"experts", {j * num_experts / ep, (j + 1) * num_experts / ep}}});
+  }
+  CheckpointContents contents;
+  contents.step = step_;
+  contents.tokens_seen = tokens_seen_;
+  contents.rank = rank;
+  contents.sections = {
+      {"model_config", ModelConfigToJson(config_.model)},
+      {"world_layout",
+       {{"world_size", groups_->world_size()},
+        {"data_parallel", config_.parallel.data_parallel},
+        {"expert_parallel", ep},
+        {"shards", std::move(shards)}}},
+      {"data_position", data_->position().ToJson()},
+      // The RNG is counter-based: (seed, step, rank, stream) is its whole state.
+      {"rng_state", {{"seed", config_.seed}, {"data_seed", config_.data.seed}, {"step", step_}}},
+      {"optimizer", {{"step", optimizer_->step()}}},
+      {"compute_dtype", std::string(DTypeName(config_.compute_dtype))},
+  };
+  contents.hf_config = HuggingFaceConfig(config_.model, config_.data.seq_len);
+
+  // The first replica of each expert shard writes it, rank 0 the dense part too. The model file
+  // holds the f32 master weights themselves, so the optimizer file needs only the moments.
+  const bool writes = groups_->data_rank() == 0;
+  int64_t optim_index = 0;  // the optimizer's parameters are the trainable ones, in this order
+  for (const NamedParameter& p : model_->parameters()) {
+    const bool mine = p.expert ? writes : rank == 0;
+    if (mine) contents.model_tensors.push_back({p.name, p.value});
+    if (!p.trainable) continue;
+    if (mine) {
+      contents.optim_tensors.push_back({p.name + kExpAvgSuffix, optimizer_->exp_avg(optim_index)});
+      contents.optim_tensors.push_back(
+          {p.name + kExpAvgSqSuffix, optimizer_->exp_avg_sq(optim_index)});
+    }
+    ++optim_index;
+  }
+  std::vector<int64_t> shard(kShardWords, 0);
+  if (writes) {
+    absl::StatusOr<std::vector<CheckpointFile>> files = WriteCheckpointShard(tmp_dir, contents);
+    status = files.status();
+    if (status.ok()) {
+      shard[1] = static_cast<int64_t>(files->size());
+      for (size_t f = 0; f < files->size(); ++f) PackFile((*files)[f], &shard[2 + f * kFileWords]);
+    }
+  }
+  shard[0] = status.ok();
+  std::vector<int64_t> all(kShardWords * world.size());
+  if (world.size() > 1) {
+    MOETRAIN_RETURN_IF_ERROR(world.AllGather(shard.data(), all.data(), kShardWords, DType::kI64));
+  } else {
+    all = shard;
+  }
+
+  // Rank 0 commits once every rank has written its part, and tells the others.
+  std::string path =
+      (std::filesystem::path(root).lexically_normal() / step_name).lexically_normal().string();
+  int64_t committed = 0;
+  if (rank == 0) {
+    std::vector<CheckpointFile> files;
+    std::vector<int> failed;
+    for (int r = 0; r < world.size(); ++r) {
+      const int64_t* words = &all[r * kShardWords];
+      if (!words[0]) failed.push_back(r);
+      for (int64_t f = 0; f < words[1]; ++f) {
+        files.push_back(
+            UnpackFile(&words[2 + f * kFileWords], f == 0 ? ModelFileName(r) : OptimFileName(r)));
+      }
+    }
+    if (!failed.empty()) {
+      AbandonCheckpoint(tmp_dir);
+      if (status.ok()) {
+        status = absl::AbortedError(absl::StrCat("rank(s) ", absl::StrJoin(failed, ", "),
+                                                 " could not write their part of ", step_name));
+      }
+    } else {
+      absl::StatusOr<std::string> committed_path =
+          CommitCheckpoint(root, tmp_dir, contents, std::move(files));
+      status = committed_path.status();
+      if (status.ok()) path = *committed_path;
+      if (status.ok() && config_.keep_last > 0) {
+        status = PruneCheckpoints(root, config_.keep_last);
+      }
+    }
+    committed = status.ok();
+  }
+  if (world.size() > 1) MOETRAIN_RETURN_IF_ERROR(world.Broadcast(&committed, 1, DType::kI64, 0));
+  if (!committed) {
+    if (!status.ok()) return status;
+    return absl::AbortedError(absl::StrCat(step_name, " was not written (see rank 0)"));
+  }
+  CheckpointReport report;
+  report.step = step_;
+  report.tokens_seen = tokens_seen_;
+  report.path = path;
+  report.write_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return report;
+}
+
+absl::Status Trainer::RestoreFrom(const LoadedCheckpoint& loaded) {
+  MOETRAIN_RETURN_IF_ERROR(RestoreModelParameters(loaded, model_.get()));
+  for (int64_t i = 0; i < optimizer_->num_params(); ++i) {
+    const std::string& name = optimizer_->param(i).name;
+    MOETRAIN_RETURN_IF_ERROR(CopyCheckpointTensor(loaded.path, loaded.optim_tensors,
+                                                  name + kExpAvgSuffix, optimizer_->exp_avg(i)));
+    MOETRAIN_RETURN_IF_ERROR(CopyCheckpointTensor(
+        loaded.path, loaded.optim_tensors, name + kExpAvgSqSuffix, optimizer_->exp_avg_sq(i)));
+  }
+  const Json& manifest = loaded.manifest;
+  int64_t optimizer_step = 0;
+  try {
+    optimizer_step = manifest.at("optimizer").at("step").get<int64_t>();
+  } catch (const Json::exception& e) {
+    return absl::DataLossError(absl::StrCat(loaded.path, ": manifest optimizer.step: ", e.what()));
+  }
+  MOETRAIN_RETURN_IF_ERROR(optimizer_->SetStep(optimizer_step));
+  MOETRAIN_ASSIGN_OR_RETURN(DataPosition position,
+                            DataPosition::FromJson(manifest.value("data_position", Json())));
+  MOETRAIN_RETURN_IF_ERROR(data_->Restore(position));
+  model_->ZeroGrads();
+  step_ = loaded.step;
+  tokens_seen_ = loaded.tokens_seen;
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Resume(TrainObserver* observer) {
+  if (config_.checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError("resume needs a checkpoint directory (checkpoint.dir)");
+  }
+  Communicator& world = groups_->world();
+  const std::string root = CheckpointRoot();
+  // Rank 0's listing, so that every rank tries the same steps in the same order.
+  std::vector<int64_t> steps;
+  absl::Status listed;
+  if (groups_->rank() == 0) {
+    absl::StatusOr<std::vector<int64_t>> listing = ListCheckpointSteps(root);
+    listed = listing.status();
+    if (listed.ok()) steps = *std::move(listing);
+  }
+  int64_t count = listed.ok() ? static_cast<int64_t>(steps.size()) : -1;
+  if (world.size() > 1) MOETRAIN_RETURN_IF_ERROR(world.Broadcast(&count, 1, DType::kI64, 0));
+  if (count < 0) {
+    return !listed.ok() ? listed : absl::AbortedError(absl::StrCat("rank 0 could not list ", root));
+  }
+  steps.resize(count);
+  if (world.size() > 1 && count > 0) {
+    MOETRAIN_RETURN_IF_ERROR(world.Broadcast(steps.data(), count, DType::kI64, 0));
+  }
+  if (steps.empty()) return absl::NotFoundError(absl::StrCat("no checkpoint under ", root));
+
+  // This rank's files: the dense part (rank 0's) and its expert shard's (its ep_rank's).
+  CheckpointReadOptions read;
+  read.ranks = {0};
+  if (groups_->expert_rank() != 0) read.ranks.push_back(groups_->expert_rank());
+  const Json model_json = ModelConfigToJson(config_.model);
+  std::vector<std::string> warnings;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    const std::string name = CheckpointStepDirName(*it);
+    const std::string dir = absl::StrCat(root, "/", name);
+    // Damage falls back to an older step; another model or layout is an error (every older step
+    // would be the same job's).
+    absl::Status damaged, unusable;
+    absl::StatusOr<Json> manifest = LoadCheckpointManifest(dir);
+    if (!manifest.ok()) {
+      damaged = manifest.status();
+    } else if (manifest->value("model_config", Json()) != model_json) {
+      unusable = absl::FailedPreconditionError(
+          absl::StrCat(dir, " holds a different model than this job's spec"));
+    } else if (absl::StatusOr<ParallelConfig> layout = ManifestLayout(*manifest); !layout.ok()) {
+      damaged = layout.status();
+    } else if (layout->data_parallel != config_.parallel.data_parallel ||
+               layout->expert_parallel != config_.parallel.expert_parallel) {
+      unusable = absl::FailedPreconditionError(absl::StrCat(
+          dir, " was written by ", layout->DebugString(), " and this job runs ",
+          config_.parallel.DebugString(),
+          ": a checkpoint resumes only on its own layout (re-sharding is not supported yet)"));
+    } else if (absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpoint(dir, read); !loaded.ok()) {
+      damaged = loaded.status();
+    } else {
+      // Copied in before the ranks agree: a failure here is damage like any other.
+      damaged = RestoreFrom(*loaded);
+    }
+    int64_t verdicts[2] = {!damaged.ok(), !unusable.ok()};
+    MOETRAIN_RETURN_IF_ERROR(SumOverRanks(&world, absl::MakeSpan(verdicts)));
+    if (verdicts[1] > 0) {
+      return !unusable.ok() ? unusable
+                            : absl::FailedPreconditionError(
+                                  absl::StrCat(dir, " cannot be resumed by this job (see rank 0)"));
+    }
+    if (verdicts[0] == 0) {
+      if (observer != nullptr) {
+        for (const std::string& warning : warnings) observer->OnMessage(warning);
+        observer->OnMessage(absl::StrCat("resumed from ", dir, " (step ", step_, ")"));
+      }
+      return absl::OkStatus();
+    }
+    std::string why = !damaged.ok() ? std::string(damaged.message())
+                                    : absl::StrCat(verdicts[0], " other rank(s) found it damaged");
+    // The messages name the directory; the warning names the step once.
+    if (why.rfind(dir + ": ", 0) == 0) why = why.substr(dir.size() + 2);
+    warnings.push_back(absl::StrCat(name, ": ", why));
+  }
+  return absl::DataLossError(
+      absl::StrCat("no good checkpoint under ", root, ": ", absl::StrJoin(warnings, "; ")));
+}
+
+nlohmann::json HuggingFaceConfig(const ModelConfig& c, int64_t seq_len) {
+  const MoeConfig& m = c.moe;
+  return {
+      {"architectures", {"DeepseekV3ForCausalLM"}},
+      {"model_type", "deepseek_v3"},
+      {"vocab_size", c.vocab_size},
+      {"hidden_size", c.hidden_size},
+      {"num_hidden_layers", c.num_layers},
+      {"num_attention_heads", c.num_heads},
+      {"num_key_value_heads", c.num_kv_heads},
+      {"head_dim", c.resolved_head_dim()},
+      {"intermediate_size", c.ffn_dim},
+      {"moe_intermediate_size", m.expert_ffn_dim},
+      {"n_routed_experts", m.num_experts},
+      {"num_experts_per_tok", m.top_k},
+      {"n_shared_experts", m.num_shared_experts},
+      {"first_k_dense_replace", c.first_dense_layers},
+      {"scoring_func", m.score_function == ScoreFunction::kSigmoid ? "sigmoid" : "softmax"},
+      {"norm_topk_prob", m.normalize_topk_weights},
+      {"routed_scaling_factor", m.routed_scaling_factor},
+      {"n_group", m.num_groups},
+      {"topk_group", m.group_top_k},
+      {"rms_norm_eps", c.rms_norm_eps},
+      {"rope_theta", c.rope_theta},
+      {"max_position_embeddings", seq_len},
+      {"tie_word_embeddings", c.tie_embeddings},
+      {"hidden_act", "silu"},
+      {"moetrain_softmax_before_topk", m.softmax_before_topk},
+      {"moetrain_expert_bias", m.expert_bias},
+      {"moetrain_capacity_factor", m.capacity_factor},
+  };
+}
+
+}  // namespace moetrain

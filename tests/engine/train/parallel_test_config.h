@@ -1,0 +1,38 @@
+// The job the parallel-training tests run on every layout: the trainer tests' tiny job with the
+// z-loss too, 8 sequences of 16 tokens a step in one micro-batch, 10 steps, an evaluation and a
+// checkpoint every 5. Shared by the test and parallel_train_rank, so that the single-process
+// reference and the ranks train the same job.
+#ifndef MOETRAIN_TESTS_ENGINE_TRAIN_PARALLEL_TEST_CONFIG_H_
+#define MOETRAIN_TESTS_ENGINE_TRAIN_PARALLEL_TEST_CONFIG_H_
+
+#include <string>
+
+#include "engine/train/trainer.h"
+#include "tests/engine/train/tiny_trainer_config.h"
+
+namespace moetrain::parallel_test {
+
+inline TrainerConfig JobConfig(const std::string& checkpoint_dir, int dp, int ep) {
+  TrainerConfig c = testing_config::TinyTrainerConfig(checkpoint_dir);
+  c.job_id = "parallel";
+  c.model.max_seq_len = 16;
+  c.model.moe.aux_loss_coeff = 1e-2f;
+  c.model.moe.z_loss_coeff = 1e-3f;
+  c.data.synthetic_eval_sequences = 19;  // 3 eval batches; of the last, 4 ranks get 1, 1, 1, 0
+  c.data.seq_len = 16;
+  c.micro_batch_size = 0;  // one micro-batch a step
+  c.parallel.data_parallel = dp;
+  c.parallel.expert_parallel = ep;
+  // Small buckets: several all-reduces per step, started during backward.
+  c.parallel.grad_bucket_bytes = 8 << 10;
+  c.steps = 10;
+  c.schedule.total_steps = 10;
+  c.eval_every = 5;
+  c.checkpoint_every = 5;
+  c.keep_last = 0;
+  return c;
+}
+
+}  // namespace moetrain::parallel_test
+
+#endif  // MOETRAIN_TESTS_ENGINE_TRAIN_PARALLEL_TEST_CONFIG_H_
