@@ -95,6 +95,13 @@ int RunJob(const RunOptions& options) {
   // Everything the worker would refuse, refused here before anything starts.
   absl::StatusOr<TrainerConfig> config = TrainerConfigFromSpec(*spec, checkpoint_dir);
   if (!config.ok()) return Fail(config.status(), 2);
+  if (config->parallel.world_size() > 1) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "resources.workers = ", spec->resources().workers(),
+                    ": moetrain run trains on one rank; submit the job to a coordinator with ",
+                    config->parallel.world_size(), " workers (moetrain submit)")),
+                2);
+  }
   const std::string root = absl::StrCat(checkpoint_dir, "/", spec->name());
   absl::StatusOr<std::vector<int64_t>> existing = ListCheckpointSteps(root);
   if (!existing.ok()) return Fail(existing.status(), 1);

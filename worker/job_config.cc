@@ -58,12 +58,6 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromSpec(const v1::JobSpec& raw_spec,
         "train.precision = FP8 is not available on the CPU yet (use FP32 or BF16)");
   }
   const int64_t ranks = spec.resources().workers() * spec.resources().devices_per_worker();
-  if (ranks != 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        "resources.workers × resources.devices_per_worker = ", ranks,
-        ": this build trains on one rank (expert and data parallelism across workers are not "
-        "implemented yet)"));
-  }
   if (spec.resources().device() == v1::ResourceConfig::CUDA) {
     return absl::UnimplementedError(
         "resources.device = CUDA: this build's trainer runs on the CPU (the CUDA backend has "
@@ -99,7 +93,10 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromSpec(const v1::JobSpec& raw_spec,
 
   c.compute_dtype = train.precision() == v1::TrainConfig::BF16 ? DType::kBF16 : DType::kF32;
   c.steps = train.steps();
-  c.micro_batch_size = train.micro_batch_size();
+  // The spec counts a micro-batch per rank, the trainer over all ranks.
+  c.micro_batch_size = train.micro_batch_size() * ranks;
+  c.parallel.expert_parallel = static_cast<int>(spec.parallel().expert_parallel());
+  c.parallel.data_parallel = static_cast<int>(spec.parallel().data_parallel());
   const v1::OptimizerConfig& opt = train.optimizer();
   c.optimizer.beta1 = opt.beta1();
   c.optimizer.beta2 = opt.beta2();

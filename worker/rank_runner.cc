@@ -11,11 +11,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/backend/cpu/gemm.h"
+#include "engine/comm/create_communicator.h"
 #include "engine/core/log.h"
 #include "engine/core/status.h"
 #include "engine/model/transformer.h"
 #include "moetrain/v1/proto_time.h"
 #include "worker/job_config.h"
+#include "worker/rendezvous_store.h"
 
 namespace moetrain {
 namespace {
@@ -130,6 +132,23 @@ void ReportEnd(const v1::Assignment& assignment, const RankEnvironment& environm
   environment.reporter->Enqueue(std::move(request));
 }
 
+// The gang's world: the ranks meet through the coordinator's rendezvous of this attempt, so a
+// restarted gang never meets the ranks of an earlier attempt.
+absl::StatusOr<std::shared_ptr<Communicator>> WorldCommunicator(
+    const v1::Assignment& assignment, const RankEnvironment& environment) {
+  CommOptions options;
+  options.group.rank = assignment.rank();
+  options.group.size = assignment.world_size();
+  options.group.timeout = environment.comm_timeout;
+  if (assignment.world_size() > 1) {
+    options.group.store = std::make_shared<CoordinatorKeyValueStore>(
+        environment.connection, assignment.job_id(), assignment.attempt());
+    options.listen_host = environment.comm_host.empty() ? "127.0.0.1" : environment.comm_host;
+  }
+  MOETRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, CreateCommunicator(options));
+  return std::shared_ptr<Communicator>(std::move(world));
+}
+
 // Builds, resumes and runs the trainer; returns how the rank ended (error = FAILED).
 absl::StatusOr<v1::AttemptOutcome> Train(const v1::Assignment& assignment,
                                          const RankEnvironment& environment, RankControl* control,
@@ -140,8 +159,14 @@ absl::StatusOr<v1::AttemptOutcome> Train(const v1::Assignment& assignment,
   MOETRAIN_ASSIGN_OR_RETURN(TrainerConfig config,
                             TrainerConfigFromSpec(assignment.spec(), parent.string()));
   config.job_id = root.filename().string();
-  MOETRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                            Trainer::Create(config, assignment.rank(), assignment.world_size()));
+  if (assignment.world_size() != config.parallel.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the assignment has ", assignment.world_size(), " ranks but the spec's layout ",
+        config.parallel.DebugString(), " has ", config.parallel.world_size()));
+  }
+  MOETRAIN_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> world,
+                            WorldCommunicator(assignment, environment));
+  MOETRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(config, world));
   ReportingObserver observer(assignment, environment, control,
                              TrainingFlopsPerToken(config.model, config.data.seq_len),
                              PeakFlops(config.compute_dtype), trainer->best_possible_loss());

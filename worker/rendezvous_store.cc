@@ -21,6 +21,9 @@ constexpr absl::Duration kInitialBackoff = absl::Milliseconds(50);
 constexpr absl::Duration kMaxBackoff = absl::Seconds(2);
 // One long poll at most this long, so that a coordinator restart is noticed soon.
 constexpr absl::Duration kLongestPoll = absl::Seconds(10);
+// One long poll at least this long: the coordinator reads a zero timeout as "until the call's
+// deadline", and a Get with no time left still asks once.
+constexpr absl::Duration kShortestPoll = absl::Milliseconds(1);
 // What a call may take beyond its wait at the coordinator.
 constexpr absl::Duration kCallSlack = absl::Seconds(5);
 
@@ -69,18 +72,20 @@ absl::StatusOr<std::string> CoordinatorKeyValueStore::Get(const std::string& key
                                                           absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration backoff = kInitialBackoff;
-  while (true) {
+  // The first round asks even when no time is left: a key already set is returned, as
+  // KeyValueStore promises (GlooStoreAdapter::wait hands later keys what is left of one deadline).
+  for (bool first = true;; first = false) {
     const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          Describe(key), " was not set within ", absl::FormatDuration(timeout),
-          " (a rank of the gang did not start or could not reach the coordinator)"));
+    if (left <= absl::ZeroDuration() && !first) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(Describe(key), " was not set within ", absl::FormatDuration(timeout),
+                       " (a rank of the gang did not start or could not reach the coordinator)"));
     }
     v1::KvWaitRequest request;
     request.set_job_id(job_id_);
     request.set_attempt(attempt_);
     request.set_key(key);
-    const absl::Duration wait = std::min(left, kLongestPoll);
+    const absl::Duration wait = std::clamp(left, kShortestPoll, kLongestPoll);
     ToProtoDuration(wait, request.mutable_timeout());
     grpc::ClientContext context;
     connection_.Prepare(&context, wait + kCallSlack);
@@ -120,8 +125,8 @@ absl::StatusOr<std::string> LocalAddressToward(const std::string& target) {
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* found = nullptr;
   if (const int error = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); error != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot resolve '", host, "' of address '", target, "': ", gai_strerror(error)));
+    return absl::UnavailableError(absl::StrCat("cannot resolve '", host, "' of address '", target,
+                                               "': ", gai_strerror(error)));
   }
   std::string local;
   for (addrinfo* candidate = found; candidate != nullptr && local.empty();
@@ -133,9 +138,10 @@ absl::StatusOr<std::string> LocalAddressToward(const std::string& target) {
     char text[INET6_ADDRSTRLEN] = {};
     if (connect(fd, candidate->ai_addr, candidate->ai_addrlen) == 0 &&
         getsockname(fd, reinterpret_cast<sockaddr*>(&self), &length) == 0) {
-      const void* raw = self.ss_family == AF_INET
-                            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&self)->sin_addr)
-                            : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&self)->sin6_addr);
+      const void* raw =
+          self.ss_family == AF_INET
+              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&self)->sin_addr)
+              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&self)->sin6_addr);
       if (inet_ntop(self.ss_family, raw, text, sizeof(text)) != nullptr) local = text;
     }
     close(fd);

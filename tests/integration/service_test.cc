@@ -131,9 +131,9 @@ TEST_F(ServiceTest, AGangWaitsForEnoughFreeWorkersAndLaterJobsDoNotStarveIt) {
   EXPECT_EQ(StateOf(g), v1::JOB_STATE_PENDING);
   EXPECT_EQ(StateOf(l), v1::JOB_STATE_PENDING) << "the later job took the gang's worker";
   ASSERT_EQ(Moetrain({"cancel", b}).exit_code, 0);
-  // Both workers free once the blocker's rank has stopped: the gang starts on both at once (and fails, as this build trains on one
-  // rank; the later job then runs).
-  ASSERT_TRUE(WaitForState(g, v1::JOB_STATE_FAILED)) << coordinator_->Log();
+  // Both workers free once the blocker's rank has stopped: the gang starts on both at once and
+  // trains; the later job runs after it.
+  ASSERT_TRUE(WaitForState(g, v1::JOB_STATE_SUCCEEDED)) << coordinator_->Log();
   ASSERT_TRUE(WaitForState(l, v1::JOB_STATE_SUCCEEDED)) << coordinator_->Log();
   const std::vector<v1::JobEvent> gang_events = Events(g);
   const v1::JobEvent* scheduled = FirstTransitionTo(gang_events, v1::JOB_STATE_SCHEDULED);
@@ -151,7 +151,6 @@ TEST_F(ServiceTest, AGangWaitsForEnoughFreeWorkersAndLaterJobsDoNotStarveIt) {
   EXPECT_GE(EventMicros(*FirstTransitionTo(Events(l), v1::JOB_STATE_SCHEDULED)),
             EventMicros(*scheduled))
       << "the later job started before the gang that was ahead of it";
-  EXPECT_THAT(GetJob(g)->state_reason(), HasSubstr("trains on one rank"));
 }
 
 TEST_F(ServiceTest, CancelStopsTheRankAndFreesTheWorker) {

@@ -90,6 +90,26 @@ TEST(JobSpecExamplesTest, TinyMoeLoadsValidatesAndRoundTrips) {
   EXPECT_EQ(resolved->checkpoint().every_steps(), 100);
 }
 
+TEST(JobSpecExamplesTest, TinyMoeOnFourWorkersIsTinyMoeSplitOverFourRanks) {
+  absl::StatusOr<v1::JobSpec> one = LoadJobSpecFile(RepoRoot() / "examples/tiny-moe.yaml");
+  absl::StatusOr<v1::JobSpec> four =
+      LoadJobSpecFile(RepoRoot() / "examples/tiny-moe-4-workers.yaml");
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_TRUE(four.ok()) << four.status();
+  absl::StatusOr<v1::JobSpec> resolved = ResolveJobSpec(*four);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->parallel().expert_parallel(), 2);
+  EXPECT_EQ(resolved->parallel().data_parallel(), 2);
+  EXPECT_EQ(resolved->train().micro_batch_size(), 4);  // 16 sequences over 4 ranks
+  // The same job but for its name and where it runs.
+  v1::JobSpec same = *four;
+  same.set_name(one->name());
+  *same.mutable_resources() = one->resources();
+  same.clear_parallel();  // tiny-moe leaves it out
+  EXPECT_FALSE(one->has_parallel());
+  EXPECT_EQ(same.SerializeAsString(), one->SerializeAsString());
+}
+
 TEST(JobSpecExamplesTest, DeepSeekV3MiniLoadsValidatesAndRoundTrips) {
   absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(RepoRoot() / "examples/deepseek-v3-mini.yaml");
   ASSERT_TRUE(spec.ok()) << spec.status();

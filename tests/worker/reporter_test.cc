@@ -1,17 +1,14 @@
 // The worker's Reporter against a real coordinator in the test process (a CoordinatorServer on a
 // loopback port, reached through moetrain::Connect): delivery in order, Flush, fencing, an unknown
 // worker id, the callbacks, retries across a coordinator restart, and the queue limit. The test
-// plays the rest of the worker: it registers, takes the assignment and heartbeats the rank.
+// plays the rest of the worker (the fixture of worker_test_util.h): it registers, takes the
+// assignment and heartbeats the rank.
 #include "worker/reporter.h"
 
 #include <sqlite3.h>
-#include <stdlib.h>
 
-#include <atomic>
-#include <filesystem>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -22,12 +19,9 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "moetrain/v1/connect.h"
 #include "moetrain/v1/coordinator.grpc.pb.h"
-#include "moetrain/v1/job_spec.h"
-#include "moetrain/v1/proto_time.h"
 #include "moetrain/v1/worker.grpc.pb.h"
-#include "server/coordinator_server.h"
+#include "tests/worker/worker_test_util.h"
 
 namespace moetrain {
 namespace {
@@ -36,19 +30,10 @@ using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 using ::testing::Pair;
 
-// How long the test waits for what should happen soon; only a failing test waits this long.
-constexpr absl::Duration kPatience = absl::Seconds(30);
-constexpr int64_t kStaleAttempt = 7;
+using worker_test::kPatience;
+using worker_test::WaitUntil;
 
-template <typename Condition>
-bool WaitUntil(Condition done) {
-  const absl::Time deadline = absl::Now() + kPatience;
-  while (!done()) {
-    if (absl::Now() >= deadline) return false;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return true;
-}
+constexpr int64_t kStaleAttempt = 7;
 
 // Holds the state file's write lock from a SQLite connection of its own until destroyed: every
 // coordinator call that writes waits for it (up to the store's busy timeout), so reports enqueued
@@ -120,139 +105,9 @@ class Told {
   std::vector<AttemptKey> resolved_ ABSL_GUARDED_BY(mu_);
 };
 
-class ReporterTest : public ::testing::Test {
+class ReporterTest : public worker_test::CoordinatorFixture {
  protected:
-  void SetUp() override {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "reporter_test.XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-    ASSERT_NO_FATAL_FAILURE(StartCoordinator(0));
-    ConnectOptions options;
-    options.address = absl::StrCat("127.0.0.1:", port_);
-    absl::StatusOr<Connection> connection = Connect(options);
-    ASSERT_TRUE(connection.ok()) << connection.status();
-    connection_ = *std::move(connection);
-    jobs_ = v1::JobService::NewStub(connection_.channel);
-    workers_ = v1::WorkerService::NewStub(connection_.channel);
-  }
-
-  void TearDown() override {
-    StopHeartbeats();
-    StopCoordinator();
-    std::error_code error;
-    std::filesystem::remove_all(dir_, error);
-  }
-
-  std::string state_db() const { return dir_ + "/coordinator.db"; }
-
-  // Starts the coordinator on `port` (0 = any free one) over this test's state file. The grace
-  // period is long enough for the heartbeats to come back through a reconnecting channel.
-  void StartCoordinator(int port) {
-    server::CoordinatorServerOptions options;
-    options.listen = absl::StrCat("127.0.0.1:", port);
-    options.http_listen = "";
-    options.state_db = state_db();
-    options.fleet.checkpoint_dir = dir_ + "/checkpoints";
-    options.fleet.heartbeat_interval = absl::Milliseconds(100);
-    options.fleet.heartbeat_timeout = absl::Seconds(20);
-    options.fleet.reconcile_grace = absl::Seconds(20);
-    options.fleet.control_interval = absl::Milliseconds(20);
-    absl::StatusOr<std::unique_ptr<server::CoordinatorServer>> server =
-        server::CoordinatorServer::Start(options);
-    ASSERT_TRUE(server.ok()) << server.status();
-    coordinator_ = *std::move(server);
-    port_ = coordinator_->grpc_port();
-  }
-
-  void StopCoordinator() {
-    if (coordinator_ != nullptr) coordinator_->Shutdown();
-    coordinator_.reset();
-  }
-
-  // Registers a worker, submits a one-worker job, takes its rank and heartbeats it from a thread
-  // of the test until TearDown: the job is RUNNING when this returns.
-  void StartRunningJob() {
-    v1::RegisterWorkerRequest registration;
-    registration.set_name("reporter-test");
-    registration.mutable_resources()->set_device(v1::ResourceConfig::CPU);
-    registration.mutable_resources()->set_device_count(1);
-    registration.mutable_resources()->set_threads(1);
-    v1::RegisterWorkerResponse registered;
-    grpc::ClientContext register_context;
-    connection_.Prepare(&register_context, absl::Seconds(10));
-    const grpc::Status status =
-        workers_->RegisterWorker(&register_context, registration, &registered);
-    ASSERT_TRUE(status.ok()) << status.error_message();
-    worker_id_ = registered.worker_id();
-
-    absl::StatusOr<v1::JobSpec> spec =
-        ParseJobSpecYaml("name: reporter-test\ntrain:\n  steps: 20\n");
-    ASSERT_TRUE(spec.ok()) << spec.status();
-    v1::SubmitJobRequest submit;
-    submit.set_submission_id("reporter-test-1");
-    *submit.mutable_spec() = *spec;
-    v1::Job job;
-    grpc::ClientContext submit_context;
-    connection_.Prepare(&submit_context, absl::Seconds(10));
-    const grpc::Status submitted = jobs_->SubmitJob(&submit_context, submit, &job);
-    ASSERT_TRUE(submitted.ok()) << submitted.error_message();
-    job_id_ = job.id();
-
-    const absl::Time deadline = absl::Now() + kPatience;
-    while (!assignment_.has_spec()) {
-      ASSERT_LT(absl::Now(), deadline) << "no assignment";
-      v1::GetAssignmentRequest poll;
-      poll.set_worker_id(worker_id_);
-      ToProtoDuration(absl::Seconds(1), poll.mutable_wait_timeout());
-      v1::GetAssignmentResponse response;
-      grpc::ClientContext context;
-      connection_.Prepare(&context, absl::Seconds(10));
-      const grpc::Status polled = workers_->GetAssignment(&context, poll, &response);
-      ASSERT_TRUE(polled.ok()) << polled.error_message();
-      if (response.has_assignment()) assignment_ = response.assignment();
-    }
-    ASSERT_EQ(assignment_.job_id(), job_id_);
-    StartHeartbeats();
-    ASSERT_TRUE(WaitUntil([&] { return GetJob().state() == v1::JOB_STATE_RUNNING; }));
-  }
-
-  void StartHeartbeats() {
-    heartbeat_thread_ = std::thread([this] {
-      const std::unique_ptr<v1::WorkerService::Stub> stub =
-          v1::WorkerService::NewStub(connection_.channel);
-      while (!stop_heartbeats_.load()) {
-        v1::HeartbeatRequest request;
-        request.set_worker_id(worker_id_);
-        v1::RunningAttempt* running = request.add_running();
-        running->set_job_id(assignment_.job_id());
-        running->set_attempt(assignment_.attempt());
-        running->set_rank(assignment_.rank());
-        v1::HeartbeatResponse response;
-        grpc::ClientContext context;
-        connection_.Prepare(&context, absl::Seconds(2));
-        // Failures are expected while the coordinator restarts.
-        stub->Heartbeat(&context, request, &response);
-        absl::SleepFor(absl::Milliseconds(50));
-      }
-    });
-  }
-
-  void StopHeartbeats() {
-    stop_heartbeats_.store(true);
-    if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
-  }
-
-  v1::Job GetJob() {
-    v1::GetJobRequest request;
-    request.set_job_id(job_id_);
-    v1::Job job;
-    grpc::ClientContext context;
-    connection_.Prepare(&context, absl::Seconds(10));
-    const grpc::Status status = jobs_->GetJob(&context, request, &job);
-    EXPECT_TRUE(status.ok()) << status.error_message();
-    return job;
-  }
+  ReporterTest() : CoordinatorFixture("reporter-test") {}
 
   // The job's step, log and checkpoint events in order, as "step 3", "log text", "checkpoint 2".
   std::vector<std::string> Reported() {
@@ -322,18 +177,6 @@ class ReporterTest : public ::testing::Test {
     request.set_step(step);
     return request;
   }
-
-  std::string dir_;
-  std::unique_ptr<server::CoordinatorServer> coordinator_;
-  int port_ = 0;
-  Connection connection_;
-  std::unique_ptr<v1::JobService::Stub> jobs_;
-  std::unique_ptr<v1::WorkerService::Stub> workers_;
-  std::string worker_id_;
-  std::string job_id_;
-  v1::Assignment assignment_;  // set before the heartbeat thread starts, then only read
-  std::atomic<bool> stop_heartbeats_{false};
-  std::thread heartbeat_thread_;
 };
 
 TEST_F(ReporterTest, DeliversReportsInTheOrderTheyWereMade) {

@@ -1,0 +1,203 @@
+// What the worker tests share: a real CoordinatorServer on a loopback port over a state file in a
+// fresh directory, a Connection to it (moetrain::Connect, with the bearer token when the test sets
+// one), and the worker's side of getting a job running: register, submit a one-worker job, take
+// its assignment and heartbeat the rank from a thread of the test until TearDown.
+#ifndef MOETRAIN_TESTS_WORKER_WORKER_TEST_UTIL_H_
+#define MOETRAIN_TESTS_WORKER_WORKER_TEST_UTIL_H_
+
+#include <stdlib.h>
+
+#include <atomic>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "moetrain/v1/connect.h"
+#include "moetrain/v1/coordinator.grpc.pb.h"
+#include "moetrain/v1/job_spec.h"
+#include "moetrain/v1/proto_time.h"
+#include "moetrain/v1/worker.grpc.pb.h"
+#include "server/coordinator_server.h"
+
+namespace moetrain::worker_test {
+
+// How long a test waits for what should happen soon; only a failing test waits this long.
+inline constexpr absl::Duration kPatience = absl::Seconds(30);
+
+// Polls `done` until it holds or kPatience runs out; true when it held.
+template <typename Condition>
+bool WaitUntil(Condition done) {
+  const absl::Time deadline = absl::Now() + kPatience;
+  while (!done()) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+class CoordinatorFixture : public ::testing::Test {
+ protected:
+  // `name` names the temporary directory, the worker, the job and its submission.
+  explicit CoordinatorFixture(std::string name, std::string bearer_token = "")
+      : name_(std::move(name)), bearer_token_(std::move(bearer_token)) {}
+
+  void SetUp() override {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / absl::StrCat(name_, ".XXXXXX")).string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+    ASSERT_NO_FATAL_FAILURE(StartCoordinator(0));
+    ConnectOptions options;
+    options.address = address();
+    absl::StatusOr<Connection> connection = Connect(options);
+    ASSERT_TRUE(connection.ok()) << connection.status();
+    connection_ = *std::move(connection);
+    connection_.token = bearer_token_;
+    jobs_ = v1::JobService::NewStub(connection_.channel);
+    workers_ = v1::WorkerService::NewStub(connection_.channel);
+  }
+
+  void TearDown() override {
+    StopHeartbeats();
+    StopCoordinator();
+    std::error_code error;
+    std::filesystem::remove_all(dir_, error);
+  }
+
+  std::string state_db() const { return dir_ + "/coordinator.db"; }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+  // Starts the coordinator on `port` (0 = any free one) over this test's state file. The grace
+  // period is long enough for the heartbeats to come back through a reconnecting channel.
+  void StartCoordinator(int port) {
+    server::CoordinatorServerOptions options;
+    options.listen = absl::StrCat("127.0.0.1:", port);
+    options.http_listen = "";
+    options.state_db = state_db();
+    options.bearer_token = bearer_token_;
+    options.fleet.checkpoint_dir = dir_ + "/checkpoints";
+    options.fleet.heartbeat_interval = absl::Milliseconds(100);
+    options.fleet.heartbeat_timeout = absl::Seconds(20);
+    options.fleet.reconcile_grace = absl::Seconds(20);
+    options.fleet.control_interval = absl::Milliseconds(20);
+    absl::StatusOr<std::unique_ptr<server::CoordinatorServer>> server =
+        server::CoordinatorServer::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    coordinator_ = *std::move(server);
+    port_ = coordinator_->grpc_port();
+  }
+
+  void StopCoordinator() {
+    if (coordinator_ != nullptr) coordinator_->Shutdown();
+    coordinator_.reset();
+  }
+
+  // Registers a worker, submits a one-worker job, takes its rank and heartbeats it from a thread
+  // of the test until TearDown: the job is RUNNING when this returns.
+  void StartRunningJob() {
+    v1::RegisterWorkerRequest registration;
+    registration.set_name(name_);
+    registration.mutable_resources()->set_device(v1::ResourceConfig::CPU);
+    registration.mutable_resources()->set_device_count(1);
+    registration.mutable_resources()->set_threads(1);
+    v1::RegisterWorkerResponse registered;
+    grpc::ClientContext register_context;
+    connection_.Prepare(&register_context, absl::Seconds(10));
+    const grpc::Status status =
+        workers_->RegisterWorker(&register_context, registration, &registered);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    worker_id_ = registered.worker_id();
+
+    absl::StatusOr<v1::JobSpec> spec =
+        ParseJobSpecYaml(absl::StrCat("name: ", name_, "\ntrain:\n  steps: 20\n"));
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    v1::SubmitJobRequest submit;
+    submit.set_submission_id(absl::StrCat(name_, "-1"));
+    *submit.mutable_spec() = *spec;
+    v1::Job job;
+    grpc::ClientContext submit_context;
+    connection_.Prepare(&submit_context, absl::Seconds(10));
+    const grpc::Status submitted = jobs_->SubmitJob(&submit_context, submit, &job);
+    ASSERT_TRUE(submitted.ok()) << submitted.error_message();
+    job_id_ = job.id();
+
+    const absl::Time deadline = absl::Now() + kPatience;
+    while (!assignment_.has_spec()) {
+      ASSERT_LT(absl::Now(), deadline) << "no assignment";
+      v1::GetAssignmentRequest poll;
+      poll.set_worker_id(worker_id_);
+      ToProtoDuration(absl::Seconds(1), poll.mutable_wait_timeout());
+      v1::GetAssignmentResponse response;
+      grpc::ClientContext context;
+      connection_.Prepare(&context, absl::Seconds(10));
+      const grpc::Status polled = workers_->GetAssignment(&context, poll, &response);
+      ASSERT_TRUE(polled.ok()) << polled.error_message();
+      if (response.has_assignment()) assignment_ = response.assignment();
+    }
+    ASSERT_EQ(assignment_.job_id(), job_id_);
+    StartHeartbeats();
+    ASSERT_TRUE(WaitUntil([&] { return GetJob().state() == v1::JOB_STATE_RUNNING; }));
+  }
+
+  void StartHeartbeats() {
+    heartbeat_thread_ = std::thread([this] {
+      const std::unique_ptr<v1::WorkerService::Stub> stub =
+          v1::WorkerService::NewStub(connection_.channel);
+      while (!stop_heartbeats_.load()) {
+        v1::HeartbeatRequest request;
+        request.set_worker_id(worker_id_);
+        v1::RunningAttempt* running = request.add_running();
+        running->set_job_id(assignment_.job_id());
+        running->set_attempt(assignment_.attempt());
+        running->set_rank(assignment_.rank());
+        v1::HeartbeatResponse response;
+        grpc::ClientContext context;
+        connection_.Prepare(&context, absl::Seconds(2));
+        // Failures are expected while the coordinator restarts.
+        stub->Heartbeat(&context, request, &response);
+        absl::SleepFor(absl::Milliseconds(50));
+      }
+    });
+  }
+
+  void StopHeartbeats() {
+    stop_heartbeats_.store(true);
+    if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+  }
+
+  v1::Job GetJob() {
+    v1::GetJobRequest request;
+    request.set_job_id(job_id_);
+    v1::Job job;
+    grpc::ClientContext context;
+    connection_.Prepare(&context, absl::Seconds(10));
+    const grpc::Status status = jobs_->GetJob(&context, request, &job);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return job;
+  }
+
+  const std::string name_;
+  const std::string bearer_token_;  // empty = the coordinator asks for none
+  std::string dir_;
+  std::unique_ptr<server::CoordinatorServer> coordinator_;
+  int port_ = 0;
+  Connection connection_;
+  std::unique_ptr<v1::JobService::Stub> jobs_;
+  std::unique_ptr<v1::WorkerService::Stub> workers_;
+  std::string worker_id_;
+  std::string job_id_;
+  v1::Assignment assignment_;  // set before the heartbeat thread starts, then only read
+  std::atomic<bool> stop_heartbeats_{false};
+  std::thread heartbeat_thread_;
+};
+
+}  // namespace moetrain::worker_test
+
+#endif  // MOETRAIN_TESTS_WORKER_WORKER_TEST_UTIL_H_
