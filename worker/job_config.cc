@@ -97,6 +97,7 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromSpec(const v1::JobSpec& raw_spec,
   c.micro_batch_size = train.micro_batch_size() * ranks;
   c.parallel.expert_parallel = static_cast<int>(spec.parallel().expert_parallel());
   c.parallel.data_parallel = static_cast<int>(spec.parallel().data_parallel());
+  c.parallel.overlap_chunks = static_cast<int>(spec.parallel().overlap_chunks());
   const v1::OptimizerConfig& opt = train.optimizer();
   c.optimizer.beta1 = opt.beta1();
   c.optimizer.beta2 = opt.beta2();

@@ -12,8 +12,8 @@
 namespace moetrain {
 
 // Resolves the spec's defaults (ResolveJobSpec), checks what this engine cannot do yet (FP8 and
-// CUDA training), and fills a TrainerConfig (its micro-batch counted over all ranks). `checkpoint_dir` replaces
-// spec.checkpoint.dir when not empty. Errors name the spec field.
+// CUDA training), and fills a TrainerConfig (its micro-batch counted over all ranks).
+// `checkpoint_dir` replaces spec.checkpoint.dir when not empty. Errors name the spec field.
 absl::StatusOr<TrainerConfig> TrainerConfigFromSpec(const v1::JobSpec& spec,
                                                     const std::string& checkpoint_dir = "");
 

@@ -32,7 +32,8 @@ double PeakFlops(DType dtype) {
   if (it != peaks->end()) return it->second;
   absl::StatusOr<double> measured = cpu::MeasureGemmFlops(dtype, /*n=*/1024);
   const double peak = measured.ok() ? *measured : 0.0;
-  if (!measured.ok()) Log(absl::StrCat("cannot measure the GEMM peak: ", measured.status().ToString()));
+  if (!measured.ok())
+    Log(absl::StrCat("cannot measure the GEMM peak: ", measured.status().ToString()));
   peaks->emplace(dtype, peak);
   return peak;
 }
@@ -69,8 +70,7 @@ class ReportingObserver : public TrainObserver {
     m->set_dropped_tokens(report.dropped_tokens);
     m->set_step_seconds(report.step_seconds);
     if (peak_flops_ > 0) {
-      m->set_mfu(flops_per_token_ * report.tokens_per_s /
-                 (peak_flops_ * assignment_.world_size()));
+      m->set_mfu(flops_per_token_ * report.tokens_per_s / (peak_flops_ * assignment_.world_size()));
     }
     for (double load : report.expert_load_per_layer) m->add_expert_load_per_layer(load);
     if (best_possible_loss_.has_value()) m->set_best_possible_loss(*best_possible_loss_);
@@ -204,9 +204,8 @@ void RunRank(const v1::Assignment& assignment, const RankEnvironment& environmen
   int64_t step = 0;
   absl::StatusOr<v1::AttemptOutcome> outcome = Train(assignment, environment, control, &step);
   step = std::max(step, control->step.load());
-  const std::string who =
-      absl::StrCat("job ", assignment.job_id(), " attempt ", assignment.attempt(), " rank ",
-                   assignment.rank());
+  const std::string who = absl::StrCat("job ", assignment.job_id(), " attempt ",
+                                       assignment.attempt(), " rank ", assignment.rank());
   if (!outcome.ok()) {
     Log(absl::StrCat(who, " failed at step ", step, ": ", outcome.status().message()));
     ReportEnd(assignment, environment, v1::ATTEMPT_OUTCOME_FAILED,

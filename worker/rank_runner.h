@@ -11,8 +11,8 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "engine/train/trainer.h"
 #include "absl/time/time.h"
+#include "engine/train/trainer.h"
 #include "moetrain/v1/connect.h"
 #include "moetrain/v1/worker.pb.h"
 #include "worker/reporter.h"

@@ -69,11 +69,11 @@ void Reporter::Enqueue(Report report) {
   absl::MutexLock lock(&mu_);
   if (queue_.size() >= options_.max_queued) {
     // Keep the reports that matter for correctness; the front may be in flight.
-    auto droppable = std::find_if(queue_.begin() + (sending_ ? 1 : 0), queue_.end(),
-                                  [](const Report& queued) {
-                                    return std::holds_alternative<v1::ReportStepRequest>(queued) ||
-                                           std::holds_alternative<v1::ReportLogRequest>(queued);
-                                  });
+    auto droppable =
+        std::find_if(queue_.begin() + (sending_ ? 1 : 0), queue_.end(), [](const Report& queued) {
+          return std::holds_alternative<v1::ReportStepRequest>(queued) ||
+                 std::holds_alternative<v1::ReportLogRequest>(queued);
+        });
     if (droppable != queue_.end()) {
       Log(absl::StrCat("report queue full (", queue_.size(), "): dropped the ",
                        Describe(*droppable)));

@@ -26,11 +26,10 @@ absl::Status WorkerOptions::Validate() const {
   if (threads < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--threads = ", threads, " is below 1"));
   }
-  for (const auto& [name, value] :
-       {std::pair<const char*, absl::Duration>{"poll_wait", poll_wait},
-        {"call_timeout", call_timeout},
-        {"max_backoff", max_backoff},
-        {"comm_timeout", comm_timeout}}) {
+  for (const auto& [name, value] : {std::pair<const char*, absl::Duration>{"poll_wait", poll_wait},
+                                    {"call_timeout", call_timeout},
+                                    {"max_backoff", max_backoff},
+                                    {"comm_timeout", comm_timeout}}) {
     if (value <= absl::ZeroDuration()) {
       return absl::InvalidArgumentError(
           absl::StrCat(name, " = ", absl::FormatDuration(value), " must be positive"));
@@ -142,9 +141,9 @@ absl::Status Worker::Run() {
       const absl::Status registration = Register();
       if (!registration.ok() && !absl::IsUnavailable(registration) &&
           !absl::IsDeadlineExceeded(registration)) {
-        result = absl::Status(registration.code(),
-                              absl::StrCat("the coordinator refused the registration: ",
-                                           registration.message()));
+        result = absl::Status(
+            registration.code(),
+            absl::StrCat("the coordinator refused the registration: ", registration.message()));
         Shutdown();
         break;
       }
@@ -325,7 +324,8 @@ void Worker::HeartbeatLoop() {
       }
     }
     grpc::ClientContext context;
-    connection_.Prepare(&context, std::min(options_.call_timeout, std::max(interval, absl::Seconds(1))));
+    connection_.Prepare(&context,
+                        std::min(options_.call_timeout, std::max(interval, absl::Seconds(1))));
     const absl::Time sent = absl::Now();
     v1::HeartbeatResponse response;
     const grpc::Status status = stub_->Heartbeat(&context, request, &response);

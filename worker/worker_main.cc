@@ -136,7 +136,8 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<moetrain::Connection> connection = moetrain::Connect(connect);
   if (!connection.ok()) {
-    std::fprintf(stderr, "moetrain-worker: %s\n", std::string(connection.status().message()).c_str());
+    std::fprintf(stderr, "moetrain-worker: %s\n",
+                 std::string(connection.status().message()).c_str());
     return 2;
   }
   if (absl::Status valid = options.Validate(); !valid.ok()) {

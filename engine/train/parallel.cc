@@ -30,6 +30,10 @@ absl::Status ParallelConfig::Validate(const ModelConfig& model, int64_t batch_si
         absl::StrCat("parallel.expert_parallel = ", expert_parallel,
                      " does not divide model.moe.num_experts = ", model.moe.num_experts));
   }
+  if (overlap_chunks < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallel.overlap_chunks = ", overlap_chunks, " must not be negative"));
+  }
   if (grad_bucket_bytes < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("parallel.grad_bucket_bytes = ", grad_bucket_bytes, " must be at least 1"));
@@ -84,6 +88,7 @@ ExpertParallelConfig ParallelGroups::moe_parallel() const {
   ExpertParallelConfig parallel;
   parallel.expert_group = expert_group_.get();
   parallel.count_group = world_size() > 1 ? world_.get() : nullptr;
+  parallel.overlap_chunks = config_.overlap_chunks;
   return parallel;
 }
 

@@ -28,6 +28,9 @@ namespace moetrain {
 struct ParallelConfig {
   int expert_parallel = 1;  // ep ≥ 1: ranks that split the routed experts; divides num_experts
   int data_parallel = 1;    // dp ≥ 1: replicas of each expert shard
+  // Chunks each MoE layer's expert-parallel exchange is split into, so that one chunk's
+  // all-to-all overlaps another's expert GEMMs: 0 = 2 when ep > 1, 1 = no overlap.
+  int overlap_chunks = 0;
   // Gradients are summed over the ranks in buckets of about this many bytes, each started as
   // soon as backward has finished it. Not part of the job spec; tests make it small.
   int64_t grad_bucket_bytes = int64_t{4} << 20;

@@ -637,6 +637,10 @@ TEST(JobSpecValidateTest, CheckpointResourcesParallelRestartRanges) {
                             "data_parallel: 4}"),
             "parallel.data_parallel = 4 x parallel.expert_parallel = 2 does not equal the job's 4 "
             "ranks (resources.workers = 4 x resources.devices_per_worker = 1)");
+  EXPECT_EQ(ValidationError("parallel: {overlap_chunks: -1}"),
+            "parallel.overlap_chunks = -1 must not be negative");
+  EXPECT_EQ(ValidationError("parallel: {overlap_chunks: 65}"),
+            "parallel.overlap_chunks = 65 must be at most 64");
   EXPECT_EQ(ValidationError("resources: {workers: 3}\nparallel: {expert_parallel: 3}\n"
                             "train: {batch_size: 9}"),
             "parallel.expert_parallel = 3 does not divide model.moe.num_experts = 8");

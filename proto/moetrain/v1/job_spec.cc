@@ -843,6 +843,8 @@ absl::Status ValidateResources(const v1::JobSpec& spec) {
         absl::StrCat("x parallel.expert_parallel = ", parallel.expert_parallel(),
                      " does not equal the job's ", ranks_are));
   }
+  MOETRAIN_RETURN_IF_INVALID(AtLeast("parallel.overlap_chunks", parallel.overlap_chunks(), 0));
+  MOETRAIN_RETURN_IF_INVALID(AtMost("parallel.overlap_chunks", parallel.overlap_chunks(), 64));
   if (spec.model().moe().num_experts() % parallel.expert_parallel() != 0) {
     return Invalid(
         "parallel.expert_parallel", parallel.expert_parallel(),
