@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -39,6 +42,38 @@ struct RawGemm {
   RuntimeDim runtime_dim;
 };
 
+// A cached primitive and the scratchpad it needs at execution (zero bytes for some kernels).
+// Every primitive here is built with scratchpad_mode::user: with oneDNN's default library mode,
+// one scratchpad buffer belongs to the primitive and is shared by all its executions, so two
+// threads running a GEMM of the same shape at once overwrite each other's temporaries.
+struct CachedMatmul {
+  dnnl::matmul primitive;
+  memory::desc scratchpad;
+};
+
+// `bytes` of scratch space, 64-byte aligned, owned by the calling thread and valid until its next
+// call; grown when too small and never shrunk, so after warm-up no call allocates. nullptr when
+// the allocation fails. A thread runs one primitive at a time; the OpenMP threads of that run
+// each use their own slice of the caller's buffer. Unlike library mode, which keeps a buffer per
+// primitive for the life of the process, this holds only the largest one each thread has needed.
+void* ThreadScratchpad(size_t bytes) {
+  struct Buffer {
+    std::unique_ptr<void, decltype(&std::free)> data{nullptr, &std::free};
+    size_t bytes = 0;
+  };
+  constexpr size_t kAlignment = 64;
+  thread_local Buffer buffer;
+  if (bytes > buffer.bytes) {
+    const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+    buffer.data.reset(std::aligned_alloc(kAlignment, rounded));
+    buffer.bytes = buffer.data == nullptr ? 0 : rounded;
+  }
+  return buffer.data.get();
+}
+
+// The engine is shared (oneDNN's CPU engine is safe to use from any thread), streams are one
+// per thread, and the map of primitives is guarded by mu_. A cached primitive may run on several
+// threads at once because its temporaries live in each caller's ThreadScratchpad.
 class MatmulCache {
  public:
   static MatmulCache& Get() {
@@ -53,8 +88,9 @@ class MatmulCache {
     return stream;
   }
 
-  // The primitive for g's shape class, built on first use.
-  const dnnl::matmul& Primitive(const RawGemm& g) {
+  // The primitive for g's shape class, built on first use. The reference stays valid: entries
+  // are never removed, and std::map does not move them.
+  const CachedMatmul& Primitive(const RawGemm& g) {
     constexpr int64_t kRuntime = DNNL_RUNTIME_DIM_VAL;
     const bool rt_m = g.runtime_dim == RuntimeDim::kM, rt_k = g.runtime_dim == RuntimeDim::kK;
     Key key = {static_cast<int>(g.dtype),
@@ -77,13 +113,15 @@ class MatmulCache {
                    g.trans_b ? memory::dims{1, key.ldb} : memory::dims{key.ldb, 1});
     memory::desc c({key.m, key.n}, memory::data_type::f32, {key.ldc, 1});
     dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     if (g.accumulate) {
       dnnl::post_ops ops;
       ops.append_sum(1.0f);
       attr.set_post_ops(ops);
     }
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, engine_);
-    return primitives_.emplace(key, dnnl::matmul(pd)).first->second;
+    return primitives_.emplace(key, CachedMatmul{dnnl::matmul(pd), pd.scratchpad_desc()})
+        .first->second;
   }
 
  private:
@@ -102,7 +140,7 @@ class MatmulCache {
 
   dnnl::engine engine_;
   std::mutex mu_;
-  std::map<Key, dnnl::matmul> primitives_;  // guarded by mu_; entries are never removed
+  std::map<Key, CachedMatmul> primitives_;  // guarded by mu_; entries are never removed
 };
 
 // oneDNN reports failure by exception (e.g. no bf16 matmul on a CPU without AVX-512); none
@@ -117,7 +155,7 @@ absl::Status RunGemm(const RawGemm& g) {
   }
   try {
     MatmulCache& cache = MatmulCache::Get();
-    const dnnl::matmul& primitive = cache.Primitive(g);
+    const CachedMatmul& matmul = cache.Primitive(g);
     const memory::data_type dt =
         g.dtype == DType::kBF16 ? memory::data_type::bf16 : memory::data_type::f32;
     memory::desc a_desc({g.m, g.k}, dt,
@@ -128,8 +166,18 @@ absl::Status RunGemm(const RawGemm& g) {
     memory a(a_desc, cache.engine(), const_cast<void*>(g.a));
     memory b(b_desc, cache.engine(), const_cast<void*>(g.b));
     memory c(c_desc, cache.engine(), g.c);
-    primitive.execute(cache.stream(),
-                      {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    std::unordered_map<int, memory> args = {
+        {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
+    if (const size_t bytes = matmul.scratchpad.get_size(); bytes > 0) {
+      void* scratchpad = ThreadScratchpad(bytes);
+      if (scratchpad == nullptr) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("cannot allocate ", bytes, " bytes of scratchpad for a GEMM of (", g.m,
+                         ", ", g.k, ") x (", g.k, ", ", g.n, ")"));
+      }
+      args.emplace(DNNL_ARG_SCRATCHPAD, memory(matmul.scratchpad, cache.engine(), scratchpad));
+    }
+    matmul.primitive.execute(cache.stream(), args);
     cache.stream().wait();
   } catch (const dnnl::error& e) {
     return absl::UnimplementedError(absl::StrCat(

@@ -1,7 +1,8 @@
 // Dense and grouped GEMM on the CPU through oneDNN (f32, or bf16 inputs with f32 accumulation).
 //
 // Primitives are created once per (shape class, dtype) with the row count as a run-time
-// dimension, and cached, so ragged expert batches of any size reuse them.
+// dimension, and cached, so ragged expert batches of any size reuse them. Every function here may
+// be called from several threads at once.
 #ifndef MOETRAIN_ENGINE_BACKEND_CPU_GEMM_H_
 #define MOETRAIN_ENGINE_BACKEND_CPU_GEMM_H_
 
