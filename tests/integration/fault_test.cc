@@ -16,32 +16,14 @@ namespace {
 
 using nlohmann::json;
 
-// Losses by step of an uninterrupted `moetrain run` of `spec`, on the thread count the workers
-// use: the reference a restarted job must match bit for bit.
-std::map<int64_t, double> ReferenceLosses(const fs::path& spec, const fs::path& dir) {
-  Child run(Binary("moetrain"));
-  EXPECT_EQ(run.Start({"run", spec.string(), "--checkpoint-dir", (dir / "reference").string(),
-                       "--json"},
-                      dir, {{"MOETRAIN_NUM_THREADS", "1"}, {"OMP_NUM_THREADS", "1"}}),
-            "");
-  const Finished finished = run.Wait(std::chrono::seconds(300));
-  EXPECT_EQ(finished.exit_code, 0) << finished.err;
-  std::map<int64_t, double> losses;
-  for (const json& line : JsonLines(finished.out)) {
-    if (line.contains("loss") && !line.contains("summary")) {
-      losses[line.at("step").get<int64_t>()] = line.at("loss").get<double>();
-    }
-  }
-  return losses;
-}
-
 TEST_F(ServiceTest, AKilledWorkersJobResumesElsewhereAndTrainsTheSameSteps) {
   TinySpec job = ServiceSpec("resumed");
   job.steps = 3000;
   job.log_every = 10;
   job.checkpoint_every = 250;
   const fs::path spec = WriteSpec(job);
-  const std::map<int64_t, double> reference = ReferenceLosses(spec, dir_);
+  // An uninterrupted run is the reference a restarted job must match bit for bit.
+  const std::map<int64_t, double> reference = RunLosses(spec, dir_);
   ASSERT_EQ(reference.size(), 301u);  // step 1, then every 10th
 
   StartCoordinator();

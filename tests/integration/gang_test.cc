@@ -13,8 +13,6 @@
 namespace moetrain::testutil {
 namespace {
 
-using nlohmann::json;
-
 // Losses by step of `moetrain run` of `job` on one rank (the single-process reference).
 std::map<int64_t, double> SingleProcessLosses(TinySpec job, const fs::path& dir) {
   job.name += "-reference";
@@ -22,20 +20,7 @@ std::map<int64_t, double> SingleProcessLosses(TinySpec job, const fs::path& dir)
   job.expert_parallel = 1;
   const fs::path spec = dir / (job.name + ".yaml");
   std::ofstream(spec) << job.Yaml();
-  Child run(Binary("moetrain"));
-  EXPECT_EQ(run.Start({"run", spec.string(), "--checkpoint-dir", (dir / "reference").string(),
-                       "--json"},
-                      dir, {{"MOETRAIN_NUM_THREADS", "1"}, {"OMP_NUM_THREADS", "1"}}),
-            "");
-  const Finished finished = run.Wait(std::chrono::seconds(300));
-  EXPECT_EQ(finished.exit_code, 0) << finished.err;
-  std::map<int64_t, double> losses;
-  for (const json& line : JsonLines(finished.out)) {
-    if (line.contains("loss") && !line.contains("summary")) {
-      losses[line.at("step").get<int64_t>()] = line.at("loss").get<double>();
-    }
-  }
-  return losses;
+  return RunLosses(spec, dir);
 }
 
 std::map<int64_t, double> StepLosses(const std::vector<v1::JobEvent>& events) {

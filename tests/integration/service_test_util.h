@@ -112,8 +112,7 @@ class Daemon {
     if (pid_ <= 0) return -1;
     kill(pid_, SIGTERM);
     int status = 0;
-    const bool exited = WaitUntil(
-        [&] { return waitpid(pid_, &status, WNOHANG) == pid_; }, timeout);
+    const bool exited = WaitUntil([&] { return waitpid(pid_, &status, WNOHANG) == pid_; }, timeout);
     if (!exited) {
       kill(pid_, SIGKILL);
       waitpid(pid_, &status, 0);
@@ -126,8 +125,7 @@ class Daemon {
   int WaitExit(std::chrono::milliseconds timeout) {
     if (pid_ <= 0) return -1;
     int status = 0;
-    const bool exited = WaitUntil(
-        [&] { return waitpid(pid_, &status, WNOHANG) == pid_; }, timeout);
+    const bool exited = WaitUntil([&] { return waitpid(pid_, &status, WNOHANG) == pid_; }, timeout);
     if (!exited) {
       kill(pid_, SIGKILL);
       waitpid(pid_, &status, 0);
@@ -142,6 +140,25 @@ class Daemon {
 };
 
 // The test job: TinySpec without evaluations (the tests follow training, not eval).
+// Losses by step of `moetrain run SPEC --json` on one rank and one thread, checkpointing under
+// dir/reference: the single-process reference the service's jobs are compared with.
+inline std::map<int64_t, double> RunLosses(const fs::path& spec, const fs::path& dir) {
+  Child run(Binary("moetrain"));
+  EXPECT_EQ(
+      run.Start({"run", spec.string(), "--checkpoint-dir", (dir / "reference").string(), "--json"},
+                dir, {{"MOETRAIN_NUM_THREADS", "1"}, {"OMP_NUM_THREADS", "1"}}),
+      "");
+  const Finished finished = run.Wait(std::chrono::seconds(300));
+  EXPECT_EQ(finished.exit_code, 0) << finished.err;
+  std::map<int64_t, double> losses;
+  for (const nlohmann::json& line : JsonLines(finished.out)) {
+    if (line.contains("loss") && !line.contains("summary")) {
+      losses[line.at("step").get<int64_t>()] = line.at("loss").get<double>();
+    }
+  }
+  return losses;
+}
+
 inline TinySpec ServiceSpec(const std::string& name = "tiny") {
   TinySpec spec;
   spec.name = name;
@@ -172,12 +189,18 @@ class ServiceTest : public ::testing::Test {
     coordinator_ = std::make_unique<Daemon>();
     const fs::path log = dir_ / "coordinator.log";
     const size_t before = fs::exists(log) ? ReadWholeFile(log).size() : 0;
-    std::vector<std::string> args = {"--listen", absl::StrCat("127.0.0.1:", port),
-                                     "--http-listen", "127.0.0.1:0",
-                                     "--state-db", (dir_ / "state.db").string(),
-                                     "--checkpoint-dir", (dir_ / "checkpoints").string(),
-                                     "--token-file", (dir_ / "token").string(),
-                                     "--heartbeat-timeout", "2s"};
+    std::vector<std::string> args = {"--listen",
+                                     absl::StrCat("127.0.0.1:", port),
+                                     "--http-listen",
+                                     "127.0.0.1:0",
+                                     "--state-db",
+                                     (dir_ / "state.db").string(),
+                                     "--checkpoint-dir",
+                                     (dir_ / "checkpoints").string(),
+                                     "--token-file",
+                                     (dir_ / "token").string(),
+                                     "--heartbeat-timeout",
+                                     "2s"};
     args.insert(args.end(), extra.begin(), extra.end());
     ASSERT_EQ(coordinator_->Start(Binary("moetrain-coordinator"), args, log), "");
     std::smatch match;
@@ -205,9 +228,10 @@ class ServiceTest : public ::testing::Test {
   // Starts a worker named `name` (one thread, its own work directory).
   Daemon& StartWorker(const std::string& name, const std::vector<std::string>& extra = {}) {
     auto worker = std::make_unique<Daemon>();
-    std::vector<std::string> args = {"--coordinator", address(), "--token-file",
-                                     (dir_ / "token").string(), "--threads", "1", "--work-dir",
-                                     (dir_ / name).string(), "--name", name};
+    std::vector<std::string> args = {
+        "--coordinator", address(), "--token-file", (dir_ / "token").string(),
+        "--threads",     "1",       "--work-dir",   (dir_ / name).string(),
+        "--name",        name};
     args.insert(args.end(), extra.begin(), extra.end());
     const std::string error =
         worker->Start(Binary("moetrain-worker"), args, dir_ / (name + ".log"),
