@@ -73,6 +73,7 @@ class ReportingObserver : public TrainObserver {
       m->set_mfu(flops_per_token_ * report.tokens_per_s / (peak_flops_ * assignment_.world_size()));
     }
     for (double load : report.expert_load_per_layer) m->add_expert_load_per_layer(load);
+    m->mutable_expert_tokens()->Add(report.expert_tokens.begin(), report.expert_tokens.end());
     if (best_possible_loss_.has_value()) m->set_best_possible_loss(*best_possible_loss_);
     environment_.reporter->Enqueue(std::move(request));
   }

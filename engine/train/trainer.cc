@@ -161,6 +161,7 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
   report.aux_loss = losses[1] / (micro_batches * world);
   report.z_loss = losses[2] / (micro_batches * world);
   std::vector<std::vector<int64_t>> tokens_per_expert(moe_layers);
+  report.expert_tokens.assign(counts.begin() + 2, counts.end());
   for (int64_t l = 0; l < moe_layers; ++l) {
     const int64_t* layer = counts.data() + 2 + l * num_experts;
     tokens_per_expert[l].assign(layer, layer + num_experts);

@@ -84,6 +84,8 @@ struct StepReport {
   double step_seconds = 0;               // wall time of the step on this rank
   double expert_load_max_over_mean = 0;  // the worst MoE layer this step
   std::vector<double> expert_load_per_layer;  // busiest expert over the mean, per MoE layer
+  // (MoE layers, E) row-major: tokens routed to each expert, all ranks, before capacity drops.
+  std::vector<int64_t> expert_tokens;
   int64_t dropped_tokens = 0;
   int64_t tokens_seen = 0;
   bool skipped = false;  // a non-finite step whose update was skipped

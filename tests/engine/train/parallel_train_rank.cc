@@ -56,7 +56,8 @@ class Printer : public TrainObserver {
                            {"grad_norm", Exact(r.grad_norm)},
                            {"lr", Exact(r.lr)},
                            {"tokens_seen", r.tokens_seen},
-                           {"expert_load", Exact(r.expert_load_max_over_mean)}};
+                           {"expert_load", Exact(r.expert_load_max_over_mean)},
+                           {"expert_tokens", r.expert_tokens}};
     if (r.eval_loss.has_value()) line["eval_loss"] = Exact(*r.eval_loss);
     Print(line);
   }

@@ -213,6 +213,7 @@ void ExpectLayoutMatchesOneProcess(int dp, int ep) {
     EXPECT_EQ(want.lr, Number(got, "lr"));
     EXPECT_EQ(want.tokens_seen, got["tokens_seen"].get<int64_t>());
     EXPECT_EQ(want.expert_load_max_over_mean, Number(got, "expert_load"));
+    EXPECT_EQ(want.expert_tokens, got["expert_tokens"].get<std::vector<int64_t>>());
     ASSERT_EQ(want.eval_loss.has_value(), got.contains("eval_loss"));
     if (want.eval_loss.has_value()) ExpectClose(*want.eval_loss, Number(got, "eval_loss"), "eval");
   }

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -179,6 +180,19 @@ TEST(TrainerTest, StepsReportTheirTimeAndTheLoadOfEveryMoeLayer) {
     ASSERT_EQ(report.expert_load_per_layer.size(), 1u);
     EXPECT_GE(report.expert_load_per_layer[0], 1.0);
     EXPECT_EQ(report.expert_load_per_layer[0], report.expert_load_max_over_mean);
+    // Every expert's count: the layer's row holds each token once per top-k slot, and its
+    // busiest expert over the mean is the layer's load.
+    const int64_t experts = config.model.moe.num_experts;
+    ASSERT_EQ(report.expert_tokens.size(), static_cast<size_t>(experts));
+    int64_t routed = 0, busiest = 0;
+    for (int64_t count : report.expert_tokens) {
+      EXPECT_GE(count, 0);
+      routed += count;
+      busiest = std::max(busiest, count);
+    }
+    EXPECT_EQ(routed, config.data.batch_size * config.data.seq_len * config.model.moe.top_k);
+    EXPECT_DOUBLE_EQ(report.expert_load_per_layer[0],
+                     static_cast<double>(busiest) * experts / static_cast<double>(routed));
   }
 }
 
@@ -291,8 +305,8 @@ TEST(TrainerTest, ReachesTheEntropyRateOfASyntheticSource) {
   ASSERT_FALSE(recorder.reports.empty());
   ASSERT_TRUE(recorder.reports.back().eval_loss.has_value());
   const double eval_loss = *recorder.reports.back().eval_loss;
-  std::printf("entropy rate %.4f nats, eval loss %.4f, first train loss %.4f\n", entropy,
-              eval_loss, recorder.reports.front().loss);
+  std::printf("entropy rate %.4f nats, eval loss %.4f, first train loss %.4f\n", entropy, eval_loss,
+              recorder.reports.front().loss);
   EXPECT_LT(eval_loss, entropy + 0.10);
   EXPECT_GT(eval_loss, entropy - 0.05) << "below the entropy rate: the eval set leaks";
 }
