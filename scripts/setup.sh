@@ -12,7 +12,12 @@ packages=(
   prometheus  # promtool and the Prometheus server the metrics and service tests run
   openssl  # the TLS test certificates of tests/server/coordinator_server
   libgloo-dev  # engine/comm GlooCommunicator: collectives between CPU ranks over TCP
+  chromium  # headless browser of the dashboard page test (tests/deploy)
 )
+# Node.js runs the deploy tests (Kubernetes schema validation, the browser driver); their npm
+# packages are installed by the tests into the build folder. A Node.js from elsewhere (with its
+# own npm) is kept: Debian's npm package would conflict with it.
+command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 
 missing=()
 for p in "${packages[@]}"; do

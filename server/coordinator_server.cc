@@ -6,9 +6,8 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
-
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -16,8 +15,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "engine/core/status.h"
 #include "engine/core/log.h"
+#include "engine/core/status.h"
 #include "server/grpc/rpc_metrics.h"
 
 namespace moetrain::server {
@@ -164,8 +163,8 @@ absl::Status CoordinatorServer::Build(const CoordinatorServerOptions& options) {
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
   MOETRAIN_ASSIGN_OR_RETURN(
       creators.emplace_back(),
-      MakeRpcMetricsInterceptorFactory(
-          &registry_, {"moetrain.v1.JobService", "moetrain.v1.WorkerService"}));
+      MakeRpcMetricsInterceptorFactory(&registry_,
+                                       {"moetrain.v1.JobService", "moetrain.v1.WorkerService"}));
   builder.experimental().SetInterceptorCreators(std::move(creators));
   grpc_ = builder.BuildAndStart();
   if (grpc_ == nullptr || (!options.listen.empty() && grpc_port_ == 0)) {
@@ -185,6 +184,9 @@ absl::Status CoordinatorServer::Build(const CoordinatorServerOptions& options) {
     http_options.port = http.port;
     http_options.registry = &registry_;
     http_options.readiness = &readiness_;
+    json_api_ = std::make_unique<JsonApi>(coordinator_.get(), fleet_.get(), options.bearer_token);
+    dashboard_page_ = std::make_unique<DashboardPage>(!options.bearer_token.empty());
+    http_options.handlers = {dashboard_page_.get(), json_api_.get()};
     MOETRAIN_ASSIGN_OR_RETURN(http_, HttpServer::Create(http_options));
     MOETRAIN_RETURN_IF_ERROR(http_->Start());
   }

@@ -1,16 +1,18 @@
 // The whole coordinator in one object, for `moetrain-coordinator` and for the in-process
 // coordinator of `moetrain run`: the store, the job API, the fleet, the gRPC services
 // (JobService, WorkerService, grpc.health.v1.Health) and the HTTP endpoint (/metrics, /healthz,
-// /readyz), started and stopped in order around one readiness state.
+// /readyz, the dashboard page at / and its JSON API under /api/v1/), started and stopped in order
+// around one readiness state.
 //
 //   MOETRAIN_ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorServer> server,
 //                             CoordinatorServer::Start(options));
 //   ... server->grpc_port(), server->InProcessChannel() ...
 //   server->Shutdown();   // also on destruction
 //
-// Start: STARTING → lock the state file (one coordinator per file) → open the store (a damaged file fails here, untouched) → reload the fleet →
-// listen (gRPC, then HTTP) → SERVING. Shutdown: DRAINING (health probes fail, watches end, long
-// polls return) → stop the servers, finishing calls in flight → STOPPED.
+// Start: STARTING → lock the state file (one coordinator per file) → open the store (a damaged file
+// fails here, untouched) → reload the fleet → listen (gRPC, then HTTP) → SERVING. Shutdown:
+// DRAINING (health probes fail, watches end, long polls return) → stop the servers, finishing calls
+// in flight → STOPPED.
 #ifndef MOETRAIN_SERVER_COORDINATOR_SERVER_H_
 #define MOETRAIN_SERVER_COORDINATOR_SERVER_H_
 
@@ -28,7 +30,9 @@
 #include "server/core/store.h"
 #include "server/grpc/job_service.h"
 #include "server/grpc/worker_service.h"
+#include "server/http/dashboard_page.h"
 #include "server/http/http_server.h"
+#include "server/http/json_api.h"
 #include "server/http/metrics.h"
 
 namespace moetrain::server {
@@ -37,11 +41,12 @@ struct CoordinatorServerOptions {
   // gRPC address, host:port; port 0 picks a free one (grpc_port() tells which). Empty = no
   // listening socket: in-process clients only.
   std::string listen = "127.0.0.1:7070";
-  // HTTP address for /metrics and health, host:port; empty = no HTTP endpoint.
+  // HTTP address for /metrics, health, the dashboard and its API, host:port; empty = no HTTP
+  // endpoint.
   std::string http_listen = "127.0.0.1:7071";
   // The SQLite state file; created when missing.
   std::string state_db = "moetrain-coordinator.db";
-  // Every call must carry it when not empty.
+  // Every call must carry it when not empty (gRPC, and the HTTP API under /api/).
   std::string bearer_token;
   // PEM files. With a certificate and key the gRPC port speaks TLS; with a client CA too, clients
   // must present a certificate it signed (mTLS).
@@ -88,6 +93,8 @@ class CoordinatorServer {
   std::unique_ptr<JobService> job_service_;
   std::unique_ptr<WorkerService> worker_service_;
   std::unique_ptr<grpc::Server> grpc_;
+  std::unique_ptr<JsonApi> json_api_;
+  std::unique_ptr<DashboardPage> dashboard_page_;
   std::unique_ptr<HttpServer> http_;
   Readiness::ListenerId health_listener_ = 0;
   int grpc_port_ = 0;

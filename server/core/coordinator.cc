@@ -231,6 +231,15 @@ absl::StatusOr<std::vector<CheckpointRecord>> Coordinator::ListCheckpoints(
   return present;
 }
 
+absl::StatusOr<std::optional<EventRecord>> Coordinator::LastEvent(absl::string_view job_id) {
+  return store_->LastEvent(job_id);
+}
+
+absl::StatusOr<std::vector<EventRecord>> Coordinator::ReadEvents(absl::string_view job_id,
+                                                                 int64_t from_sequence, int limit) {
+  return store_->ReadEvents(job_id, from_sequence, limit);
+}
+
 void Coordinator::Shutdown() {
   absl::MutexLock lock(&mu_);
   shutdown_ = true;

@@ -111,6 +111,13 @@ class Coordinator {
   // mount storage the coordinator does not), every recorded one is listed.
   absl::StatusOr<std::vector<CheckpointRecord>> ListCheckpoints(absl::string_view job_id);
 
+  // Reads of the event log that never wait, for views of it (the dashboard's JSON API): the job's
+  // newest event (nullopt when it has none), and up to `limit` (1..10000) events with sequence >=
+  // from_sequence, in order. NotFound for an unknown job.
+  absl::StatusOr<std::optional<EventRecord>> LastEvent(absl::string_view job_id);
+  absl::StatusOr<std::vector<EventRecord>> ReadEvents(absl::string_view job_id,
+                                                      int64_t from_sequence, int limit);
+
   // Ends every Watch in progress (with Unavailable) and makes new ones return so at once.
   void Shutdown();
 

@@ -284,10 +284,9 @@ absl::Status Fleet::MarkStarted(AttemptEntry& attempt, int member) {
   // A reloaded attempt may have been RUNNING before the coordinator restarted.
   MOETRAIN_ASSIGN_OR_RETURN(JobRecord job, store_->GetJob(attempt.job_id));
   if (job.state != JobState::kScheduled) return absl::OkStatus();
-  return coordinator_
-      ->Transition(attempt.job_id, JobState::kScheduled, JobState::kRunning,
-                   absl::StrCat("all ", attempt.world_size(), " ranks of attempt ",
-                                attempt.attempt, " are running"))
+  return TransitionJob(attempt.job_id, JobState::kScheduled, JobState::kRunning,
+                       absl::StrCat("all ", attempt.world_size(), " ranks of attempt ",
+                                    attempt.attempt, " are running"))
       .status();
 }
 
@@ -346,7 +345,7 @@ absl::Status Fleet::ReportCheckpoint(const v1::ReportCheckpointRequest& request)
                                                    expected, "'"));
   }
   if (metrics_ != nullptr) {
-    metrics_->OnCheckpoint(request.job_id(), FromProtoDuration(request.write_duration()), absl::Now());
+    metrics_->OnCheckpointWritten(request.job_id(), FromProtoDuration(request.write_duration()));
   }
   std::set<int32_t>& members = attempt->checkpoint_members[request.step()];
   members.insert(member);
@@ -359,6 +358,7 @@ absl::Status Fleet::ReportCheckpoint(const v1::ReportCheckpointRequest& request)
   record.tokens_seen = request.tokens_seen();
   record.attempt = attempt->attempt;
   MOETRAIN_RETURN_IF_ERROR(store_->RecordCheckpoint(request.job_id(), record));
+  if (metrics_ != nullptr) metrics_->OnCheckpointGood(request.job_id(), record.step, absl::Now());
   v1::CheckpointSaved saved;
   saved.set_step(request.step());
   saved.set_path(request.path());
@@ -493,6 +493,10 @@ absl::StatusOr<std::string> Fleet::KvWait(absl::string_view job_id, int64_t atte
 absl::StatusOr<JobRecord> Fleet::Cancel(absl::string_view job_id, absl::string_view reason) {
   absl::MutexLock lock(&mu_);
   MOETRAIN_ASSIGN_OR_RETURN(JobRecord job, coordinator_->Cancel(job_id, reason));
+  if (metrics_ != nullptr) {
+    metrics_->OnJob(job.id, job.name);
+    metrics_->OnJobState(job.id, job.state);
+  }
   auto it = attempts_.find(job_id);
   if (it != attempts_.end()) {
     MOETRAIN_RETURN_IF_ERROR(store_->EndAttempt(job_id, it->second->attempt, "cancelled"));
@@ -536,6 +540,14 @@ std::map<WorkerState, int64_t> Fleet::CountWorkersByState() {
 void Fleet::RequestSchedule() {
   schedule_requested_ = true;
   changed_.SignalAll();
+}
+
+absl::StatusOr<JobRecord> Fleet::TransitionJob(absl::string_view job_id, JobState from, JobState to,
+                                               absl::string_view reason,
+                                               const TransitionOptions& options) {
+  absl::StatusOr<JobRecord> moved = coordinator_->Transition(job_id, from, to, reason, options);
+  if (moved.ok() && metrics_ != nullptr) metrics_->OnJobState(job_id, to);
+  return moved;
 }
 
 }  // namespace moetrain::server

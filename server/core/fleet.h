@@ -180,6 +180,12 @@ class Fleet {
   std::string CheckpointRoot(const JobRecord& job, const v1::JobSpec& spec) const;
   // Wakes the control loop for a scheduling pass soon.
   void RequestSchedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every state change the fleet makes goes through here: Coordinator::Transition, then the
+  // job's state in the metrics.
+  absl::StatusOr<JobRecord> TransitionJob(absl::string_view job_id, JobState from, JobState to,
+                                          absl::string_view reason,
+                                          const TransitionOptions& options = {})
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Store* const store_;
   Coordinator* const coordinator_;

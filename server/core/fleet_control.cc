@@ -147,7 +147,13 @@ absl::Status Fleet::Reload() {
       slot.delivered = true;
       slot.delivered_at = now;
     }
-    if (metrics_ != nullptr) metrics_->OnJob(job_id, job.name);
+    if (metrics_ != nullptr) {
+      metrics_->OnJob(job_id, job.name);
+      metrics_->OnJobState(job_id, job.state);
+      metrics_->OnAttemptStart(job_id, spec.checkpoint().every_steps(),
+                               checkpoint.ok() ? checkpoint->step : 0);
+      if (checkpoint.ok()) metrics_->OnCheckpointGood(job_id, checkpoint->step, checkpoint->time);
+    }
     attempts_.emplace(job_id, std::move(attempt));
     reconciling_ = true;
   }
@@ -158,13 +164,11 @@ absl::Status Fleet::Reload() {
     if (attempts_.count(job.id) != 0) continue;
     TransitionOptions free_restart;
     free_restart.count_restart = false;
-    MOETRAIN_RETURN_IF_ERROR(
-        coordinator_
-            ->Transition(job.id, job.state, JobState::kRestarting,
-                         absl::StrCat("the coordinator restarted after attempt ", job.attempt,
-                                      " had ended"),
-                         free_restart)
-            .status());
+    MOETRAIN_RETURN_IF_ERROR(TransitionJob(job.id, job.state, JobState::kRestarting,
+                                           absl::StrCat("the coordinator restarted after attempt ",
+                                                        job.attempt, " had ended"),
+                                           free_restart)
+                                 .status());
   }
   // What each waiting job was last told, so a restart does not say it again.
   MOETRAIN_ASSIGN_OR_RETURN(std::vector<JobRecord> waiting,
@@ -353,9 +357,9 @@ absl::Status Fleet::SchedulePass(std::vector<NewEvent>* announcements) {
 absl::Status Fleet::StartAttempt(const JobRecord& job, const std::vector<std::string>& workers) {
   MOETRAIN_ASSIGN_OR_RETURN(v1::JobSpec spec, ParseSpec(job));
   MOETRAIN_ASSIGN_OR_RETURN(int32_t number, store_->StartAttempt(job.id, workers));
-  absl::StatusOr<JobRecord> moved = coordinator_->Transition(
-      job.id, job.state, JobState::kScheduled,
-      absl::StrCat("attempt ", number, " on ", absl::StrJoin(workers, ", ")));
+  absl::StatusOr<JobRecord> moved =
+      TransitionJob(job.id, job.state, JobState::kScheduled,
+                    absl::StrCat("attempt ", number, " on ", absl::StrJoin(workers, ", ")));
   if (!moved.ok()) {
     // Cancelled meanwhile: the attempt never starts.
     store_->EndAttempt(job.id, number, "abandoned").IgnoreError();
@@ -389,7 +393,12 @@ absl::Status Fleet::StartAttempt(const JobRecord& job, const std::vector<std::st
   Log(absl::StrCat("job ", job.id, " (", job.name, "): attempt ", number, " on ",
                    absl::StrJoin(workers, ", "),
                    checkpoint.ok() ? absl::StrCat(", resuming from ", checkpoint->path) : ""));
-  if (metrics_ != nullptr) metrics_->OnJob(job.id, job.name);
+  if (metrics_ != nullptr) {
+    metrics_->OnJob(job.id, job.name);
+    metrics_->OnAttemptStart(job.id, spec.checkpoint().every_steps(),
+                             checkpoint.ok() ? checkpoint->step : 0);
+    if (checkpoint.ok()) metrics_->OnCheckpointGood(job.id, checkpoint->step, checkpoint->time);
+  }
   waiting_reasons_.erase(job.id);
   attempts_.insert_or_assign(job.id, std::move(attempt));
   changed_.SignalAll();
@@ -404,15 +413,12 @@ absl::Status Fleet::FinishAttempt(AttemptEntry& attempt, int64_t step) {
   attempts_.erase(job_id);
   MOETRAIN_ASSIGN_OR_RETURN(JobRecord job, store_->GetJob(job_id));
   if (job.state == JobState::kScheduled) {
-    MOETRAIN_RETURN_IF_ERROR(coordinator_
-                                 ->Transition(job_id, JobState::kScheduled, JobState::kRunning,
-                                              "every rank ran")
-                                 .status());
+    MOETRAIN_RETURN_IF_ERROR(
+        TransitionJob(job_id, JobState::kScheduled, JobState::kRunning, "every rank ran").status());
   }
   MOETRAIN_RETURN_IF_ERROR(
-      coordinator_
-          ->Transition(job_id, JobState::kRunning, JobState::kSucceeded,
-                       absl::StrCat("finished at step ", step, " (attempt ", number, ")"))
+      TransitionJob(job_id, JobState::kRunning, JobState::kSucceeded,
+                    absl::StrCat("finished at step ", step, " (attempt ", number, ")"))
           .status());
   Log(absl::StrCat("job ", job_id, " succeeded at step ", step));
   return absl::OkStatus();
@@ -428,14 +434,13 @@ absl::Status Fleet::EndAttemptUnsuccessfully(AttemptEntry& attempt, absl::string
       const std::string why = absl::StrCat(reason, "; no restarts left (restart.max_restarts = ",
                                            attempt.max_restarts, ")");
       Log(absl::StrCat("job ", job_id, " failed: ", why));
-      return coordinator_->Transition(job_id, job.state, JobState::kFailed, why).status();
+      return TransitionJob(job_id, job.state, JobState::kFailed, why).status();
     }
     Log(absl::StrCat("job ", job_id, " restarting: ", reason));
     TransitionOptions options;
     options.count_restart = count_restart;
     MOETRAIN_RETURN_IF_ERROR(
-        coordinator_->Transition(job_id, job.state, JobState::kRestarting, reason, options)
-            .status());
+        TransitionJob(job_id, job.state, JobState::kRestarting, reason, options).status());
     if (count_restart && metrics_ != nullptr) metrics_->OnRestart(job_id);
     return absl::OkStatus();
   };
@@ -451,6 +456,7 @@ absl::Status Fleet::MarkLost(WorkerEntry& worker, const std::string& why) {
   MOETRAIN_RETURN_IF_ERROR(store_->SetWorkerState(worker.id, WorkerState::kLost));
   worker.lost = true;
   worker.last_heartbeat = absl::Now();  // from now on: when it was declared lost
+  if (metrics_ != nullptr) metrics_->OnWorkerLost();
   Log(absl::StrCat(why, ": declared lost"));
   absl::Status status = absl::OkStatus();
   if (worker.slot.has_value()) {

@@ -93,9 +93,33 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(MetricsRe
       registry->AddGauge("moetrain_checkpoint_last_success_timestamp_seconds",
                          "Unix time at which the job's newest good checkpoint was recorded.", job));
   MOETRAIN_ASSIGN_OR_RETURN(
+      m->checkpoint_last_step_,
+      registry->AddGauge("moetrain_checkpoint_last_step",
+                         "Step of the job's newest good checkpoint (0 = none yet).", job));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      m->checkpoint_interval_,
+      registry->AddGauge("moetrain_checkpoint_interval_steps",
+                         "The job's checkpoint.every_steps (0 = only after the last step).", job));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      m->job_state_,
+      registry->AddGauge("moetrain_job_state",
+                         "1 for the job's current state, 0 for the states it was in before.",
+                         {"job_id", "state"}));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      m->last_progress_,
+      registry->AddGauge("moetrain_job_last_progress_timestamp_seconds",
+                         "Unix time of the job's last step report, or of its last move to "
+                         "RUNNING if that came later.",
+                         job));
+  MOETRAIN_ASSIGN_OR_RETURN(
       m->jobs_, registry->AddGauge("moetrain_jobs", "Jobs in the store, by state.", {"state"}));
   MOETRAIN_ASSIGN_OR_RETURN(
       m->workers_, registry->AddGauge("moetrain_workers", "Known workers, by state.", {"state"}));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      Family<Counter> * workers_lost,
+      registry->AddCounter("moetrain_workers_lost_total",
+                           "Workers declared lost after missing their heartbeats."));
+  MOETRAIN_ASSIGN_OR_RETURN(m->workers_lost_, workers_lost->WithLabels({}));
   return m;
 }
 
@@ -107,8 +131,33 @@ void ServiceMetrics::OnJob(absl::string_view job_id, absl::string_view job_name)
   Child(restarts_, {job_id});
 }
 
+void ServiceMetrics::OnAttemptStart(absl::string_view job_id, int64_t checkpoint_every_steps,
+                                    int64_t latest_checkpoint_step) {
+  SetGauge(checkpoint_interval_, job_id, static_cast<double>(checkpoint_every_steps));
+  SetGauge(checkpoint_last_step_, job_id, static_cast<double>(latest_checkpoint_step));
+}
+
+void ServiceMetrics::OnJobState(absl::string_view job_id, JobState state) {
+  absl::MutexLock lock(&mu_);
+  auto it = job_states_.find(job_id);
+  if (it != job_states_.end()) {
+    if (it->second == state) return;
+    if (Gauge* before = Child(job_state_, {job_id, JobStateName(it->second)}); before != nullptr) {
+      before->Set(0);
+    }
+    it->second = state;
+  } else {
+    job_states_.emplace(std::string(job_id), state);
+  }
+  if (Gauge* now = Child(job_state_, {job_id, JobStateName(state)}); now != nullptr) now->Set(1);
+  if (state == JobState::kRunning) {
+    SetGauge(last_progress_, job_id, absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+  }
+}
+
 void ServiceMetrics::OnStep(absl::string_view job_id, const v1::StepMetrics& metrics,
                             int64_t new_tokens) {
+  SetGauge(last_progress_, job_id, absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
   SetGauge(step_, job_id, static_cast<double>(metrics.step()));
   if (Counter* tokens = Child(tokens_, {job_id}); tokens != nullptr) {
     tokens->Increment(static_cast<double>(new_tokens));
@@ -136,17 +185,22 @@ void ServiceMetrics::OnStep(absl::string_view job_id, const v1::StepMetrics& met
   }
 }
 
-void ServiceMetrics::OnCheckpoint(absl::string_view job_id, absl::Duration write_duration,
-                                  absl::Time when) {
+void ServiceMetrics::OnCheckpointWritten(absl::string_view job_id, absl::Duration write_duration) {
   if (Histogram* duration = Child(checkpoint_duration_, {job_id}); duration != nullptr) {
     duration->Observe(absl::ToDoubleSeconds(write_duration));
   }
+}
+
+void ServiceMetrics::OnCheckpointGood(absl::string_view job_id, int64_t step, absl::Time when) {
   SetGauge(checkpoint_last_success_, job_id, absl::ToDoubleSeconds(when - absl::UnixEpoch()));
+  SetGauge(checkpoint_last_step_, job_id, static_cast<double>(step));
 }
 
 void ServiceMetrics::OnRestart(absl::string_view job_id) {
   if (Counter* restarts = Child(restarts_, {job_id}); restarts != nullptr) restarts->Increment();
 }
+
+void ServiceMetrics::OnWorkerLost() { workers_lost_->Increment(); }
 
 void ServiceMetrics::SetJobsByState(const std::map<JobState, int64_t>& counts) {
   for (const auto& [state, count] : counts) {

@@ -9,11 +9,20 @@
 //   moetrain_train_tokens_per_second, moetrain_train_mfu_ratio
 //   moetrain_train_step_duration_seconds                  histogram, one sample per reported step
 //   moetrain_train_expert_load_max_over_mean_ratio{layer} per MoE layer
-//   moetrain_train_dropped_tokens_total                   capacity drops (sampled at reported steps)
-//   moetrain_job_restarts_total                           restarts after failed attempts
+//   moetrain_train_dropped_tokens_total                   capacity drops (sampled at reported
+//   steps) moetrain_job_restarts_total                           restarts after failed attempts
+//   moetrain_job_state{state}                             1 for the job's current state, 0 for
+//                                                         the states it was in before
+//   moetrain_job_last_progress_timestamp_seconds          its last step report, or when it last
+//                                                         went RUNNING, whichever is later
 //   moetrain_checkpoint_duration_seconds                  histogram of rank write times
 //   moetrain_checkpoint_last_success_timestamp_seconds    when the newest good checkpoint landed
-// and for the fleet: moetrain_jobs{state}, moetrain_workers{state}.
+//   moetrain_checkpoint_last_step                         its step (0 = none yet)
+//   moetrain_checkpoint_interval_steps                    spec.checkpoint.every_steps
+// and for the fleet: moetrain_jobs{state}, moetrain_workers{state}, moetrain_workers_lost_total.
+// The per-job state and progress series exist for the jobs the fleet has scheduled or cancelled
+// since start (not for a job still PENDING), one series per state a job has been in: the alert
+// rules in deploy/prometheus/rules.yml need to know which jobs are RUNNING now.
 #ifndef MOETRAIN_SERVER_CORE_SERVICE_METRICS_H_
 #define MOETRAIN_SERVER_CORE_SERVICE_METRICS_H_
 
@@ -22,8 +31,10 @@
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "moetrain/v1/coordinator.pb.h"
 #include "server/core/job_state.h"
@@ -38,10 +49,24 @@ class ServiceMetrics {
   static absl::StatusOr<std::unique_ptr<ServiceMetrics>> Create(MetricsRegistry* registry);
 
   void OnJob(absl::string_view job_id, absl::string_view job_name);
-  // A step report; `new_tokens` is how many tokens it adds to moetrain_train_tokens_total.
+  // An attempt of the job starts (or was reloaded at start): its checkpoint interval
+  // (spec.checkpoint.every_steps, 0 = only after the last step) and the step of the newest good
+  // checkpoint it resumes from (0 = none).
+  void OnAttemptStart(absl::string_view job_id, int64_t checkpoint_every_steps,
+                      int64_t latest_checkpoint_step);
+  // The job is now in `state` (moved there, or found there at start). Entering RUNNING counts as
+  // progress: a job's clock for "no progress" starts when it runs, not when it was submitted.
+  void OnJobState(absl::string_view job_id, JobState state);
+  // A step report, which is progress; `new_tokens` is how many tokens it adds to
+  // moetrain_train_tokens_total.
   void OnStep(absl::string_view job_id, const v1::StepMetrics& metrics, int64_t new_tokens);
-  void OnCheckpoint(absl::string_view job_id, absl::Duration write_duration, absl::Time when);
+  // One rank wrote its part of a checkpoint.
+  void OnCheckpointWritten(absl::string_view job_id, absl::Duration write_duration);
+  // Every rank wrote checkpoint `step`: it is good, recorded at `when`.
+  void OnCheckpointGood(absl::string_view job_id, int64_t step, absl::Time when);
   void OnRestart(absl::string_view job_id);
+  // A worker missed its heartbeats and was declared lost.
+  void OnWorkerLost();
   void SetJobsByState(const std::map<JobState, int64_t>& counts);
   void SetWorkersByState(const std::map<WorkerState, int64_t>& counts);
 
@@ -62,10 +87,19 @@ class ServiceMetrics {
   Family<Gauge>* expert_load_ = nullptr;
   Family<Counter>* dropped_tokens_ = nullptr;
   Family<Counter>* restarts_ = nullptr;
+  Family<Gauge>* job_state_ = nullptr;
+  Family<Gauge>* last_progress_ = nullptr;
   Family<Histogram>* checkpoint_duration_ = nullptr;
   Family<Gauge>* checkpoint_last_success_ = nullptr;
+  Family<Gauge>* checkpoint_last_step_ = nullptr;
+  Family<Gauge>* checkpoint_interval_ = nullptr;
   Family<Gauge>* jobs_ = nullptr;
   Family<Gauge>* workers_ = nullptr;
+  Counter* workers_lost_ = nullptr;
+
+  absl::Mutex mu_;
+  // The state each job's moetrain_job_state is 1 for.
+  std::map<std::string, JobState, std::less<>> job_states_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace moetrain::server

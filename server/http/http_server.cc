@@ -48,6 +48,11 @@ absl::Status HttpServerOptions::Validate() const {
   }
   if (registry == nullptr) return absl::InvalidArgumentError("http.registry is null");
   if (readiness == nullptr) return absl::InvalidArgumentError("http.readiness is null");
+  for (size_t i = 0; i < handlers.size(); ++i) {
+    if (handlers[i] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("http.handlers[", i, "] is null"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -166,6 +171,14 @@ void HttpServer::Stop() {
 void HttpServer::Handle(const httplib::Request& request, httplib::Response* response) {
   const std::string& path = request.path;
   const bool known = path == kMetricsPath || path == kHealthzPath || path == kReadyzPath;
+  if (!known) {
+    for (HttpHandler* handler : options_.handlers) {
+      std::optional<std::string> route = handler->Route(path);
+      if (!route.has_value()) continue;
+      HandleRoute(*handler, *route, request, response);
+      return;
+    }
+  }
   const bool readable = request.method == "GET" || request.method == "HEAD";
   std::string body;
   const char* content_type = kTextContentType;
@@ -200,6 +213,22 @@ void HttpServer::Handle(const httplib::Request& request, httplib::Response* resp
   }
   response->status = code;
   response->set_content(std::move(body), content_type);
+}
+
+void HttpServer::HandleRoute(HttpHandler& handler, const std::string& route,
+                             const httplib::Request& request, httplib::Response* response) {
+  HttpRequest converted;
+  converted.method = request.method;
+  converted.path = request.path;
+  for (const auto& [key, value] : request.params) converted.query.emplace(key, value);
+  converted.authorization = request.get_header_value("Authorization");
+  HttpResponse answer = handler.Handle(converted);
+  absl::StatusOr<Counter*> counter =
+      metrics_->requests->WithLabels({route, absl::StrCat(answer.code)});
+  if (counter.ok()) (*counter)->Increment();
+  response->status = answer.code;
+  for (const auto& [name, value] : answer.headers) response->set_header(name, value);
+  response->set_content(std::move(answer.body), answer.content_type);
 }
 
 }  // namespace moetrain::server

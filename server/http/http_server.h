@@ -1,32 +1,39 @@
-// The coordinator's HTTP endpoint: Prometheus metrics and health probes.
+// The coordinator's HTTP endpoint: Prometheus metrics, health probes, and the routes of the
+// handlers it is given (the dashboard page and its JSON API, server/http/json_api.h).
 //
 //   GET /metrics   the registry in the text format 0.0.4
 //   GET /healthz   200 "ok" while the process is up (any readiness state but STOPPED), else 503
 //   GET /readyz    200 while SERVING, else 503 with the state and its reason
+//   a handler's    whatever the first handler whose Route claims the path answers
 //   anything else  404 (405 for another method on one of the paths above)
 //
 //   MOETRAIN_ASSIGN_OR_RETURN(std::unique_ptr<HttpServer> http,
-//       HttpServer::Create({.host = "0.0.0.0", .port = 9090, .registry = &registry,
-//                           .readiness = &readiness}));
+//       HttpServer::Create({.host = "0.0.0.0", .port = 9090, .handlers = {&page, &api},
+//                           .registry = &registry, .readiness = &readiness}));
 //   MOETRAIN_RETURN_IF_ERROR(http->Start());   // http->port() is the bound port
 //   ...
 //   http->Stop();
 //
 // Create adds to the registry `moetrain_http_requests_total{path,code}`, `moetrain_up` and
 // `moetrain_readiness_state{state}` (1 for the current state, 0 for the others), so one registry
-// serves one HttpServer. The registry and the readiness outlive the server.
+// serves one HttpServer. The registry, the readiness and the handlers outlive the server.
 #ifndef MOETRAIN_SERVER_HTTP_HTTP_SERVER_H_
 #define MOETRAIN_SERVER_HTTP_HTTP_SERVER_H_
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "server/core/readiness.h"
 #include "server/http/metrics.h"
 
@@ -38,11 +45,40 @@ struct Response;
 
 namespace moetrain::server {
 
+// A request as a handler sees it: transport-free, so handlers are tested without sockets.
+struct HttpRequest {
+  std::string method;                        // "GET", "HEAD", "POST", ...
+  std::string path;                          // decoded, without the query
+  std::map<std::string, std::string> query;  // decoded; the first value of a repeated key
+  std::string authorization;                 // the Authorization header; empty when absent
+};
+
+struct HttpResponse {
+  int code = 200;
+  std::string content_type = "text/plain; charset=utf-8";
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;  // beside Content-Type
+};
+
+// Routes beyond the server's own. Called from the server's threads at once: thread-safe.
+class HttpHandler {
+ public:
+  virtual ~HttpHandler() = default;
+  // The route `path` belongs to, as the `path` label of moetrain_http_requests_total: a template
+  // such as "/api/v1/jobs/{id}", never an id (one series per id would grow the registry without
+  // bound); nullopt when the path is not this handler's.
+  virtual std::optional<std::string> Route(absl::string_view path) const = 0;
+  // Answers a request whose path Route claimed, whatever its method.
+  virtual HttpResponse Handle(const HttpRequest& request) = 0;
+};
+
 struct HttpServerOptions {
   // Only this address is bound: "127.0.0.1" for local scrapes, "0.0.0.0" for all interfaces.
   std::string host = "127.0.0.1";
   // 0 picks a free port; port() then tells which.
   int port = 0;
+  // Asked in order after the server's own paths; not owned.
+  std::vector<HttpHandler*> handlers = {};
   MetricsRegistry* registry = nullptr;  // not owned
   Readiness* readiness = nullptr;       // not owned
 
@@ -76,6 +112,9 @@ class HttpServer {
 
   HttpServer(const HttpServerOptions& options, std::unique_ptr<RouteMetrics> route_metrics);
   void Handle(const httplib::Request& request, httplib::Response* response);
+  // A path one of the handlers claimed, counted under `route`.
+  void HandleRoute(HttpHandler& handler, const std::string& route, const httplib::Request& request,
+                   httplib::Response* response);
 
   const HttpServerOptions options_;
   const std::unique_ptr<RouteMetrics> metrics_;

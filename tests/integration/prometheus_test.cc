@@ -3,8 +3,6 @@
 // job's trained tokens returns the count the job reported. `promtool check metrics` passes on the
 // same /metrics.
 #include <httplib.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 
 #include <cstdio>
 #include <string>
@@ -17,20 +15,6 @@ namespace moetrain::testutil {
 namespace {
 
 using nlohmann::json;
-
-// A port nobody listens on right now (bound, read back, released): Prometheus has no "any free
-// port" of its own.
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address = {};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  close(fd);
-  return ntohs(address.sin_port);
-}
 
 // `promtool check metrics` with `text` on stdin: its exit code, and what it printed in `output`.
 int PromtoolCheck(const std::string& text, const fs::path& dir, std::string* output) {
@@ -45,34 +29,21 @@ int PromtoolCheck(const std::string& text, const fs::path& dir, std::string* out
 }
 
 TEST_F(ServiceTest, PrometheusScrapesTheTokensTheJobReported) {
-  ASSERT_EQ(access("/usr/bin/prometheus", X_OK), 0)
-      << "Debian's prometheus is not installed: run scripts/setup.sh";
   StartCoordinator();
   StartWorker("w1");
 
-  const int prometheus_port = FreePort();
-  std::ofstream(dir_ / "prometheus.yml") << absl::StrCat(R"(global:
+  Daemon prometheus;
+  const int prometheus_port = StartPrometheus(prometheus, dir_,
+                                              absl::StrCat(R"(global:
   scrape_interval: 1s
 scrape_configs:
   - job_name: moetrain
     static_configs:
-      - targets: ['127.0.0.1:)", http_port_, R"(']
-)");
-  Daemon prometheus;
-  ASSERT_EQ(prometheus.Start("/usr/bin/prometheus",
-                             {"--config.file=" + (dir_ / "prometheus.yml").string(),
-                              "--storage.tsdb.path=" + (dir_ / "tsdb").string(),
-                              absl::StrCat("--web.listen-address=127.0.0.1:", prometheus_port)},
-                             dir_ / "prometheus.log"),
-            "");
+      - targets: ['127.0.0.1:)",
+                                                           http_port_, R"(']
+)"));
+  ASSERT_NE(prometheus_port, 0);
   httplib::Client query("127.0.0.1", prometheus_port);
-  ASSERT_TRUE(WaitUntil(
-      [&] {
-        auto ready = query.Get("/-/ready");
-        return ready && ready->status == 200;
-      },
-      std::chrono::seconds(60)))
-      << prometheus.Log();
 
   TinySpec job = ServiceSpec();
   job.steps = 200;

@@ -1,13 +1,17 @@
 // What the service tests share: the real daemons (`moetrain-coordinator`, `moetrain-worker`) as
 // background processes on 127.0.0.1 with their output in log files, the real `moetrain` CLI, a
-// JobService stub for looking at jobs, and a small job spec whose steps take about a millisecond.
-// Every test works in a fresh directory and kills whatever it started.
+// JobService stub for looking at jobs, a small job spec whose steps take about a millisecond, and a
+// real Prometheus server (Debian's `prometheus`) with its HTTP API. Every test works in a fresh
+// directory and kills whatever it started.
 #ifndef MOETRAIN_TESTS_INTEGRATION_SERVICE_TEST_UTIL_H_
 #define MOETRAIN_TESTS_INTEGRATION_SERVICE_TEST_UTIL_H_
 
 #include <fcntl.h>
+#include <httplib.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,6 +32,7 @@
 #include "gtest/gtest.h"
 #include "moetrain/v1/connect.h"
 #include "moetrain/v1/coordinator.grpc.pb.h"
+#include "nlohmann/json.hpp"
 #include "tests/integration/child_process.h"
 #include "tests/integration/tiny_spec.h"
 
@@ -138,6 +143,72 @@ class Daemon {
   pid_t pid_ = 0;
   fs::path log_;
 };
+
+// A port nobody listens on right now (bound, read back, released): Prometheus has no "any free
+// port" of its own.
+inline int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address = {};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+inline constexpr char kPrometheusBinary[] = "/usr/bin/prometheus";
+
+// Starts Prometheus in `dir` with `config` as its prometheus.yml, on a free 127.0.0.1 port, and
+// waits until it is ready; its port, or 0 (with the reason as a test failure).
+inline int StartPrometheus(Daemon& prometheus, const fs::path& dir, const std::string& config) {
+  if (access(kPrometheusBinary, X_OK) != 0) {
+    ADD_FAILURE() << "Debian's prometheus is not installed: run scripts/setup.sh";
+    return 0;
+  }
+  std::ofstream(dir / "prometheus.yml") << config;
+  const int port = FreePort();
+  const std::string error =
+      prometheus.Start(kPrometheusBinary,
+                       {"--config.file=" + (dir / "prometheus.yml").string(),
+                        "--storage.tsdb.path=" + (dir / "tsdb").string(),
+                        absl::StrCat("--web.listen-address=127.0.0.1:", port)},
+                       dir / "prometheus.log");
+  if (!error.empty()) {
+    ADD_FAILURE() << error;
+    return 0;
+  }
+  httplib::Client client("127.0.0.1", port);
+  const bool ready = WaitUntil(
+      [&] {
+        auto response = client.Get("/-/ready");
+        return response && response->status == 200;
+      },
+      std::chrono::seconds(60));
+  if (!ready) {
+    ADD_FAILURE() << "Prometheus did not become ready:\n" << prometheus.Log();
+    return 0;
+  }
+  return port;
+}
+
+// GET `path` of Prometheus' HTTP API with `params`: the `data` of a "success" answer, or null
+// (with the answer in `error`).
+inline nlohmann::json PrometheusApi(httplib::Client& client, const std::string& path,
+                                    const httplib::Params& params, std::string* error = nullptr) {
+  auto response = client.Get(path, params, httplib::Headers{});
+  if (!response) {
+    if (error != nullptr) *error = "no answer from Prometheus";
+    return nullptr;
+  }
+  nlohmann::json answer = nlohmann::json::parse(response->body, nullptr, false);
+  if (response->status != 200 || !answer.is_object() || answer.value("status", "") != "success") {
+    if (error != nullptr) *error = absl::StrCat("HTTP ", response->status, ": ", response->body);
+    return nullptr;
+  }
+  return answer["data"];
+}
 
 // The test job: TinySpec without evaluations (the tests follow training, not eval).
 // Losses by step of `moetrain run SPEC --json` on one rank and one thread, checkpointing under

@@ -134,6 +134,26 @@ TEST_F(CoordinatorTest, RejectsMissingAndOverlongSubmissionIds) {
       coordinator_->Submit(std::string(kMaxSubmissionIdLength, 'a'), TinySpec(), 0).status().ok());
 }
 
+TEST_F(CoordinatorTest, ReadsTheEventLogWithoutWaiting) {
+  const JobRecord job = MustSubmit("sub-log");
+  ASSERT_TRUE(coordinator_->AppendEvent(job.id, kLogEventKind, "first").ok());
+  ASSERT_TRUE(coordinator_->AppendEvent(job.id, kLogEventKind, "second").ok());
+  absl::StatusOr<std::optional<EventRecord>> last = coordinator_->LastEvent(job.id);
+  ASSERT_TRUE(last.ok()) << last.status();
+  ASSERT_TRUE(last->has_value());
+  EXPECT_EQ((*last)->sequence, 3);
+  EXPECT_EQ((*last)->payload, "second");
+  absl::StatusOr<std::vector<EventRecord>> events = coordinator_->ReadEvents(job.id, 2, 10);
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_EQ(events->size(), 2u);
+  EXPECT_EQ((*events)[0].payload, "first");
+  EXPECT_EQ((*events)[1].sequence, 3);
+  EXPECT_TRUE(coordinator_->ReadEvents(job.id, 4, 10)->empty());
+  EXPECT_TRUE(absl::IsNotFound(coordinator_->LastEvent("job-unknown").status()));
+  EXPECT_TRUE(absl::IsNotFound(coordinator_->ReadEvents("job-unknown", 1, 10).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(coordinator_->ReadEvents(job.id, 1, 0).status()));
+}
+
 TEST_F(CoordinatorTest, SubmitSerializedRejectsGarbage) {
   absl::StatusOr<JobRecord> job = coordinator_->SubmitSerialized("sub-1", "\xff\xff\xff", 0);
   EXPECT_TRUE(absl::IsInvalidArgument(job.status())) << job.status();

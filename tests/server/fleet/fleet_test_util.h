@@ -225,7 +225,7 @@ class FleetTest : public ::testing::Test {
   void StartFleet(const FleetOptions& options) {
     coordinator_ = std::make_unique<Coordinator>(store_.get());
     absl::StatusOr<std::unique_ptr<Fleet>> fleet =
-        Fleet::Create(store_.get(), coordinator_.get(), /*metrics=*/nullptr, options);
+        Fleet::Create(store_.get(), coordinator_.get(), metrics_, options);
     ASSERT_TRUE(fleet.ok()) << fleet.status();
     fleet_ = *std::move(fleet);
     coordinator_->SetSubmittedListener(
@@ -408,6 +408,8 @@ class FleetTest : public ::testing::Test {
   std::unique_ptr<Store> store_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<Fleet> fleet_;
+  // What StartFleet hands the fleet to report to; none unless a test sets it.
+  ServiceMetrics* metrics_ = nullptr;
   int submitted_ = 0;
 };
 

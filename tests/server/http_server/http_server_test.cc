@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -261,6 +262,92 @@ TEST(HttpServerStandaloneTest, CreateValidatesItsOptions) {
   // The metrics names are taken now: one registry, one server.
   EXPECT_EQ(HttpServer::Create({.registry = &registry, .readiness = &readiness}).status().code(),
             absl::StatusCode::kAlreadyExists);
+}
+
+// Claims the paths under `prefix`, counted under "<prefix>*", and echoes what it was given.
+class EchoHandler : public HttpHandler {
+ public:
+  explicit EchoHandler(std::string prefix) : prefix_(std::move(prefix)) {}
+  std::optional<std::string> Route(absl::string_view path) const override {
+    if (!absl::StartsWith(path, prefix_)) return std::nullopt;
+    return prefix_ + "*";
+  }
+  HttpResponse Handle(const HttpRequest& request) override {
+    HttpResponse response;
+    response.code = request.path == prefix_ + "missing" ? 404 : 200;
+    response.content_type = "application/json";
+    response.body = absl::StrCat(
+        prefix_, "|", request.method, "|", request.path, "|", request.authorization, "|",
+        request.query.size() == 1
+            ? request.query.begin()->first + "=" + request.query.begin()->second
+            : "");
+    response.headers.emplace_back("X-Handled-By", prefix_);
+    return response;
+  }
+
+ private:
+  const std::string prefix_;
+};
+
+TEST(HttpServerStandaloneTest, HandlersAnswerThePathsTheyClaim) {
+  MetricsRegistry registry;
+  Readiness readiness;
+  EchoHandler wide("/a"), narrow("/ab"), metrics("/metrics");
+  HttpServerOptions options;
+  options.host = kHost;
+  // The first handler that claims a path answers it; the server's own paths come before any.
+  options.handlers = {&wide, &narrow, &metrics};
+  options.registry = &registry;
+  options.readiness = &readiness;
+  std::unique_ptr<HttpServer> server = Must(HttpServer::Create(options));
+  ASSERT_TRUE(server->Start().ok());
+  httplib::Client client(kHost, server->port());
+  client.set_read_timeout(5);
+
+  httplib::Result result =
+      client.Get("/abc?x=1%202", httplib::Headers{{"Authorization", "Bearer t"}});
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->status, 200);
+  EXPECT_EQ(result->body, "/a|GET|/abc|Bearer t|x=1 2");
+  EXPECT_EQ(result->get_header_value("Content-Type"), "application/json");
+  EXPECT_EQ(result->get_header_value("X-Handled-By"), "/a");
+  result = client.Post("/a/thing", "{}", "application/json");
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->body, "/a|POST|/a/thing||");
+  result = client.Get("/amissing");
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->status, 404);
+  result = client.Get("/metrics");
+  ASSERT_TRUE(result);
+  EXPECT_TRUE(absl::StrContains(result->body, "# TYPE moetrain_up gauge")) << result->body;
+  result = client.Get("/b");
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->status, 404);
+  server->Stop();
+
+  const std::string scraped = registry.Serialize();
+  EXPECT_TRUE(
+      absl::StrContains(scraped, "moetrain_http_requests_total{path=\"/a*\",code=\"200\"} 2"))
+      << scraped;
+  EXPECT_TRUE(
+      absl::StrContains(scraped, "moetrain_http_requests_total{path=\"/a*\",code=\"404\"} 1"))
+      << scraped;
+  EXPECT_TRUE(
+      absl::StrContains(scraped, "moetrain_http_requests_total{path=\"other\",code=\"404\"} 1"))
+      << scraped;
+  EXPECT_FALSE(absl::StrContains(scraped, "/ab*")) << scraped;
+}
+
+TEST(HttpServerStandaloneTest, ANullHandlerIsRefused) {
+  MetricsRegistry registry;
+  Readiness readiness;
+  HttpServerOptions options;
+  options.handlers = {nullptr};
+  options.registry = &registry;
+  options.readiness = &readiness;
+  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Create(options);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(server.status().message(), "http.handlers[0]")) << server.status();
 }
 
 TEST(ReadinessTest, MovesOnlyForwardAndTellsListenersInOrder) {

@@ -1,0 +1,139 @@
+// ServiceMetrics as /metrics shows it: the series the alert rules and the dashboard
+// (deploy/prometheus, deploy/grafana) are built on, read back from the registry's text.
+#include "server/core/service_metrics.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace moetrain::server {
+namespace {
+
+// The value of the sample written exactly as `series` (name and label text), if there is one.
+std::optional<double> Sample(const std::string& text, absl::string_view series) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (!absl::ConsumePrefix(&line, series) || !absl::ConsumePrefix(&line, " ")) continue;
+    double value = 0;
+    if (absl::SimpleAtod(line, &value)) return value;
+  }
+  return std::nullopt;
+}
+
+double UnixSeconds(absl::Time time) { return absl::ToDoubleSeconds(time - absl::UnixEpoch()); }
+
+class ServiceMetricsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<ServiceMetrics>> created = ServiceMetrics::Create(&registry_);
+    ASSERT_TRUE(created.ok()) << created.status();
+    metrics_ = std::move(*created);
+  }
+
+  std::optional<double> Get(absl::string_view series) {
+    return Sample(registry_.Serialize(), series);
+  }
+
+  MetricsRegistry registry_;
+  std::unique_ptr<ServiceMetrics> metrics_;
+};
+
+TEST_F(ServiceMetricsTest, ASecondSetOfFamiliesOnTheSameRegistryIsRefused) {
+  EXPECT_EQ(ServiceMetrics::Create(&registry_).status().code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST_F(ServiceMetricsTest, JobStateIsOneForTheCurrentStateAndZeroForTheEarlierOnes) {
+  for (JobState state : {JobState::kScheduled, JobState::kRunning, JobState::kRestarting,
+                         JobState::kScheduled, JobState::kRunning, JobState::kSucceeded}) {
+    metrics_->OnJobState("job-a", state);
+  }
+  metrics_->OnJobState("job-b", JobState::kRunning);
+  const std::string text = registry_.Serialize();
+  EXPECT_EQ(Sample(text, R"(moetrain_job_state{job_id="job-a",state="SUCCEEDED"})"), 1);
+  for (const char* earlier : {"SCHEDULED", "RUNNING", "RESTARTING"}) {
+    EXPECT_EQ(
+        Sample(text, absl::StrCat(R"(moetrain_job_state{job_id="job-a",state=")", earlier, "\"}")),
+        0)
+        << earlier;
+  }
+  // States a job never was in have no series (cardinality).
+  EXPECT_EQ(Sample(text, R"(moetrain_job_state{job_id="job-a",state="PENDING"})"), std::nullopt);
+  EXPECT_EQ(Sample(text, R"(moetrain_job_state{job_id="job-a",state="FAILED"})"), std::nullopt);
+  EXPECT_EQ(Sample(text, R"(moetrain_job_state{job_id="job-b",state="RUNNING"})"), 1);
+}
+
+TEST_F(ServiceMetricsTest, ProgressIsAStepReportOrAMoveToRunning) {
+  const std::string progress = R"(moetrain_job_last_progress_timestamp_seconds{job_id="job-a"})";
+  metrics_->OnJobState("job-a", JobState::kScheduled);
+  EXPECT_EQ(Get(progress), std::nullopt) << "a job that never ran has made no progress";
+
+  absl::Time before = absl::Now();
+  metrics_->OnJobState("job-a", JobState::kRunning);
+  absl::Time after = absl::Now();
+  ASSERT_TRUE(Get(progress).has_value());
+  EXPECT_GE(*Get(progress), UnixSeconds(before));
+  EXPECT_LE(*Get(progress), UnixSeconds(after));
+
+  v1::StepMetrics step;
+  step.set_step(7);
+  before = absl::Now();
+  metrics_->OnStep("job-a", step, 128);
+  after = absl::Now();
+  EXPECT_GE(*Get(progress), UnixSeconds(before));
+  EXPECT_LE(*Get(progress), UnixSeconds(after));
+  EXPECT_EQ(Get(R"(moetrain_train_step{job_id="job-a"})"), 7);
+}
+
+TEST_F(ServiceMetricsTest, ACheckpointIsRecordedOnceItIsGoodAndEveryRankWriteIsTimed) {
+  metrics_->OnAttemptStart("job-a", /*checkpoint_every_steps=*/20, /*latest_checkpoint_step=*/0);
+  EXPECT_EQ(Get(R"(moetrain_checkpoint_interval_steps{job_id="job-a"})"), 20);
+  EXPECT_EQ(Get(R"(moetrain_checkpoint_last_step{job_id="job-a"})"), 0);
+
+  // Two ranks write step 40; only then is it good.
+  metrics_->OnCheckpointWritten("job-a", absl::Milliseconds(30));
+  metrics_->OnCheckpointWritten("job-a", absl::Milliseconds(50));
+  EXPECT_EQ(Get(R"(moetrain_checkpoint_duration_seconds_count{job_id="job-a"})"), 2);
+  EXPECT_DOUBLE_EQ(*Get(R"(moetrain_checkpoint_duration_seconds_sum{job_id="job-a"})"), 0.08);
+  EXPECT_EQ(Get(R"(moetrain_checkpoint_last_success_timestamp_seconds{job_id="job-a"})"),
+            std::nullopt);
+  EXPECT_EQ(Get(R"(moetrain_checkpoint_last_step{job_id="job-a"})"), 0);
+
+  const absl::Time when = absl::FromUnixSeconds(1800000000);
+  metrics_->OnCheckpointGood("job-a", 40, when);
+  EXPECT_EQ(Get(R"(moetrain_checkpoint_last_success_timestamp_seconds{job_id="job-a"})"),
+            1800000000);
+  EXPECT_EQ(Get(R"(moetrain_checkpoint_last_step{job_id="job-a"})"), 40);
+
+  // A later attempt resumes from that checkpoint; a spec without an interval says 0.
+  metrics_->OnAttemptStart("job-b", /*checkpoint_every_steps=*/0, /*latest_checkpoint_step=*/60);
+  EXPECT_EQ(Get(R"(moetrain_checkpoint_interval_steps{job_id="job-b"})"), 0);
+  EXPECT_EQ(Get(R"(moetrain_checkpoint_last_step{job_id="job-b"})"), 60);
+}
+
+TEST_F(ServiceMetricsTest, LostWorkersAreCountedFromZero) {
+  EXPECT_EQ(Get("moetrain_workers_lost_total"), 0);
+  metrics_->OnWorkerLost();
+  metrics_->OnWorkerLost();
+  EXPECT_EQ(Get("moetrain_workers_lost_total"), 2);
+}
+
+TEST_F(ServiceMetricsTest, TheNewFamiliesHaveTheirTypes) {
+  metrics_->OnJobState("job-a", JobState::kRunning);
+  metrics_->OnAttemptStart("job-a", 10, 0);
+  const std::string text = registry_.Serialize();
+  for (const char* line : {"# TYPE moetrain_job_state gauge",
+                           "# TYPE moetrain_job_last_progress_timestamp_seconds gauge",
+                           "# TYPE moetrain_checkpoint_last_step gauge",
+                           "# TYPE moetrain_checkpoint_interval_steps gauge",
+                           "# TYPE moetrain_workers_lost_total counter"}) {
+    EXPECT_NE(text.find(line), std::string::npos) << line << " in\n" << text;
+  }
+}
+
+}  // namespace
+}  // namespace moetrain::server

@@ -1,0 +1,154 @@
+// What the fleet tells ServiceMetrics as a job's attempts start, run, checkpoint, lose their
+// worker and restart: the series the alert rules (deploy/prometheus/rules.yml) watch, read back
+// from the registry's text as /metrics serves it.
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "server/core/fleet.h"
+#include "server/core/service_metrics.h"
+#include "server/http/metrics.h"
+#include "tests/server/fleet/fleet_test_util.h"
+
+namespace moetrain::server {
+namespace {
+
+class FleetMetricsTest : public FleetTest {
+ protected:
+  void SetUp() override {
+    FleetTest::SetUp();
+    absl::StatusOr<std::unique_ptr<ServiceMetrics>> created = ServiceMetrics::Create(&registry_);
+    ASSERT_TRUE(created.ok()) << created.status();
+    service_metrics_ = std::move(*created);
+    metrics_ = service_metrics_.get();
+  }
+
+  void TearDown() override {
+    FleetTest::TearDown();  // the fleet goes before the metrics it reports to
+    service_metrics_.reset();
+  }
+
+  // The value of the series written exactly as `series`, if /metrics has it.
+  std::optional<double> Get(const std::string& series) {
+    for (absl::string_view line : absl::StrSplit(registry_.Serialize(), '\n')) {
+      if (!absl::ConsumePrefix(&line, series) || !absl::ConsumePrefix(&line, " ")) continue;
+      double value = 0;
+      if (absl::SimpleAtod(line, &value)) return value;
+    }
+    return std::nullopt;
+  }
+  std::optional<double> State(const std::string& job_id, const std::string& state) {
+    return Get("moetrain_job_state{job_id=\"" + job_id + "\",state=\"" + state + "\"}");
+  }
+  std::optional<double> OfJob(const std::string& name, const std::string& job_id) {
+    return Get(name + "{job_id=\"" + job_id + "\"}");
+  }
+
+  MetricsRegistry registry_;
+  std::unique_ptr<ServiceMetrics> service_metrics_;
+};
+
+TEST_F(FleetMetricsTest, AJobsStateCheckpointsAndLostWorkerReachTheMetrics) {
+  FleetOptions options = DefaultOptions();
+  options.heartbeat_interval = absl::Milliseconds(100);
+  options.heartbeat_timeout = absl::Seconds(1);
+  StartFleet(options);
+  const std::string silent = Register("silent");
+  auto keepalive = std::make_unique<Heartbeater>(fleet_.get(), silent);
+  const JobRecord job = Submit();
+  v1::JobSpec spec;
+  ASSERT_TRUE(spec.ParseFromString(job.spec));
+  const v1::Assignment assignment = AwaitAssignment(silent);
+  EXPECT_EQ(State(job.id, "SCHEDULED"), 1);
+  EXPECT_EQ(OfJob("moetrain_job_last_progress_timestamp_seconds", job.id), std::nullopt)
+      << "not RUNNING yet";
+  EXPECT_EQ(OfJob("moetrain_checkpoint_interval_steps", job.id),
+            static_cast<double>(spec.checkpoint().every_steps()));
+  EXPECT_EQ(OfJob("moetrain_checkpoint_last_step", job.id), 0);
+
+  keepalive->SetRunning({assignment});
+  ASSERT_TRUE(WaitForState(job.id, JobState::kRunning));
+  EXPECT_EQ(State(job.id, "SCHEDULED"), 0);
+  EXPECT_EQ(State(job.id, "RUNNING"), 1);
+  EXPECT_EQ(State(job.id, "PENDING"), std::nullopt) << "the fleet never saw it PENDING";
+  EXPECT_TRUE(OfJob("moetrain_job_last_progress_timestamp_seconds", job.id).has_value());
+
+  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(silent, assignment, 3)));
+  FLEET_ASSERT_OK(fleet_->ReportCheckpoint(CheckpointReport(silent, assignment, 4)));
+  EXPECT_EQ(OfJob("moetrain_train_step", job.id), 3);
+  EXPECT_EQ(OfJob("moetrain_checkpoint_last_step", job.id), 4);
+  EXPECT_TRUE(OfJob("moetrain_checkpoint_last_success_timestamp_seconds", job.id).has_value());
+  EXPECT_EQ(OfJob("moetrain_checkpoint_duration_seconds_count", job.id), 1);
+  EXPECT_EQ(Get("moetrain_workers_lost_total"), 0);
+
+  keepalive.reset();  // the worker falls silent
+  ASSERT_TRUE(WaitUntil([&] { return WorkerStateOf(silent) == v1::WORKER_STATE_LOST; }));
+  EXPECT_EQ(Get("moetrain_workers_lost_total"), 1);
+  EXPECT_EQ(State(job.id, "RUNNING"), 0);
+  EXPECT_EQ(State(job.id, "RESTARTING"), 1);
+  EXPECT_EQ(OfJob("moetrain_job_restarts_total", job.id), 1);
+
+  // The next attempt resumes from the checkpoint of step 4.
+  const std::string rescuer = Register("rescuer");
+  Heartbeater rescuer_alive(fleet_.get(), rescuer);
+  const v1::Assignment next = AwaitAssignment(rescuer);
+  ASSERT_EQ(next.attempt(), 2);
+  EXPECT_EQ(State(job.id, "RESTARTING"), 0);
+  EXPECT_EQ(State(job.id, "SCHEDULED"), 1);
+  EXPECT_EQ(OfJob("moetrain_checkpoint_last_step", job.id), 4);
+  rescuer_alive.SetRunning({next});
+  ASSERT_TRUE(WaitForState(job.id, JobState::kRunning));
+  EXPECT_EQ(State(job.id, "RUNNING"), 1);
+
+  FLEET_ASSERT_OK(fleet_->Cancel(job.id, "enough").status());
+  EXPECT_EQ(State(job.id, "RUNNING"), 0);
+  EXPECT_EQ(State(job.id, "CANCELLED"), 1);
+}
+
+TEST_F(FleetMetricsTest, AGangsCheckpointCountsOnceEveryRankWroteIt) {
+  StartFleet();
+  const RunningGang gang = StartTwoWorkerJob();
+  FLEET_ASSERT_OK(
+      fleet_->ReportCheckpoint(CheckpointReport(gang.workers[0], gang.assignments[0], 6)));
+  EXPECT_EQ(OfJob("moetrain_checkpoint_last_step", gang.job.id), 0) << "rank 1 has not written";
+  EXPECT_EQ(OfJob("moetrain_checkpoint_last_success_timestamp_seconds", gang.job.id), std::nullopt);
+  FLEET_ASSERT_OK(
+      fleet_->ReportCheckpoint(CheckpointReport(gang.workers[1], gang.assignments[1], 6)));
+  EXPECT_EQ(OfJob("moetrain_checkpoint_last_step", gang.job.id), 6);
+  EXPECT_TRUE(OfJob("moetrain_checkpoint_last_success_timestamp_seconds", gang.job.id).has_value());
+  EXPECT_EQ(OfJob("moetrain_checkpoint_duration_seconds_count", gang.job.id), 2)
+      << "every rank's write is timed";
+}
+
+TEST_F(FleetMetricsTest, AReloadedAttemptKeepsItsStateAndCheckpointAfterARestart) {
+  StartFleet();
+  const RunningJob running = StartOneWorkerJob();
+  FLEET_ASSERT_OK(
+      fleet_->ReportCheckpoint(CheckpointReport(running.worker_id, running.assignment, 8)));
+  // The coordinator process restarts: new metrics, the fleet reloads the attempt from the store.
+  StopFleet();
+  service_metrics_.reset();
+  MetricsRegistry fresh;
+  absl::StatusOr<std::unique_ptr<ServiceMetrics>> created = ServiceMetrics::Create(&fresh);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<ServiceMetrics> after_restart = std::move(*created);
+  metrics_ = after_restart.get();
+  StartFleet();
+  const std::string text = fresh.Serialize();
+  const std::string job = "{job_id=\"" + running.job.id + "\"";
+  EXPECT_NE(text.find("moetrain_job_state" + job + ",state=\"RUNNING\"} 1"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("moetrain_checkpoint_last_step" + job + "} 8"), std::string::npos) << text;
+  EXPECT_NE(text.find("moetrain_checkpoint_last_success_timestamp_seconds" + job + "}"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("moetrain_job_last_progress_timestamp_seconds" + job + "}"),
+            std::string::npos)
+      << "a reloaded RUNNING job's clock starts again: " << text;
+  StopFleet();  // before `after_restart` goes
+}
+
+}  // namespace
+}  // namespace moetrain::server
