@@ -29,6 +29,7 @@
 #include "moetrain/v1/worker.grpc.pb.h"
 #include "server/coordinator_server.h"
 #include "tests/integration/child_process.h"
+#include "tests/server/coordinator_server/loopback_coordinator.h"
 #include "tests/integration/tiny_spec.h"
 
 namespace moetrain::testutil {
@@ -278,18 +279,13 @@ class ClientTest : public ::testing::Test {
   // Starts the coordinator on `port` (0 = any free one) over this test's state file; a restart
   // passes the port of the last one.
   void StartCoordinator(int port) {
-    server::CoordinatorServerOptions options;
-    options.listen = absl::StrCat("127.0.0.1:", port);
-    options.http_listen = "";
-    options.state_db = (dir_ / "coordinator.db").string();
-    options.bearer_token = kToken;
-    options.fleet.checkpoint_dir = (dir_ / "checkpoints").string();
-    options.fleet.heartbeat_interval = absl::Milliseconds(200);
-    options.fleet.heartbeat_timeout = absl::Seconds(2);
-    options.fleet.reconcile_grace = absl::Milliseconds(300);
-    options.fleet.control_interval = absl::Milliseconds(50);
+    server::FleetOptions fleet;
+    fleet.heartbeat_interval = absl::Milliseconds(200);
+    fleet.heartbeat_timeout = absl::Seconds(2);
+    fleet.reconcile_grace = absl::Milliseconds(300);
+    fleet.control_interval = absl::Milliseconds(50);
     absl::StatusOr<std::unique_ptr<server::CoordinatorServer>> server =
-        server::CoordinatorServer::Start(options);
+        testutil::StartLoopbackCoordinator(dir_, port, kToken, fleet);
     ASSERT_TRUE(server.ok()) << server.status();
     coordinator_ = *std::move(server);
     port_ = coordinator_->grpc_port();

@@ -25,6 +25,7 @@
 #include "moetrain/v1/proto_time.h"
 #include "moetrain/v1/worker.grpc.pb.h"
 #include "server/coordinator_server.h"
+#include "tests/server/coordinator_server/loopback_coordinator.h"
 
 namespace moetrain::worker_test {
 
@@ -71,24 +72,19 @@ class CoordinatorFixture : public ::testing::Test {
     std::filesystem::remove_all(dir_, error);
   }
 
-  std::string state_db() const { return dir_ + "/coordinator.db"; }
+  std::string state_db() const { return testutil::LoopbackStateDb(dir_).string(); }
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
 
   // Starts the coordinator on `port` (0 = any free one) over this test's state file. The grace
   // period is long enough for the heartbeats to come back through a reconnecting channel.
   void StartCoordinator(int port) {
-    server::CoordinatorServerOptions options;
-    options.listen = absl::StrCat("127.0.0.1:", port);
-    options.http_listen = "";
-    options.state_db = state_db();
-    options.bearer_token = bearer_token_;
-    options.fleet.checkpoint_dir = dir_ + "/checkpoints";
-    options.fleet.heartbeat_interval = absl::Milliseconds(100);
-    options.fleet.heartbeat_timeout = absl::Seconds(20);
-    options.fleet.reconcile_grace = absl::Seconds(20);
-    options.fleet.control_interval = absl::Milliseconds(20);
+    server::FleetOptions fleet;
+    fleet.heartbeat_interval = absl::Milliseconds(100);
+    fleet.heartbeat_timeout = absl::Seconds(20);
+    fleet.reconcile_grace = absl::Seconds(20);
+    fleet.control_interval = absl::Milliseconds(20);
     absl::StatusOr<std::unique_ptr<server::CoordinatorServer>> server =
-        server::CoordinatorServer::Start(options);
+        testutil::StartLoopbackCoordinator(dir_, port, bearer_token_, fleet);
     ASSERT_TRUE(server.ok()) << server.status();
     coordinator_ = *std::move(server);
     port_ = coordinator_->grpc_port();
