@@ -33,7 +33,7 @@ bool ParseDurationFlag(const std::string& flag, const std::string& text, absl::D
 int main(int argc, char** argv) {
   using moetrain::server::CheckpointNaming;
   moetrain::server::CoordinatorServerOptions options;
-  std::string token_file, heartbeat_timeout = "10s", grace;
+  std::string token_file, heartbeat_timeout = "10s", grace, metrics_retention = "1h";
 
   CLI::App app{"moetrain-coordinator: accepts MoE training jobs and schedules them onto workers"};
   app.add_option("--listen", options.listen, "gRPC address, host:port (port 0 = any free port)")
@@ -59,6 +59,10 @@ int main(int argc, char** argv) {
   app.add_option("--reconcile-grace", grace,
                  "after a restart, how long workers have to report the jobs they run before those "
                  "jobs restart from their checkpoints (default: the heartbeat timeout)");
+  app.add_option("--metrics-retention", metrics_retention,
+                 "how long a job's series stay on /metrics after it ends (SUCCEEDED, FAILED, "
+                 "CANCELLED), so that Prometheus scrapes its final values")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   if (!ParseDurationFlag("--heartbeat-timeout", heartbeat_timeout,
@@ -69,6 +73,10 @@ int main(int argc, char** argv) {
       std::min(absl::Seconds(1), options.fleet.heartbeat_timeout / 4);
   if (!grace.empty() &&
       !ParseDurationFlag("--reconcile-grace", grace, &options.fleet.reconcile_grace)) {
+    return 2;
+  }
+  if (!ParseDurationFlag("--metrics-retention", metrics_retention,
+                         &options.fleet.metrics_retention)) {
     return 2;
   }
   if (!token_file.empty()) {

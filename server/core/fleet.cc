@@ -497,6 +497,7 @@ absl::StatusOr<JobRecord> Fleet::Cancel(absl::string_view job_id, absl::string_v
     metrics_->OnJob(job.id, job.name);
     metrics_->OnJobState(job.id, job.state);
   }
+  ScheduleRetirement(job.id);
   auto it = attempts_.find(job_id);
   if (it != attempts_.end()) {
     MOETRAIN_RETURN_IF_ERROR(store_->EndAttempt(job_id, it->second->attempt, "cancelled"));
@@ -547,7 +548,20 @@ absl::StatusOr<JobRecord> Fleet::TransitionJob(absl::string_view job_id, JobStat
                                                const TransitionOptions& options) {
   absl::StatusOr<JobRecord> moved = coordinator_->Transition(job_id, from, to, reason, options);
   if (moved.ok() && metrics_ != nullptr) metrics_->OnJobState(job_id, to);
+  if (moved.ok() && IsFinal(to)) ScheduleRetirement(job_id);
   return moved;
+}
+
+void Fleet::ScheduleRetirement(absl::string_view job_id) {
+  if (metrics_ != nullptr) ended_jobs_.emplace_back(absl::Now(), std::string(job_id));
+}
+
+void Fleet::RetireEndedJobs(absl::Time now) {
+  // Oldest first, so that a pass with nothing due looks at one entry.
+  while (!ended_jobs_.empty() && now - ended_jobs_.front().first >= options_.metrics_retention) {
+    metrics_->RetireJob(ended_jobs_.front().second);
+    ended_jobs_.pop_front();
+  }
 }
 
 }  // namespace moetrain::server

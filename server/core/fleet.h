@@ -30,14 +30,16 @@
 #ifndef MOETRAIN_SERVER_CORE_FLEET_H_
 #define MOETRAIN_SERVER_CORE_FLEET_H_
 
-#include <cstdint>
-#include <functional>
 #include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -75,6 +77,10 @@ struct FleetOptions {
   absl::Duration control_interval = absl::Milliseconds(250);
   // Lost workers are forgotten (dropped from ListWorkers and the store) after this long.
   absl::Duration forget_lost_after = absl::Hours(24);
+  // A job's metric series are removed this long after it ends (SUCCEEDED, FAILED, CANCELLED),
+  // so that /metrics does not grow with every job ever run. An hour is many scrapes of the final
+  // values, and as long as the longest window of the alert rules (restarts over 1h).
+  absl::Duration metrics_retention = absl::Hours(1);
   // Root of every job's checkpoint directory, as the workers see it.
   std::string checkpoint_dir = "checkpoints";
   CheckpointNaming checkpoint_naming = CheckpointNaming::kJobId;
@@ -180,6 +186,10 @@ class Fleet {
   std::string CheckpointRoot(const JobRecord& job, const v1::JobSpec& spec) const;
   // Wakes the control loop for a scheduling pass soon.
   void RequestSchedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job reached a final state now: its series go metrics_retention later.
+  void ScheduleRetirement(absl::string_view job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the series of the jobs that ended metrics_retention ago or earlier.
+  void RetireEndedJobs(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every state change the fleet makes goes through here: Coordinator::Transition, then the
   // job's state in the metrics.
   absl::StatusOr<JobRecord> TransitionJob(absl::string_view job_id, JobState from, JobState to,
@@ -200,6 +210,11 @@ class Fleet {
   std::map<std::string, std::unique_ptr<AttemptEntry>, std::less<>> attempts_ ABSL_GUARDED_BY(mu_);
   // Why each job that cannot start waits, as last announced (announced again only on change).
   std::map<std::string, std::string, std::less<>> waiting_reasons_ ABSL_GUARDED_BY(mu_);
+  // (when it ended, job id) of the jobs whose metric series are still to be retired, oldest
+  // first. Only jobs that end in this process: after a restart, Reload makes series for live
+  // jobs only. A final job gets no reports (they need its attempt, gone with its end), so
+  // nothing makes its series again once retired.
+  std::deque<std::pair<absl::Time, std::string>> ended_jobs_ ABSL_GUARDED_BY(mu_);
   absl::Time grace_until_ ABSL_GUARDED_BY(mu_);
   // Attempts reloaded at start whose ranks must show up before grace_until_.
   bool reconciling_ ABSL_GUARDED_BY(mu_) = false;

@@ -53,9 +53,9 @@ void LogIfError(const absl::Status& status, absl::string_view what) {
 
 absl::Status FleetOptions::Validate() const {
   const std::pair<const char*, absl::Duration> positive[] = {
-      {"heartbeat_interval", heartbeat_interval}, {"heartbeat_timeout", heartbeat_timeout},
+      {"heartbeat_interval", heartbeat_interval},   {"heartbeat_timeout", heartbeat_timeout},
       {"max_assignment_wait", max_assignment_wait}, {"control_interval", control_interval},
-      {"forget_lost_after", forget_lost_after}};
+      {"forget_lost_after", forget_lost_after},     {"metrics_retention", metrics_retention}};
   for (const auto& [name, value] : positive) {
     if (value <= absl::ZeroDuration()) {
       return absl::InvalidArgumentError(
@@ -225,6 +225,7 @@ void Fleet::ControlPassLocked(std::vector<NewEvent>* announcements) {
   if (stopping_) return;
   if (wake_.exchange(false)) schedule_requested_ = true;
   const absl::Time now = absl::Now();
+  RetireEndedJobs(now);
 
   for (auto it = workers_.begin(); it != workers_.end();) {
     WorkerEntry& worker = *it->second;

@@ -120,10 +120,31 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(MetricsRe
       registry->AddCounter("moetrain_workers_lost_total",
                            "Workers declared lost after missing their heartbeats."));
   MOETRAIN_ASSIGN_OR_RETURN(m->workers_lost_, workers_lost->WithLabels({}));
+  m->job_families_ = {m->job_info_,
+                      m->step_,
+                      m->tokens_,
+                      m->loss_,
+                      m->eval_loss_,
+                      m->aux_loss_,
+                      m->learning_rate_,
+                      m->grad_norm_,
+                      m->tokens_per_second_,
+                      m->mfu_,
+                      m->step_duration_,
+                      m->expert_load_,
+                      m->dropped_tokens_,
+                      m->restarts_,
+                      m->job_state_,
+                      m->last_progress_,
+                      m->checkpoint_duration_,
+                      m->checkpoint_last_success_,
+                      m->checkpoint_last_step_,
+                      m->checkpoint_interval_};
   return m;
 }
 
 void ServiceMetrics::OnJob(absl::string_view job_id, absl::string_view job_name) {
+  absl::ReaderMutexLock lock(&mu_);
   if (Gauge* info = Child(job_info_, {job_id, job_name}); info != nullptr) info->Set(1);
   // Counters exist from the start, so that rate() and increase() see their first rise.
   Child(tokens_, {job_id});
@@ -133,6 +154,7 @@ void ServiceMetrics::OnJob(absl::string_view job_id, absl::string_view job_name)
 
 void ServiceMetrics::OnAttemptStart(absl::string_view job_id, int64_t checkpoint_every_steps,
                                     int64_t latest_checkpoint_step) {
+  absl::ReaderMutexLock lock(&mu_);
   SetGauge(checkpoint_interval_, job_id, static_cast<double>(checkpoint_every_steps));
   SetGauge(checkpoint_last_step_, job_id, static_cast<double>(latest_checkpoint_step));
 }
@@ -157,6 +179,7 @@ void ServiceMetrics::OnJobState(absl::string_view job_id, JobState state) {
 
 void ServiceMetrics::OnStep(absl::string_view job_id, const v1::StepMetrics& metrics,
                             int64_t new_tokens) {
+  absl::ReaderMutexLock lock(&mu_);
   SetGauge(last_progress_, job_id, absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
   SetGauge(step_, job_id, static_cast<double>(metrics.step()));
   if (Counter* tokens = Child(tokens_, {job_id}); tokens != nullptr) {
@@ -186,18 +209,28 @@ void ServiceMetrics::OnStep(absl::string_view job_id, const v1::StepMetrics& met
 }
 
 void ServiceMetrics::OnCheckpointWritten(absl::string_view job_id, absl::Duration write_duration) {
+  absl::ReaderMutexLock lock(&mu_);
   if (Histogram* duration = Child(checkpoint_duration_, {job_id}); duration != nullptr) {
     duration->Observe(absl::ToDoubleSeconds(write_duration));
   }
 }
 
 void ServiceMetrics::OnCheckpointGood(absl::string_view job_id, int64_t step, absl::Time when) {
+  absl::ReaderMutexLock lock(&mu_);
   SetGauge(checkpoint_last_success_, job_id, absl::ToDoubleSeconds(when - absl::UnixEpoch()));
   SetGauge(checkpoint_last_step_, job_id, static_cast<double>(step));
 }
 
 void ServiceMetrics::OnRestart(absl::string_view job_id) {
+  absl::ReaderMutexLock lock(&mu_);
   if (Counter* restarts = Child(restarts_, {job_id}); restarts != nullptr) restarts->Increment();
+}
+
+void ServiceMetrics::RetireJob(absl::string_view job_id) {
+  absl::MutexLock lock(&mu_);
+  for (FamilyBase* family : job_families_) family->RemoveWhere("job_id", job_id);
+  auto it = job_states_.find(job_id);
+  if (it != job_states_.end()) job_states_.erase(it);
 }
 
 void ServiceMetrics::OnWorkerLost() { workers_lost_->Increment(); }

@@ -22,7 +22,9 @@
 // and for the fleet: moetrain_jobs{state}, moetrain_workers{state}, moetrain_workers_lost_total.
 // The per-job state and progress series exist for the jobs the fleet has scheduled or cancelled
 // since start (not for a job still PENDING), one series per state a job has been in: the alert
-// rules in deploy/prometheus/rules.yml need to know which jobs are RUNNING now.
+// rules in deploy/prometheus/rules.yml need to know which jobs are RUNNING now. RetireJob removes
+// all of a job's series (the fleet calls it a while after the job ends), so that /metrics does
+// not grow with every job a long-lived coordinator has run.
 #ifndef MOETRAIN_SERVER_CORE_SERVICE_METRICS_H_
 #define MOETRAIN_SERVER_CORE_SERVICE_METRICS_H_
 
@@ -30,6 +32,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -65,6 +68,11 @@ class ServiceMetrics {
   // Every rank wrote checkpoint `step`: it is good, recorded at `when`.
   void OnCheckpointGood(absl::string_view job_id, int64_t step, absl::Time when);
   void OnRestart(absl::string_view job_id);
+  // Removes every series labelled with the job's id, waiting for updates of it in flight; the
+  // other jobs' series stay. A later On* call about the job makes its series again (counters
+  // from 0), so the caller retires only jobs it will not report on any more: the fleet retires
+  // final jobs, and reports about them are refused before they reach here.
+  void RetireJob(absl::string_view job_id);
   // A worker missed its heartbeats and was declared lost.
   void OnWorkerLost();
   void SetJobsByState(const std::map<JobState, int64_t>& counts);
@@ -97,6 +105,11 @@ class ServiceMetrics {
   Family<Gauge>* workers_ = nullptr;
   Counter* workers_lost_ = nullptr;
 
+  // Every family labelled job_id, for RetireJob.
+  std::vector<FamilyBase*> job_families_;
+
+  // Held shared by the per-job updates, which use the children they look up, and exclusive by
+  // RetireJob, which frees them, and by OnJobState, which also keeps job_states_.
   absl::Mutex mu_;
   // The state each job's moetrain_job_state is 1 for.
   std::map<std::string, JobState, std::less<>> job_states_ ABSL_GUARDED_BY(mu_);

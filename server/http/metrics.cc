@@ -284,6 +284,45 @@ absl::StatusOr<T*> Family<T>::WithLabels(absl::Span<const absl::string_view> lab
 }
 
 template <typename T>
+bool Family<T>::Remove(absl::Span<const absl::string_view> label_values) {
+  if (label_names().empty()) return false;
+  std::unique_lock lock(mu_);
+  auto it = children_.find(label_values);
+  if (it == children_.end()) return false;
+  children_.erase(it);
+  return true;
+}
+
+template <typename T>
+int Family<T>::RemoveWhere(absl::string_view label_name, absl::string_view value) {
+  const std::vector<std::string>& names = label_names();
+  const size_t index = std::find(names.begin(), names.end(), label_name) - names.begin();
+  if (index == names.size()) return 0;
+  int removed = 0;
+  std::unique_lock lock(mu_);
+  if (index == 0) {
+    // Children are ordered by their values, so those whose first value is `value` are one run,
+    // starting at the one-value prefix: no scan over every job's series.
+    const absl::string_view prefix[] = {value};
+    auto it = children_.lower_bound(absl::MakeConstSpan(prefix));
+    while (it != children_.end() && it->first[0] == value) {
+      it = children_.erase(it);
+      ++removed;
+    }
+    return removed;
+  }
+  for (auto it = children_.begin(); it != children_.end();) {
+    if (it->first[index] == value) {
+      it = children_.erase(it);
+      ++removed;
+    } else {
+      ++it;
+    }
+  }
+  return removed;
+}
+
+template <typename T>
 void Family<T>::AppendText(std::string* out) const {
   std::shared_lock lock(mu_);
   if (children_.empty()) return;

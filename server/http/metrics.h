@@ -9,8 +9,10 @@
 //   get_ok->Increment();                 // lock-free; keep the pointer for hot paths
 //   std::string text = registry.Serialize();
 //
-// Every metric and family is thread-safe. A child returned by WithLabels lives as long as the
-// registry, at the same address. Errors name the metric, label or value at fault.
+// Every metric and family is thread-safe. A child returned by WithLabels lives at the same
+// address until it is removed (Family::Remove, RemoveWhere), else as long as the registry; whoever
+// removes children makes sure that nobody still uses pointers to them. Errors name the metric,
+// label or value at fault.
 #ifndef MOETRAIN_SERVER_HTTP_METRICS_H_
 #define MOETRAIN_SERVER_HTTP_METRICS_H_
 
@@ -130,6 +132,11 @@ class FamilyBase {
   // when the family has no child yet.
   virtual void AppendText(std::string* out) const = 0;
 
+  // Removes every child whose label `label_name` has `value` (a job's series once the job is
+  // gone) and returns how many; 0 when the family has no such label. Pointers to the removed
+  // children dangle from here on.
+  virtual int RemoveWhere(absl::string_view label_name, absl::string_view value) = 0;
+
  protected:
   FamilyBase(std::string name, std::string help, MetricType type,
              std::vector<std::string> label_names);
@@ -156,7 +163,14 @@ class Family final : public FamilyBase {
   // stable: look a child up once and keep it where it is updated often.
   absl::StatusOr<T*> WithLabels(absl::Span<const absl::string_view> label_values);
 
+  // Removes the child for these label values, so that it is no longer written; a later
+  // WithLabels makes a new one from zero. False when there is no such child (nothing to do);
+  // the one child of an unlabelled family is never removed. A pointer to the removed child
+  // dangles from here on.
+  bool Remove(absl::Span<const absl::string_view> label_values);
+
   void AppendText(std::string* out) const override;
+  int RemoveWhere(absl::string_view label_name, absl::string_view value) override;
 
  private:
   friend class MetricsRegistry;

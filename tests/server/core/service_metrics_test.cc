@@ -2,10 +2,13 @@
 // (deploy/prometheus, deploy/grafana) are built on, read back from the registry's text.
 #include "server/core/service_metrics.h"
 
+#include <atomic>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -120,6 +123,111 @@ TEST_F(ServiceMetricsTest, LostWorkersAreCountedFromZero) {
   metrics_->OnWorkerLost();
   metrics_->OnWorkerLost();
   EXPECT_EQ(Get("moetrain_workers_lost_total"), 2);
+}
+
+// Every per-job series the service writes, for one job.
+void ReportEverything(ServiceMetrics& metrics, const std::string& job_id) {
+  metrics.OnJob(job_id, "name-of-" + job_id);
+  metrics.OnAttemptStart(job_id, /*checkpoint_every_steps=*/10, /*latest_checkpoint_step=*/0);
+  metrics.OnJobState(job_id, JobState::kScheduled);
+  metrics.OnJobState(job_id, JobState::kRunning);
+  v1::StepMetrics step;
+  step.set_step(5);
+  step.set_loss(2.5);
+  step.set_eval_loss(2.75);
+  step.set_step_seconds(0.1);
+  step.set_dropped_tokens(3);
+  step.add_expert_load_per_layer(1.5);
+  step.add_expert_load_per_layer(1.25);
+  metrics.OnStep(job_id, step, 640);
+  metrics.OnCheckpointWritten(job_id, absl::Milliseconds(20));
+  metrics.OnCheckpointGood(job_id, 5, absl::FromUnixSeconds(1800000000));
+  metrics.OnRestart(job_id);
+  metrics.OnJobState(job_id, JobState::kFailed);
+}
+
+// The sample lines of `text` that carry the label job_id="<job_id>".
+std::vector<std::string> LinesOfJob(const std::string& text, const std::string& job_id) {
+  std::vector<std::string> lines;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::StrContains(line, absl::StrCat("job_id=\"", job_id, "\""))) {
+      lines.emplace_back(line);
+    }
+  }
+  return lines;
+}
+
+TEST_F(ServiceMetricsTest, RetireJobRemovesEverySeriesOfThatJobOnly) {
+  ReportEverything(*metrics_, "job-a");
+  ReportEverything(*metrics_, "job-b");
+  metrics_->OnWorkerLost();
+  metrics_->SetJobsByState({{JobState::kFailed, 2}});
+  const std::string before = registry_.Serialize();
+  const std::vector<std::string> series_of_b = LinesOfJob(before, "job-b");
+  // 12 plain gauges, 3 counters, the info, 2 expert-load layers, 3 states, and two histograms
+  // of 16 and 14 bounds (a bucket per bound, +Inf, _sum and _count).
+  EXPECT_EQ(series_of_b.size(), 12u + 3 + 1 + 2 + 3 + (16 + 3) + (14 + 3)) << before;
+  EXPECT_EQ(LinesOfJob(before, "job-a").size(), series_of_b.size());
+
+  metrics_->RetireJob("job-a");
+  const std::string after = registry_.Serialize();
+  EXPECT_EQ(LinesOfJob(after, "job-a"), std::vector<std::string>()) << after;
+  EXPECT_EQ(LinesOfJob(after, "job-b"), series_of_b);
+  EXPECT_EQ(Sample(after, "moetrain_workers_lost_total"), 1);
+  EXPECT_EQ(Sample(after, R"(moetrain_jobs{state="FAILED"})"), 2);
+
+  // Retiring it again, or a job never seen, changes nothing.
+  metrics_->RetireJob("job-a");
+  metrics_->RetireJob("job-never-seen");
+  EXPECT_EQ(registry_.Serialize(), after);
+}
+
+TEST_F(ServiceMetricsTest, AJobReportedAgainAfterRetirementStartsOver) {
+  ReportEverything(*metrics_, "job-a");
+  metrics_->RetireJob("job-a");
+  // Its state before retirement is forgotten too: no FAILED series set to 0 comes back.
+  metrics_->OnJobState("job-a", JobState::kRunning);
+  metrics_->OnRestart("job-a");
+  const std::string text = registry_.Serialize();
+  EXPECT_EQ(Sample(text, R"(moetrain_job_state{job_id="job-a",state="RUNNING"})"), 1);
+  EXPECT_EQ(Sample(text, R"(moetrain_job_state{job_id="job-a",state="FAILED"})"), std::nullopt);
+  EXPECT_EQ(Sample(text, R"(moetrain_job_restarts_total{job_id="job-a"})"), 1);
+  EXPECT_EQ(Sample(text, R"(moetrain_train_loss{job_id="job-a"})"), std::nullopt);
+}
+
+// Reports about one job race retirements of another, and of their own, with scrapes alongside:
+// RetireJob waits for updates in flight, and the job that is never retired keeps exact totals.
+TEST_F(ServiceMetricsTest, RetirementsRaceReportsSafely) {
+  constexpr int kIterations = 2000;
+  std::atomic<bool> done{false};
+  std::thread scraper([&] {
+    while (!done.load()) EXPECT_FALSE(registry_.Serialize().empty());
+  });
+  std::thread churn([&] {
+    for (int i = 0; i < kIterations; ++i) {
+      ReportEverything(*metrics_, "job-churn");
+      metrics_->RetireJob("job-churn");
+    }
+  });
+  std::thread retirer([&] {
+    for (int i = 0; i < kIterations; ++i) metrics_->RetireJob("job-churn");
+  });
+  v1::StepMetrics step;
+  for (int i = 1; i <= kIterations; ++i) {
+    step.set_step(i);
+    metrics_->OnStep("job-kept", step, 10);
+    metrics_->OnRestart("job-kept");
+  }
+  churn.join();
+  retirer.join();
+  done.store(true);
+  scraper.join();
+  metrics_->RetireJob("job-churn");
+  const std::string text = registry_.Serialize();
+  EXPECT_EQ(LinesOfJob(text, "job-churn"), std::vector<std::string>());
+  EXPECT_EQ(Sample(text, R"(moetrain_train_tokens_total{job_id="job-kept"})"), 10 * kIterations);
+  EXPECT_EQ(Sample(text, R"(moetrain_job_restarts_total{job_id="job-kept"})"), kIterations);
+  EXPECT_EQ(Sample(text, R"(moetrain_train_step{job_id="job-kept"})"), kIterations);
 }
 
 TEST_F(ServiceMetricsTest, TheNewFamiliesHaveTheirTypes) {

@@ -46,6 +46,11 @@ class FleetMetricsTest : public FleetTest {
     return Get(name + "{job_id=\"" + job_id + "\"}");
   }
 
+  // Whether /metrics has any series labelled with the job's id.
+  bool HasSeriesOf(const std::string& job_id) {
+    return registry_.Serialize().find("job_id=\"" + job_id + "\"") != std::string::npos;
+  }
+
   MetricsRegistry registry_;
   std::unique_ptr<ServiceMetrics> service_metrics_;
 };
@@ -105,6 +110,100 @@ TEST_F(FleetMetricsTest, AJobsStateCheckpointsAndLostWorkerReachTheMetrics) {
   FLEET_ASSERT_OK(fleet_->Cancel(job.id, "enough").status());
   EXPECT_EQ(State(job.id, "RUNNING"), 0);
   EXPECT_EQ(State(job.id, "CANCELLED"), 1);
+}
+
+TEST_F(FleetMetricsTest, AnEndedJobsSeriesStayWithinTheRetention) {
+  FleetOptions options = DefaultOptions();
+  options.metrics_retention = absl::Hours(1);
+  StartFleet(options);
+  const RunningJob done = StartOneWorkerJob();
+  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(done.worker_id, done.assignment, 20)));
+  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
+      EndReport(done.worker_id, done.assignment, v1::ATTEMPT_OUTCOME_SUCCEEDED, 20)));
+  ASSERT_EQ(GetJob(done.job.id).state, JobState::kSucceeded);
+  // The freed worker is given a job submitted after the end: that took a scheduling pass, so the
+  // control loop has looked at the ended job since. Its final values are still there to scrape.
+  const JobRecord next = Submit();
+  EXPECT_EQ(AwaitAssignment(done.worker_id).job_id(), next.id);
+  EXPECT_EQ(State(done.job.id, "SUCCEEDED"), 1);
+  EXPECT_EQ(State(done.job.id, "RUNNING"), 0);
+  EXPECT_EQ(OfJob("moetrain_train_step", done.job.id), 20);
+  EXPECT_EQ(OfJob("moetrain_train_loss", done.job.id), 1.0 / 20);
+  EXPECT_EQ(OfJob("moetrain_job_restarts_total", done.job.id), 0);
+  EXPECT_EQ(State(next.id, "SCHEDULED"), 1);
+}
+
+TEST_F(FleetMetricsTest, AnEndedJobsSeriesGoAfterTheRetentionAndLateReportsDoNotBringThemBack) {
+  FleetOptions options = DefaultOptions();
+  options.metrics_retention = absl::Milliseconds(1);
+  StartFleet(options);
+  const RunningJob failed = StartOneWorkerJob(/*max_restarts=*/0);
+  const RunningJob cancelled = StartOneWorkerJob();
+  const RunningJob running = StartOneWorkerJob();
+  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(failed.worker_id, failed.assignment, 4)));
+  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(cancelled.worker_id, cancelled.assignment, 6)));
+  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(running.worker_id, running.assignment, 8)));
+  ASSERT_TRUE(HasSeriesOf(failed.job.id));
+  ASSERT_TRUE(HasSeriesOf(cancelled.job.id));
+
+  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
+      EndReport(failed.worker_id, failed.assignment, v1::ATTEMPT_OUTCOME_FAILED, 4, "oom")));
+  ASSERT_EQ(GetJob(failed.job.id).state, JobState::kFailed);
+  FLEET_ASSERT_OK(fleet_->Cancel(cancelled.job.id, "enough").status());
+  EXPECT_TRUE(WaitUntil([&] { return !HasSeriesOf(failed.job.id); })) << registry_.Serialize();
+  EXPECT_TRUE(WaitUntil([&] { return !HasSeriesOf(cancelled.job.id); })) << registry_.Serialize();
+
+  // A job still running keeps its series.
+  EXPECT_EQ(State(running.job.id, "RUNNING"), 1);
+  EXPECT_EQ(OfJob("moetrain_train_step", running.job.id), 8);
+
+  // The cancelled job's rank reports once more before it hears that it must stop: the report is
+  // refused (its attempt is over) and makes no series again. Its end frees the worker.
+  EXPECT_EQ(fleet_->ReportStep(StepReport(cancelled.worker_id, cancelled.assignment, 7)).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(fleet_->ReportCheckpoint(CheckpointReport(cancelled.worker_id, cancelled.assignment, 7))
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
+      EndReport(cancelled.worker_id, cancelled.assignment, v1::ATTEMPT_OUTCOME_CANCELLED, 7)));
+  // Cancelling it again is refused before it touches the metrics.
+  EXPECT_EQ(fleet_->Cancel(cancelled.job.id, "again").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(HasSeriesOf(cancelled.job.id)) << registry_.Serialize();
+  EXPECT_FALSE(HasSeriesOf(failed.job.id)) << registry_.Serialize();
+}
+
+TEST_F(FleetMetricsTest, ARetentionThatIsNotPositiveIsRefusedByName) {
+  for (absl::Duration retention : {absl::ZeroDuration(), absl::Seconds(-5)}) {
+    FleetOptions options = DefaultOptions();
+    options.metrics_retention = retention;
+    const absl::Status refused = options.Validate();
+    EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
+    EXPECT_EQ(refused.message(),
+              "metrics_retention = " + absl::FormatDuration(retention) + " must be positive");
+    EXPECT_EQ(Fleet::Create(store_.get(), nullptr, metrics_, options).status(), refused);
+  }
+}
+
+TEST_F(FleetMetricsTest, AJobThatEndedBeforeARestartHasNoSeriesAfterIt) {
+  StartFleet();  // the default retention: nothing is retired while this process runs
+  const RunningJob done = StartOneWorkerJob();
+  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
+      EndReport(done.worker_id, done.assignment, v1::ATTEMPT_OUTCOME_SUCCEEDED, 20)));
+  ASSERT_EQ(GetJob(done.job.id).state, JobState::kSucceeded);
+  ASSERT_TRUE(HasSeriesOf(done.job.id));
+  // The coordinator restarts: its series are gone with the process and the reload makes none.
+  StopFleet();
+  service_metrics_.reset();
+  MetricsRegistry fresh;
+  absl::StatusOr<std::unique_ptr<ServiceMetrics>> created = ServiceMetrics::Create(&fresh);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<ServiceMetrics> after_restart = std::move(*created);
+  metrics_ = after_restart.get();
+  StartFleet();
+  EXPECT_EQ(fresh.Serialize().find("job_id=\"" + done.job.id + "\""), std::string::npos)
+      << fresh.Serialize();
+  StopFleet();  // before `after_restart` goes
 }
 
 TEST_F(FleetMetricsTest, AGangsCheckpointCountsOnceEveryRankWroteIt) {

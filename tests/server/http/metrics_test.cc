@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -139,6 +140,85 @@ TEST(MetricsRegistryTest, WithLabelsChecksArityAndUtf8AndKeepsPointers) {
   }
   EXPECT_TRUE(rpcs->WithLabels({"GetJob", "\xf4\x8f\xbf\xbf"}).ok());  // U+10FFFF
   EXPECT_THAT(registry.Serialize(), ::testing::Not(HasSubstr("\xff")));
+}
+
+TEST(MetricsRegistryTest, RemoveDropsOneChildAndKeepsTheOthers) {
+  MetricsRegistry registry;
+  Family<Counter>* restarts =
+      Must(registry.AddCounter("moetrain_restarts_total", "Restarts.", {"job_id", "reason"}));
+  Must(restarts->WithLabels({"job-a", "lost"}))->Increment(2);
+  Must(restarts->WithLabels({"job-a", "failed"}))->Increment(3);
+  Must(restarts->WithLabels({"job-b", "lost"}))->Increment(5);
+  Family<Gauge>* up = Must(registry.AddGauge("moetrain_up", "Up."));
+
+  EXPECT_TRUE(restarts->Remove({"job-a", "lost"}));
+  std::map<std::string, std::string> samples = Samples(registry.Serialize());
+  EXPECT_EQ(samples.count("moetrain_restarts_total{job_id=\"job-a\",reason=\"lost\"}"), 0u);
+  EXPECT_EQ(samples.at("moetrain_restarts_total{job_id=\"job-a\",reason=\"failed\"}"), "3");
+  EXPECT_EQ(samples.at("moetrain_restarts_total{job_id=\"job-b\",reason=\"lost\"}"), "5");
+
+  // Unknown values, a prefix of a child's values, the wrong count and a repeat: nothing happens.
+  EXPECT_FALSE(restarts->Remove({"job-a", "lost"}));
+  EXPECT_FALSE(restarts->Remove({"job-c", "lost"}));
+  EXPECT_FALSE(restarts->Remove({"job-a"}));
+  EXPECT_FALSE(restarts->Remove({"job-a", "failed", "extra"}));
+  EXPECT_FALSE(restarts->Remove({}));
+  // An unlabelled family keeps its one child: others hold its pointer for good.
+  EXPECT_FALSE(up->Remove({}));
+  EXPECT_EQ(Samples(registry.Serialize()).size(), 3u);
+
+  // A child made again after its removal starts from zero.
+  EXPECT_EQ(Must(restarts->WithLabels({"job-a", "lost"}))->Value(), 0);
+
+  // A family left without children is not written at all, not even its HELP and TYPE lines.
+  for (const char* reason : {"lost", "failed"}) EXPECT_TRUE(restarts->Remove({"job-a", reason}));
+  EXPECT_TRUE(restarts->Remove({"job-b", "lost"}));
+  EXPECT_EQ(registry.Serialize(),
+            "# HELP moetrain_up Up.\n# TYPE moetrain_up gauge\nmoetrain_up 0\n");
+}
+
+TEST(MetricsRegistryTest, RemoveWhereDropsEveryChildWithTheLabelValue) {
+  MetricsRegistry registry;
+  Family<Gauge>* load =
+      Must(registry.AddGauge("moetrain_load_ratio", "Load.", {"job_id", "layer"}));
+  Family<Gauge>* by_state =
+      Must(registry.AddGauge("moetrain_state", "State.", {"state", "job_id"}));
+  Family<Histogram>* steps =
+      Must(registry.AddHistogram("moetrain_step_duration_seconds", "Steps.", {"job_id"}, {0.5, 1}));
+  // "job-a" sorts next to "job-a2", "job-" and "job-a\x01": only exact values go.
+  for (const char* job : {"job-", "job-a", "job-a\x01", "job-a2", "job-b"}) {
+    for (const char* layer : {"0", "1", "10"}) Must(load->WithLabels({job, layer}))->Set(1);
+    for (const char* state : {"RUNNING", "SUCCEEDED"}) {
+      Must(by_state->WithLabels({state, job}))->Set(1);
+    }
+    Must(steps->WithLabels({job}))->Observe(0.7);
+  }
+
+  EXPECT_EQ(load->RemoveWhere("job_id", "job-a"), 3);
+  EXPECT_EQ(by_state->RemoveWhere("job_id", "job-a"), 2);
+  EXPECT_EQ(steps->RemoveWhere("job_id", "job-a"), 1);
+  const std::string text = registry.Serialize();
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("job_id=\"job-a\"")));
+  const std::map<std::string, std::string> samples = Samples(text);
+  for (const char* job : {"job-", "job-a\x01", "job-a2", "job-b"}) {
+    const std::string id = absl::StrCat("job_id=\"", job, "\"");
+    EXPECT_EQ(samples.count(absl::StrCat("moetrain_load_ratio{", id, ",layer=\"10\"}")), 1u) << job;
+    EXPECT_EQ(samples.count(absl::StrCat("moetrain_state{state=\"RUNNING\",", id, "}")), 1u) << job;
+    EXPECT_EQ(samples.count(absl::StrCat("moetrain_step_duration_seconds_count{", id, "}")), 1u)
+        << job;
+  }
+  EXPECT_EQ(samples.size(), 4u * (3 + 2 + 5));
+
+  // An unknown value, a label the family does not have, or an unlabelled family: nothing goes.
+  EXPECT_EQ(load->RemoveWhere("job_id", "job-a"), 0);
+  EXPECT_EQ(load->RemoveWhere("job_id", "job-z"), 0);
+  EXPECT_EQ(load->RemoveWhere("state", "RUNNING"), 0);
+  Family<Gauge>* up = Must(registry.AddGauge("moetrain_up", "Up."));
+  EXPECT_EQ(up->RemoveWhere("job_id", ""), 0);
+  EXPECT_EQ(Samples(registry.Serialize()).size(), samples.size() + 1);
+  // Through the base class, as a holder of families of mixed types removes them.
+  FamilyBase* base = steps;
+  EXPECT_EQ(base->RemoveWhere("job_id", "job-b"), 1);
 }
 
 TEST(MetricsRegistryTest, CounterIgnoresNegativeAndNan) {
@@ -404,6 +484,70 @@ TEST(MetricsRegistryTest, ConcurrentUpdatesGiveExactTotals) {
   EXPECT_EQ(samples.size(), 1u + kThreads + kKeys + 1 + 5);
 }
 
+// Children made, updated and removed by many threads at once while scrapes run: the children
+// that stay keep exact totals and the removed ones are gone. Each thread removes only children it
+// made itself, since a removed child's pointer dangles. Run under -fsanitize=thread when the
+// locking changes.
+TEST(MetricsRegistryTest, ConcurrentAddAndRemoveKeepTheOtherChildrenExact) {
+  constexpr int kThreads = 8;
+  constexpr int kIterations = 20000;
+  MetricsRegistry registry;
+  Family<Counter>* events =
+      Must(registry.AddCounter("moetrain_events_total", "Events.", {"job_id", "kind"}));
+  Family<Histogram>* sizes =
+      Must(registry.AddHistogram("moetrain_sizes_bytes", "Sizes.", {"job_id"}, {0.5, 1}));
+
+  std::atomic<bool> done{false};
+  std::thread scraper([&] {
+    while (!done.load()) {
+      for (const auto& [series, value] : Samples(registry.Serialize())) {
+        EXPECT_THAT(series, ::testing::Not(HasSubstr("gone"))) << "a removed series was written";
+        if (series.rfind("moetrain_events_total{job_id=\"short-lived", 0) == 0) {
+          EXPECT_TRUE(value == "0" || value == "1") << series << " " << value;
+        }
+      }
+    }
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const std::string kept = absl::StrCat("kept-", t);
+      const std::string short_lived = absl::StrCat("short-lived-", t);
+      for (int i = 0; i < kIterations; ++i) {
+        Must(events->WithLabels({kept, "step"}))->Increment();
+        Must(events->WithLabels({"shared", "step"}))->Increment();
+        Must(sizes->WithLabels({kept}))->Observe(0.25);
+        // Made, counted once, removed: written as 0 or 1, or not at all.
+        Must(events->WithLabels({short_lived, "step"}))->Increment();
+        Must(events->WithLabels({short_lived, "checkpoint"}))->Increment();
+        Must(sizes->WithLabels({short_lived}))->Observe(2);
+        EXPECT_TRUE(events->Remove({short_lived, "checkpoint"}));
+        EXPECT_EQ(events->RemoveWhere("job_id", short_lived), 1);
+        EXPECT_EQ(sizes->RemoveWhere("job_id", short_lived), 1);
+        // Removing what was never there, while others add and remove, is harmless.
+        EXPECT_FALSE(events->Remove({"gone", "step"}));
+        EXPECT_EQ(sizes->RemoveWhere("job_id", "gone"), 0);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  done.store(true);
+  scraper.join();
+
+  const std::map<std::string, std::string> samples = Samples(registry.Serialize());
+  EXPECT_EQ(samples.at("moetrain_events_total{job_id=\"shared\",kind=\"step\"}"),
+            std::to_string(kThreads * kIterations));
+  for (int t = 0; t < kThreads; ++t) {
+    const std::string id = absl::StrCat("job_id=\"kept-", t, "\"");
+    EXPECT_EQ(samples.at(absl::StrCat("moetrain_events_total{", id, ",kind=\"step\"}")),
+              std::to_string(kIterations));
+    EXPECT_EQ(samples.at(absl::StrCat("moetrain_sizes_bytes_count{", id, "}")),
+              std::to_string(kIterations));
+  }
+  // shared + kThreads kept counters, kThreads kept histograms of 3 buckets, sum and count.
+  EXPECT_EQ(samples.size(), 1u + kThreads + kThreads * 5);
+}
+
 // Runs `promtool check metrics` with `text` on its stdin; its stdout and stderr go to `output`.
 int RunPromtool(const std::string& text, std::string* output) {
   const std::string output_path = ::testing::TempDir() + "/promtool_output.txt";
@@ -440,6 +584,13 @@ TEST(MetricsRegistryTest, PromtoolAcceptsTheText) {
   Histogram* step_a = Must(step->WithLabels({"job-a"}));
   for (double v : {0.0005, 0.004, 0.5, 3.0, 1e9}) step_a->Observe(v);
   Must(step->WithLabels({"job-b"}))->Observe(0.016);
+  // Removed children, and a family left with none, leave no trace in the text.
+  Must(step->WithLabels({"job-c"}))->Observe(1);
+  EXPECT_TRUE(step->Remove({"job-c"}));
+  Family<Gauge>* progress = Must(
+      registry.AddGauge("moetrain_job_last_progress_timestamp_seconds", "Last progress.", {"job"}));
+  Must(progress->WithLabels({"job-c"}))->Set(1.8e9);
+  EXPECT_EQ(progress->RemoveWhere("job", "job-c"), 1);
 
   const std::string text = registry.Serialize();
   std::string output;
