@@ -19,10 +19,7 @@ class FleetMetricsTest : public FleetTest {
  protected:
   void SetUp() override {
     FleetTest::SetUp();
-    absl::StatusOr<std::unique_ptr<ServiceMetrics>> created = ServiceMetrics::Create(&registry_);
-    ASSERT_TRUE(created.ok()) << created.status();
-    service_metrics_ = std::move(*created);
-    metrics_ = service_metrics_.get();
+    ASSERT_NO_FATAL_FAILURE(NewMetrics());
   }
 
   void TearDown() override {
@@ -30,9 +27,28 @@ class FleetMetricsTest : public FleetTest {
     service_metrics_.reset();
   }
 
+  // A fresh registry and ServiceMetrics for the fleet to report to, as a new process has.
+  void NewMetrics() {
+    service_metrics_.reset();
+    registry_ = std::make_unique<MetricsRegistry>();
+    absl::StatusOr<std::unique_ptr<ServiceMetrics>> created =
+        ServiceMetrics::Create(registry_.get());
+    ASSERT_TRUE(created.ok()) << created.status();
+    service_metrics_ = std::move(*created);
+    metrics_ = service_metrics_.get();
+  }
+
+  // The coordinator process restarts: the fleet stops, its metrics start empty, and the fleet
+  // reloads from the store.
+  void RestartCoordinatorProcess() {
+    StopFleet();
+    ASSERT_NO_FATAL_FAILURE(NewMetrics());
+    StartFleet();
+  }
+
   // The value of the series written exactly as `series`, if /metrics has it.
   std::optional<double> Get(const std::string& series) {
-    for (absl::string_view line : absl::StrSplit(registry_.Serialize(), '\n')) {
+    for (absl::string_view line : absl::StrSplit(registry_->Serialize(), '\n')) {
       if (!absl::ConsumePrefix(&line, series) || !absl::ConsumePrefix(&line, " ")) continue;
       double value = 0;
       if (absl::SimpleAtod(line, &value)) return value;
@@ -48,10 +64,10 @@ class FleetMetricsTest : public FleetTest {
 
   // Whether /metrics has any series labelled with the job's id.
   bool HasSeriesOf(const std::string& job_id) {
-    return registry_.Serialize().find("job_id=\"" + job_id + "\"") != std::string::npos;
+    return registry_->Serialize().find("job_id=\"" + job_id + "\"") != std::string::npos;
   }
 
-  MetricsRegistry registry_;
+  std::unique_ptr<MetricsRegistry> registry_;
   std::unique_ptr<ServiceMetrics> service_metrics_;
 };
 
@@ -150,8 +166,8 @@ TEST_F(FleetMetricsTest, AnEndedJobsSeriesGoAfterTheRetentionAndLateReportsDoNot
       EndReport(failed.worker_id, failed.assignment, v1::ATTEMPT_OUTCOME_FAILED, 4, "oom")));
   ASSERT_EQ(GetJob(failed.job.id).state, JobState::kFailed);
   FLEET_ASSERT_OK(fleet_->Cancel(cancelled.job.id, "enough").status());
-  EXPECT_TRUE(WaitUntil([&] { return !HasSeriesOf(failed.job.id); })) << registry_.Serialize();
-  EXPECT_TRUE(WaitUntil([&] { return !HasSeriesOf(cancelled.job.id); })) << registry_.Serialize();
+  EXPECT_TRUE(WaitUntil([&] { return !HasSeriesOf(failed.job.id); })) << registry_->Serialize();
+  EXPECT_TRUE(WaitUntil([&] { return !HasSeriesOf(cancelled.job.id); })) << registry_->Serialize();
 
   // A job still running keeps its series.
   EXPECT_EQ(State(running.job.id, "RUNNING"), 1);
@@ -169,8 +185,8 @@ TEST_F(FleetMetricsTest, AnEndedJobsSeriesGoAfterTheRetentionAndLateReportsDoNot
   // Cancelling it again is refused before it touches the metrics.
   EXPECT_EQ(fleet_->Cancel(cancelled.job.id, "again").status().code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_FALSE(HasSeriesOf(cancelled.job.id)) << registry_.Serialize();
-  EXPECT_FALSE(HasSeriesOf(failed.job.id)) << registry_.Serialize();
+  EXPECT_FALSE(HasSeriesOf(cancelled.job.id)) << registry_->Serialize();
+  EXPECT_FALSE(HasSeriesOf(failed.job.id)) << registry_->Serialize();
 }
 
 TEST_F(FleetMetricsTest, ARetentionThatIsNotPositiveIsRefusedByName) {
@@ -193,17 +209,8 @@ TEST_F(FleetMetricsTest, AJobThatEndedBeforeARestartHasNoSeriesAfterIt) {
   ASSERT_EQ(GetJob(done.job.id).state, JobState::kSucceeded);
   ASSERT_TRUE(HasSeriesOf(done.job.id));
   // The coordinator restarts: its series are gone with the process and the reload makes none.
-  StopFleet();
-  service_metrics_.reset();
-  MetricsRegistry fresh;
-  absl::StatusOr<std::unique_ptr<ServiceMetrics>> created = ServiceMetrics::Create(&fresh);
-  ASSERT_TRUE(created.ok()) << created.status();
-  std::unique_ptr<ServiceMetrics> after_restart = std::move(*created);
-  metrics_ = after_restart.get();
-  StartFleet();
-  EXPECT_EQ(fresh.Serialize().find("job_id=\"" + done.job.id + "\""), std::string::npos)
-      << fresh.Serialize();
-  StopFleet();  // before `after_restart` goes
+  ASSERT_NO_FATAL_FAILURE(RestartCoordinatorProcess());
+  EXPECT_FALSE(HasSeriesOf(done.job.id)) << registry_->Serialize();
 }
 
 TEST_F(FleetMetricsTest, AGangsCheckpointCountsOnceEveryRankWroteIt) {
@@ -227,15 +234,8 @@ TEST_F(FleetMetricsTest, AReloadedAttemptKeepsItsStateAndCheckpointAfterARestart
   FLEET_ASSERT_OK(
       fleet_->ReportCheckpoint(CheckpointReport(running.worker_id, running.assignment, 8)));
   // The coordinator process restarts: new metrics, the fleet reloads the attempt from the store.
-  StopFleet();
-  service_metrics_.reset();
-  MetricsRegistry fresh;
-  absl::StatusOr<std::unique_ptr<ServiceMetrics>> created = ServiceMetrics::Create(&fresh);
-  ASSERT_TRUE(created.ok()) << created.status();
-  std::unique_ptr<ServiceMetrics> after_restart = std::move(*created);
-  metrics_ = after_restart.get();
-  StartFleet();
-  const std::string text = fresh.Serialize();
+  ASSERT_NO_FATAL_FAILURE(RestartCoordinatorProcess());
+  const std::string text = registry_->Serialize();
   const std::string job = "{job_id=\"" + running.job.id + "\"";
   EXPECT_NE(text.find("moetrain_job_state" + job + ",state=\"RUNNING\"} 1"), std::string::npos)
       << text;
@@ -246,7 +246,6 @@ TEST_F(FleetMetricsTest, AReloadedAttemptKeepsItsStateAndCheckpointAfterARestart
   EXPECT_NE(text.find("moetrain_job_last_progress_timestamp_seconds" + job + "}"),
             std::string::npos)
       << "a reloaded RUNNING job's clock starts again: " << text;
-  StopFleet();  // before `after_restart` goes
 }
 
 }  // namespace
