@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "moetrain/v1/proto_time.h"
 #include "nlohmann/json.hpp"
 
 namespace moetrain {
@@ -31,7 +32,7 @@ std::string ClockDuration(absl::Duration duration) {
 // The event's time as the coordinator recorded it; now for an event without one.
 absl::Time EventTime(const v1::JobEvent& event) {
   if (!event.has_time()) return absl::Now();
-  return absl::FromUnixSeconds(event.time().seconds()) + absl::Nanoseconds(event.time().nanos());
+  return FromProtoTimestamp(event.time());
 }
 
 json NullOr(bool present, double value) { return present ? json(value) : json(nullptr); }

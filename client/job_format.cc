@@ -15,6 +15,7 @@
 #include "absl/strings/strip.h"
 #include "client/event_printer.h"
 #include "moetrain/v1/job_spec.h"
+#include "moetrain/v1/proto_time.h"
 
 namespace moetrain {
 namespace {
@@ -103,7 +104,7 @@ absl::StatusOr<v1::JobState> ParseJobStateName(absl::string_view name) {
 
 absl::Time TimeFromProto(const google::protobuf::Timestamp& timestamp) {
   if (timestamp.seconds() == 0 && timestamp.nanos() == 0) return absl::InfinitePast();
-  return absl::FromUnixSeconds(timestamp.seconds()) + absl::Nanoseconds(timestamp.nanos());
+  return FromProtoTimestamp(timestamp);
 }
 
 std::string FormatAge(absl::Time then, absl::Time now) {

@@ -24,7 +24,8 @@ absl::Status CheckFields(const google::protobuf::Message& message, const std::st
   reflection->ListFields(message, &fields);
   for (const google::protobuf::FieldDescriptor* field : fields) {
     if (field->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) continue;
-    const std::string field_path = path.empty() ? field->name() : absl::StrCat(path, ".", field->name());
+    const std::string field_path =
+        path.empty() ? field->name() : absl::StrCat(path, ".", field->name());
     if (field->is_repeated()) {
       for (int i = 0; i < reflection->FieldSize(message, field); ++i) {
         absl::Status status = CheckFields(reflection->GetRepeatedMessage(message, field, i),
@@ -58,6 +59,10 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
   return difference == 0;
 }
 
+bool BearerTokenMatches(absl::string_view authorization, absl::string_view token) {
+  return absl::ConsumePrefix(&authorization, "Bearer ") && ConstantTimeEquals(authorization, token);
+}
+
 grpc::Status Authenticate(const grpc::ServerContext& context, absl::string_view token) {
   if (token.empty()) return grpc::Status::OK;
   const auto& metadata = context.client_metadata();
@@ -66,8 +71,7 @@ grpc::Status Authenticate(const grpc::ServerContext& context, absl::string_view 
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                         "missing 'authorization: Bearer <token>' metadata");
   }
-  absl::string_view value(it->second.data(), it->second.size());
-  if (!absl::ConsumePrefix(&value, "Bearer ") || !ConstantTimeEquals(value, token)) {
+  if (!BearerTokenMatches(absl::string_view(it->second.data(), it->second.size()), token)) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid bearer token");
   }
   return grpc::Status::OK;

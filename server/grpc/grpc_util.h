@@ -19,6 +19,10 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 // Equal without an early exit, so the time taken does not reveal where `a` and `b` differ.
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 
+// Whether an Authorization value (HTTP header or gRPC metadata) is "Bearer <token>", compared in
+// constant time.
+bool BearerTokenMatches(absl::string_view authorization, absl::string_view token);
+
 // OK when `token` is empty (no authentication) or the call carries `authorization: Bearer
 // <token>`; else UNAUTHENTICATED, saying which was wrong.
 grpc::Status Authenticate(const grpc::ServerContext& context, absl::string_view token);

@@ -14,6 +14,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "moetrain/v1/coordinator.pb.h"
+#include "moetrain/v1/proto_time.h"
 #include "nlohmann/json.hpp"
 #include "server/grpc/grpc_util.h"
 #include "server/grpc/job_service.h"
@@ -206,13 +207,11 @@ std::optional<std::string> JsonApi::Route(absl::string_view path) const {
 
 HttpResponse JsonApi::Handle(const HttpRequest& request) {
   if (!bearer_token_.empty()) {
-    absl::string_view credentials = request.authorization;
-    if (credentials.empty()) {
+    if (request.authorization.empty()) {
       return ErrorResponse(
           absl::UnauthenticatedError("missing 'Authorization: Bearer <token>' header"));
     }
-    if (!absl::ConsumePrefix(&credentials, "Bearer ") ||
-        !ConstantTimeEquals(credentials, bearer_token_)) {
+    if (!BearerTokenMatches(request.authorization, bearer_token_)) {
       return ErrorResponse(absl::UnauthenticatedError("invalid bearer token"));
     }
   }
@@ -449,8 +448,6 @@ HttpResponse JsonApi::ListWorkers() {
   for (const v1::WorkerInfo& worker : fleet_->ListWorkers()) {
     absl::string_view state = v1::WorkerState_Name(worker.state());
     absl::ConsumePrefix(&state, "WORKER_STATE_");
-    const absl::Time heartbeat = absl::FromUnixSeconds(worker.last_heartbeat().seconds()) +
-                                 absl::Nanoseconds(worker.last_heartbeat().nanos());
     workers.push_back({{"id", worker.id()},
                        {"name", worker.name()},
                        {"state", std::string(state)},
@@ -458,7 +455,7 @@ HttpResponse JsonApi::ListWorkers() {
                        {"device_count", worker.device_count()},
                        {"threads", worker.threads()},
                        {"version", worker.version()},
-                       {"last_heartbeat", TimeText(heartbeat)},
+                       {"last_heartbeat", TimeText(FromProtoTimestamp(worker.last_heartbeat()))},
                        {"current_job_id", worker.current_job_id()},
                        {"current_attempt", worker.current_attempt()}});
   }

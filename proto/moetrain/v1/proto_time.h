@@ -23,6 +23,10 @@ inline void ToProtoTimestamp(absl::Time time, google::protobuf::Timestamp* times
   timestamp->set_nanos(static_cast<int32_t>(remainder * 1000));
 }
 
+inline absl::Time FromProtoTimestamp(const google::protobuf::Timestamp& timestamp) {
+  return absl::FromUnixSeconds(timestamp.seconds()) + absl::Nanoseconds(timestamp.nanos());
+}
+
 inline void ToProtoDuration(absl::Duration duration, google::protobuf::Duration* proto) {
   const int64_t nanos = absl::ToInt64Nanoseconds(duration);
   proto->set_seconds(nanos / 1000000000);

@@ -475,6 +475,15 @@ TEST(ConstantTimeEqualsTest, ComparesWholeStrings) {
   EXPECT_FALSE(ConstantTimeEquals(absl::string_view("ab\0", 3), "ab"));
 }
 
+TEST(BearerTokenMatchesTest, NeedsTheSchemeAndTheWholeToken) {
+  EXPECT_TRUE(BearerTokenMatches("Bearer s3cret", "s3cret"));
+  EXPECT_FALSE(BearerTokenMatches("s3cret", "s3cret")) << "no scheme";
+  EXPECT_FALSE(BearerTokenMatches("Basic s3cret", "s3cret"));
+  EXPECT_FALSE(BearerTokenMatches("Bearer s3cre", "s3cret"));
+  EXPECT_FALSE(BearerTokenMatches("Bearer s3cret ", "s3cret"));
+  EXPECT_FALSE(BearerTokenMatches("", "s3cret"));
+}
+
 TEST(ToGrpcStatusTest, KeepsCodeAndMessage) {
   grpc::Status status = ToGrpcStatus(absl::FailedPreconditionError("job x is FAILED"));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
