@@ -18,7 +18,7 @@
 #include "absl/status/status.h"
 #include "engine/core/rng.h"
 #include "engine/core/tensor.h"
-#include "engine/model/attention.h"
+#include "engine/ops/attention/attention.h"
 #include "nlohmann/json.hpp"
 
 namespace moetrain {
@@ -47,7 +47,8 @@ Tensor RandomTensor(std::initializer_list<int64_t> shape, uint32_t stream) {
   return t;
 }
 
-nlohmann::json RunConfig(const AttentionShape& shape, int reps) {
+nlohmann::json RunConfig(const ops::AttentionShape& shape, int reps) {
+  const ExecContext ctx = ExecContext::Cpu();
   const int64_t rows = shape.batch * shape.seq_len;
   const int64_t q_cols = shape.num_heads * shape.head_dim;
   const int64_t kv_cols = shape.num_kv_heads * shape.head_dim;
@@ -58,10 +59,10 @@ nlohmann::json RunConfig(const AttentionShape& shape, int reps) {
   Tensor d_q = Tensor::Empty(DType::kF32, {rows, q_cols});
   Tensor d_k = Tensor::Empty(DType::kF32, {rows, kv_cols});
   Tensor d_v = Tensor::Empty(DType::kF32, {rows, kv_cols});
-  const double fwd =
-      MedianSeconds(reps, [&] { return CausalAttentionForward(shape, q, k, v, out, lse); });
+  const double fwd = MedianSeconds(
+      reps, [&] { return ops::CausalAttentionForward(ctx, shape, q, k, v, out, lse); });
   const double bwd = MedianSeconds(reps, [&] {
-    return CausalAttentionBackward(shape, q, k, v, out, lse, d_out, d_q, d_k, d_v);
+    return ops::CausalAttentionBackward(ctx, shape, q, k, v, out, lse, d_out, d_q, d_k, d_v);
   });
   const double fwd_flops =
       2.0 * shape.batch * shape.num_heads * shape.seq_len * shape.seq_len * shape.head_dim;
@@ -89,7 +90,7 @@ int Main(int argc, char** argv) {
   }
   for (int64_t kv_heads : {8, 2}) {
     for (int64_t batch = 1; batch <= 4; ++batch) {
-      const AttentionShape shape = {
+      const ops::AttentionShape shape = {
           .batch = batch, .seq_len = 512, .num_heads = 8, .num_kv_heads = kv_heads, .head_dim = 64};
       std::printf("%s\n", RunConfig(shape, reps).dump().c_str());
       std::fflush(stdout);

@@ -31,9 +31,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/backend/cpu/elementwise.h"
-#include "engine/backend/cpu/gemm.h"
-#include "engine/backend/device.h"
+#include "engine/backend/device_query.h"
 #include "engine/comm/file_kv_store.h"
 #include "engine/comm/gloo_communicator.h"
 #include "engine/core/rng.h"
@@ -41,7 +39,9 @@
 #include "engine/core/thread_pool.h"
 #include "engine/moe/expert_parallel.h"
 #include "engine/moe/moe_layer.h"
-#include "engine/moe/permutation.h"
+#include "engine/ops/gemm/gemm.h"
+#include "engine/ops/permute/permute.h"
+#include "engine/ops/router/router.h"
 #include "nlohmann/json.hpp"
 
 namespace moetrain {
@@ -142,7 +142,8 @@ nlohmann::json RunRank(const Flags& flags, Communicator& world) {
   const size_t row_bytes = d * DTypeSize(dtype);
 
   Die(world.Barrier(), "barrier");
-  absl::StatusOr<double> dense_flops = cpu::MeasureGemmFlops(dtype, 2048, flags.reps);
+  absl::StatusOr<double> dense_flops =
+      ops::MeasureGemmFlops(ExecContext::Cpu(), dtype, 2048, flags.reps);
   Die(dense_flops.status(), "dense GEMM");
 
   // Weights are the same on every rank (rank 0's streams); tokens differ.
@@ -156,21 +157,27 @@ nlohmann::json RunRank(const Flags& flags, Communicator& world) {
   // The routing of this rank's tokens, and the rows in send order.
   Tensor x_f32 = RandomTensor(DType::kF32, {t, d}, 1.0f, rank, 14);
   Tensor logits = Tensor::Empty(DType::kF32, {t, e});
-  RouterOutput routing;
-  Die(cpu::Gemm({.a = x_f32, .b = router, .c = logits, .trans_b = true}), "router");
-  Die(RouterForward(moe, {logits, bias, 0}, &routing), "routing");
+  const ExecContext ctx = ExecContext::Cpu();
+  ops::RouterOutput routing;
+  Die(ops::Gemm(ctx, {.a = x_f32, .b = router, .c = logits, .trans_b = true}), "router");
+  Die(ops::RouterForward(ctx, moe, {logits, bias, 0}, &routing), "routing");
+  const std::vector<int64_t> tokens_per_expert(routing.tokens_per_expert.data<int64_t>(),
+                                               routing.tokens_per_expert.data<int64_t>() + e);
   absl::StatusOr<DispatchHandle> one =
-      PlanDispatch({.group = &world, .rows_per_expert = routing.tokens_per_expert});
+      PlanDispatch({.group = &world, .rows_per_expert = tokens_per_expert});
   Die(one.status(), "plan");
   const double plan_seconds = MedianSeconds(world, flags.reps, [&] {
-    return PlanDispatch({.group = &world, .rows_per_expert = routing.tokens_per_expert}).status();
+    return PlanDispatch({.group = &world, .rows_per_expert = tokens_per_expert}).status();
   });
-  Permutation permutation;
-  Die(BuildPermutation(moe, routing.topk_experts, routing.topk_weights, &permutation), "permute");
+  ops::Permutation permutation;
+  Die(ops::BuildPermutation(
+          ctx, moe, {.topk_experts = routing.topk_experts, .topk_weights = routing.topk_weights},
+          &permutation),
+      "permute");
   const int64_t r = one->num_send_rows(), n = one->num_received_rows();
   Tensor rows = Tensor::Empty(dtype, {r, d}), received = Tensor::Empty(dtype, {n, d});
   Tensor back = Tensor::Empty(dtype, {r, d}), plain = Tensor::Empty(dtype, {n, d});
-  Die(cpu::GatherRows(x, permutation.row_token, rows), "gather");
+  Die(ops::GatherRows(ctx, x, permutation.row_token.view().Slice(0, r), rows), "gather");
 
   // Exchange: dispatch + combine against plain all-to-all-v of the same bytes.
   const double dc_seconds = MedianSeconds(world, flags.reps, [&]() -> absl::Status {
@@ -191,8 +198,8 @@ nlohmann::json RunRank(const Flags& flags, Communicator& world) {
   });
   // --chunks, as the layer would pipeline them. Only the rows' counts matter here.
   const int chunks = static_cast<int>(std::min<int64_t>(flags.chunks, local));
-  absl::StatusOr<DispatchHandle> two = PlanDispatch(
-      {.group = &world, .rows_per_expert = routing.tokens_per_expert, .num_chunks = chunks});
+  absl::StatusOr<DispatchHandle> two =
+      PlanDispatch({.group = &world, .rows_per_expert = tokens_per_expert, .num_chunks = chunks});
   Die(two.status(), "plan");
   const double chunked_seconds =
       MedianSeconds(world, flags.reps, [&] { return Pipelined(*two, rows, received, back); });
@@ -237,7 +244,7 @@ nlohmann::json RunRank(const Flags& flags, Communicator& world) {
   // Forward, then backward: rows go in the compute dtype and come back in f32; plus the plan.
   const double comm_seconds = MedianSeconds(world, flags.reps, [&]() -> absl::Status {
     MOETRAIN_RETURN_IF_ERROR(
-        PlanDispatch({.group = &world, .rows_per_expert = routing.tokens_per_expert}).status());
+        PlanDispatch({.group = &world, .rows_per_expert = tokens_per_expert}).status());
     for (int pass = 0; pass < 2; ++pass) {
       MOETRAIN_RETURN_IF_ERROR(Dispatch({.handle = &*two, .rows = rows, .received = received}));
       MOETRAIN_RETURN_IF_ERROR(Combine({.handle = &*two, .rows = rows_f32, .out = back_f32}));

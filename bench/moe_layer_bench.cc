@@ -16,15 +16,16 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend/cpu/gemm.h"
-#include "engine/backend/device.h"
+#include "engine/backend/device_query.h"
 #include "engine/core/rng.h"
 #include "engine/core/status.h"
 #include "engine/core/tensor.h"
 #include "engine/core/thread_pool.h"
 #include "engine/moe/moe_layer.h"
-#include "engine/moe/permutation.h"
-#include "engine/moe/router.h"
+#include "engine/ops/gemm/gemm.h"
+#include "engine/ops/grouped_gemm/grouped_gemm.h"
+#include "engine/ops/permute/permute.h"
+#include "engine/ops/router/router.h"
 #include "nlohmann/json.hpp"
 
 namespace moetrain {
@@ -93,7 +94,7 @@ Tensor RandomTensor(DType dtype, std::initializer_list<int64_t> shape, float std
 }
 
 double DenseGemmGflops(DType dtype, int reps) {
-  absl::StatusOr<double> flops = cpu::MeasureGemmFlops(dtype, 2048, reps);
+  absl::StatusOr<double> flops = ops::MeasureGemmFlops(ExecContext::Cpu(), dtype, 2048, reps);
   if (!flops.ok()) std::exit(1);
   return *flops / 1e9;
 }
@@ -105,13 +106,15 @@ struct ExpertGemms {
   Tensor gate_up, out, d_activated, d_x;  // outputs, f32
   Tensor d_w_gate_up, d_w_down;           // f32
   absl::Status Run(TensorView w_gate_up, TensorView w_down, const std::vector<int64_t>& offsets) {
-    MOETRAIN_RETURN_IF_ERROR(cpu::GroupedGemmForward(x, w_gate_up, offsets, gate_up));
-    MOETRAIN_RETURN_IF_ERROR(cpu::GroupedGemmForward(activated, w_down, offsets, out));
-    MOETRAIN_RETURN_IF_ERROR(cpu::GroupedGemmBackwardData(d_out, w_down, offsets, d_activated));
-    MOETRAIN_RETURN_IF_ERROR(cpu::GroupedGemmBackwardWeight(
-        d_out, activated, offsets, d_w_down.view().Slice(0, w_down.dim(0)), false));
-    MOETRAIN_RETURN_IF_ERROR(cpu::GroupedGemmBackwardData(d_gate_up, w_gate_up, offsets, d_x));
-    return cpu::GroupedGemmBackwardWeight(d_gate_up, x, offsets,
+    const ExecContext ctx = ExecContext::Cpu();
+    MOETRAIN_RETURN_IF_ERROR(ops::GroupedGemmForward(ctx, x, w_gate_up, offsets, gate_up));
+    MOETRAIN_RETURN_IF_ERROR(ops::GroupedGemmForward(ctx, activated, w_down, offsets, out));
+    MOETRAIN_RETURN_IF_ERROR(
+        ops::GroupedGemmBackwardData(ctx, d_out, w_down, offsets, d_activated));
+    MOETRAIN_RETURN_IF_ERROR(ops::GroupedGemmBackwardWeight(
+        ctx, d_out, activated, offsets, d_w_down.view().Slice(0, w_down.dim(0)), false));
+    MOETRAIN_RETURN_IF_ERROR(ops::GroupedGemmBackwardData(ctx, d_gate_up, w_gate_up, offsets, d_x));
+    return ops::GroupedGemmBackwardWeight(ctx, d_gate_up, x, offsets,
                                           d_w_gate_up.view().Slice(0, w_gate_up.dim(0)), false);
   }
 };
@@ -150,17 +153,17 @@ nlohmann::json RunConfig(const BenchConfig& bc, DType dtype, int reps) {
   // The routing the layer used, for the grouped GEMMs alone.
   Tensor logits = Tensor::Empty(DType::kF32, {t, e});
   Tensor x_f32 = RandomTensor(DType::kF32, {t, d}, 1.0f, 14);
-  RouterOutput routing;
-  Permutation permutation;
-  absl::Status status = cpu::Gemm({.a = x_f32, .b = router, .c = logits, .trans_b = true});
-  if (status.ok()) status = RouterForward(moe, {logits, bias, 0}, &routing);
-  if (status.ok()) {
-    status = BuildPermutation(moe, routing.topk_experts, routing.topk_weights, &permutation);
-  }
+  const ExecContext ctx = ExecContext::Cpu();
+  ops::RouterOutput routing;
+  absl::Status status = ops::Gemm(ctx, {.a = x_f32, .b = router, .c = logits, .trans_b = true});
+  if (status.ok()) status = ops::RouterForward(ctx, moe, {logits, bias, 0}, &routing);
   if (!status.ok()) {
     std::fprintf(stderr, "moe_layer_bench: %s\n", status.ToString().c_str());
     std::exit(1);
   }
+  const int64_t* counts = routing.tokens_per_expert.data<int64_t>();
+  const std::vector<int64_t> offsets =
+      ops::PermutedExpertOffsets(moe, t, absl::MakeConstSpan(counts, e));
   ExpertGemms gemms = {
       RandomTensor(dtype, {rows, d}, 1.0f, 20),  RandomTensor(dtype, {rows, f}, 1.0f, 21),
       RandomTensor(dtype, {rows, d}, 1.0f, 22),  RandomTensor(dtype, {rows, 2 * f}, 1.0f, 23),
@@ -168,7 +171,7 @@ nlohmann::json RunConfig(const BenchConfig& bc, DType dtype, int reps) {
       Tensor::Empty(DType::kF32, {rows, f}),     Tensor::Empty(DType::kF32, {rows, d}),
       Tensor::Empty(DType::kF32, {e, 2 * f, d}), Tensor::Empty(DType::kF32, {e, d, f})};
   const double grouped_seconds =
-      MedianSeconds(reps, [&] { return gemms.Run(w_gate_up, w_down, permutation.expert_offsets); });
+      MedianSeconds(reps, [&] { return gemms.Run(w_gate_up, w_down, offsets); });
   const std::vector<int64_t> one_group = {0, rows};
   const double dense_seconds = MedianSeconds(reps, [&] {
     return gemms.Run(w_gate_up.view().Slice(0, 1), w_down.view().Slice(0, 1), one_group);

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend/cpu/gemm.h"
 #include "engine/core/rng.h"
 #include "engine/model/transformer.h"
+#include "engine/ops/gemm/gemm.h"
 #include "engine/train/trainer.h"
 #include "nlohmann/json.hpp"
 
@@ -23,7 +23,7 @@ namespace moetrain {
 namespace {
 
 double DenseGemmGflops(DType dtype) {
-  absl::StatusOr<double> flops = cpu::MeasureGemmFlops(dtype, 2048, 3);
+  absl::StatusOr<double> flops = ops::MeasureGemmFlops(ExecContext::Cpu(), dtype, 2048, 3);
   if (!flops.ok()) std::exit(1);
   return *flops / 1e9;
 }

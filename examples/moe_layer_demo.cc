@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend/device.h"
+#include "engine/backend/device_query.h"
 #include "engine/core/rng.h"
 #include "engine/core/status.h"
 #include "engine/core/tensor.h"

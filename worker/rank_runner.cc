@@ -10,11 +10,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "engine/backend/cpu/gemm.h"
 #include "engine/comm/create_communicator.h"
 #include "engine/core/log.h"
 #include "engine/core/status.h"
 #include "engine/model/transformer.h"
+#include "engine/ops/gemm/gemm.h"
 #include "moetrain/v1/proto_time.h"
 #include "worker/job_config.h"
 #include "worker/rendezvous_store.h"
@@ -30,7 +30,7 @@ double PeakFlops(DType dtype) {
   std::lock_guard<std::mutex> lock(mu);
   auto it = peaks->find(dtype);
   if (it != peaks->end()) return it->second;
-  absl::StatusOr<double> measured = cpu::MeasureGemmFlops(dtype, /*n=*/1024);
+  absl::StatusOr<double> measured = ops::MeasureGemmFlops(ExecContext::Cpu(), dtype, /*n=*/1024);
   const double peak = measured.ok() ? *measured : 0.0;
   if (!measured.ok())
     Log(absl::StrCat("cannot measure the GEMM peak: ", measured.status().ToString()));

@@ -5,22 +5,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "engine/core/dtype_math.h"
 #include "engine/core/fast_math.h"
 
 namespace moetrain {
 namespace {
-
-// Shared by the scalar and the bulk conversion so that both give identical bits. Branch-free so
-// that the bulk loop vectorises: the NaN case is a select, not a jump.
-inline uint16_t F32BitsToBF16Bits(uint32_t bits) {
-  // Adding 0x7FFF plus the lowest kept bit rounds to nearest, ties to even; a carry out of the
-  // mantissa correctly bumps the exponent (and the largest floats round up to infinity).
-  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
-  // Rounding could turn a NaN with only low payload bits into infinity; set the quiet bit instead.
-  const uint32_t quiet_nan = (bits >> 16) | 0x0040u;
-  const bool is_nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
-  return static_cast<uint16_t>(is_nan ? quiet_nan : rounded);
-}
 
 // One fp8 format: 1 sign bit, 7 - mantissa_bits exponent bits, mantissa_bits mantissa bits.
 struct F8Format {
@@ -136,9 +125,17 @@ absl::StatusOr<DType> ParseDType(std::string_view name) {
                    "' (expected one of f32, bf16, fp8_e4m3, fp8_e5m2, i32, i64)"));
 }
 
-BF16 FloatToBF16(float x) { return BF16{F32BitsToBF16Bits(std::bit_cast<uint32_t>(x))}; }
+absl::Status CheckComputeDType(DType dtype, std::string_view what) {
+  if (dtype == DType::kF32 || dtype == DType::kBF16) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(absl::string_view(what.data(), what.size()), " = ",
+                   absl::string_view(DTypeName(dtype).data(), DTypeName(dtype).size()),
+                   " is not supported: the engine computes in f32 or bf16"));
+}
 
-float BF16ToFloat(BF16 x) { return std::bit_cast<float>(static_cast<uint32_t>(x.bits) << 16); }
+BF16 FloatToBF16(float x) { return BF16{FloatToBF16Bits(x)}; }
+
+float BF16ToFloat(BF16 x) { return BF16BitsToFloat(x.bits); }
 
 F8E4M3 FloatToF8E4M3(float x) { return F8E4M3{FloatToF8Bits(x, kE4M3)}; }
 
@@ -163,19 +160,12 @@ float F8E5M2ToFloat(F8E5M2 x) {
 
 MOETRAIN_CLONES
 void ConvertF32ToBF16(const float* src, BF16* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, src + i, sizeof(bits));
-    dst[i].bits = F32BitsToBF16Bits(bits);
-  }
+  for (int64_t i = 0; i < n; ++i) dst[i].bits = FloatToBF16Bits(src[i]);
 }
 
 MOETRAIN_CLONES
 void ConvertBF16ToF32(const BF16* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t bits = static_cast<uint32_t>(src[i].bits) << 16;
-    std::memcpy(dst + i, &bits, sizeof(bits));
-  }
+  for (int64_t i = 0; i < n; ++i) dst[i] = BF16BitsToFloat(src[i].bits);
 }
 
 }  // namespace moetrain

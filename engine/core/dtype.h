@@ -25,6 +25,10 @@ std::string_view DTypeName(DType dtype);
 // Inverse of DTypeName; InvalidArgument naming the value otherwise.
 absl::StatusOr<DType> ParseDType(std::string_view name);
 
+// The engine computes in f32 or bf16: OK for those, else InvalidArgument naming `what` and the
+// dtype ("train.precision = fp8_e4m3 is not supported: the engine computes in f32 or bf16").
+absl::Status CheckComputeDType(DType dtype, std::string_view what);
+
 // Storage types: the raw bits of one element.
 struct BF16 {
   uint16_t bits;

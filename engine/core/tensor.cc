@@ -1,5 +1,6 @@
 #include "engine/core/tensor.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -29,10 +30,40 @@ void CheckShape(absl::Span<const int64_t> shape) {
   for (int64_t d : shape) CheckOrDie(d >= 0, "every extent >= 0");
 }
 
+// The C heap, 64-byte aligned: aligned_alloc needs a size that is a multiple of the alignment.
+class HostAllocator final : public Allocator {
+ public:
+  Device device() const override { return Device::Cpu(); }
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    void* p = std::aligned_alloc(64, (std::max<size_t>(bytes, 1) + 63) / 64 * 64);
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate ", bytes, " bytes of host memory"));
+    }
+    return p;
+  }
+  void Deallocate(void* data) override { std::free(data); }
+};
+
 }  // namespace
 
-TensorView::TensorView(void* data, DType dtype, absl::Span<const int64_t> shape)
-    : data_(data), dtype_(dtype), rank_(static_cast<int>(shape.size())) {
+Allocator& CpuAllocator() {
+  static HostAllocator* const allocator = new HostAllocator();
+  return *allocator;
+}
+
+std::string Device::DebugString() const {
+  switch (type) {
+    case DeviceType::kCpu:
+      return "cpu";
+    case DeviceType::kCuda:
+      return absl::StrCat("cuda:", index);
+  }
+  return absl::StrCat("device type ", static_cast<int>(type), ":", index);
+}
+
+TensorView::TensorView(void* data, DType dtype, absl::Span<const int64_t> shape, Device device)
+    : data_(data), dtype_(dtype), device_(device), rank_(static_cast<int>(shape.size())) {
   CheckShape(shape);
   int64_t stride = 1;
   for (int i = rank_ - 1; i >= 0; --i) {
@@ -43,8 +74,8 @@ TensorView::TensorView(void* data, DType dtype, absl::Span<const int64_t> shape)
 }
 
 TensorView::TensorView(void* data, DType dtype, absl::Span<const int64_t> shape,
-                       absl::Span<const int64_t> strides)
-    : data_(data), dtype_(dtype), rank_(static_cast<int>(shape.size())) {
+                       absl::Span<const int64_t> strides, Device device)
+    : data_(data), dtype_(dtype), device_(device), rank_(static_cast<int>(shape.size())) {
   CheckShape(shape);
   CheckOrDie(strides.size() == shape.size(), "strides.size() == shape.size()");
   for (int i = 0; i < rank_; ++i) {
@@ -85,6 +116,7 @@ TensorView TensorView::Select(int64_t i) const {
   TensorView v;
   v.data_ = static_cast<char*>(data_) + i * strides_[0] * DTypeSize(dtype_);
   v.dtype_ = dtype_;
+  v.device_ = device_;
   v.rank_ = rank_ - 1;
   for (int d = 1; d < rank_; ++d) {
     v.shape_[d - 1] = shape_[d];
@@ -95,16 +127,24 @@ TensorView TensorView::Select(int64_t i) const {
 
 TensorView TensorView::Reshape(absl::Span<const int64_t> shape) const {
   CheckOrDie(is_contiguous(), "Reshape of a contiguous view");
-  TensorView v(data_, dtype_, shape);
+  TensorView v(data_, dtype_, shape, device_);
   CheckOrDie(v.numel() == numel(), "Reshape keeps numel()");
   return v;
 }
 
 std::string TensorView::DebugString() const {
-  return absl::StrCat("(", absl::StrJoin(shape(), ", "), ") ", ToAbsl(DTypeName(dtype_)));
+  return absl::StrCat("(", absl::StrJoin(shape(), ", "), ") ", ToAbsl(DTypeName(dtype_)),
+                      device_.is_cpu() ? "" : " on ",
+                      device_.is_cpu() ? "" : device_.DebugString());
 }
 
-void Tensor::Free::operator()(void* p) const { std::free(p); }
+void TensorView::DieNotOnHost() const {
+  std::fprintf(stderr,
+               "moetrain tensor: host access to a %s view of %s memory; copy it to the CPU "
+               "first (ops::CopyTensor)\n",
+               DebugString().c_str(), device_.DebugString().c_str());
+  std::abort();
+}
 
 Tensor::Tensor(Tensor&& other) noexcept
     : storage_(std::move(other.storage_)), view_(std::exchange(other.view_, TensorView())) {}
@@ -115,24 +155,33 @@ Tensor& Tensor::operator=(Tensor&& other) noexcept {
   return *this;
 }
 
-Tensor Tensor::Empty(DType dtype, absl::Span<const int64_t> shape) {
+absl::StatusOr<Tensor> Tensor::Allocate(Allocator& allocator, DType dtype,
+                                        absl::Span<const int64_t> shape) {
   CheckShape(shape);
-  Tensor t;
   int64_t n = 1;
   for (int64_t d : shape) {
     // Sizes that overflow are as unallocatable as huge ones.
-    if (d != 0 && n > std::numeric_limits<int64_t>::max() / 8 / d) throw std::bad_alloc();
+    if (d != 0 && n > std::numeric_limits<int64_t>::max() / 8 / d) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cannot allocate a (", absl::StrJoin(shape, ", "), ") tensor: its size overflows"));
+    }
     n *= d;
   }
-  // aligned_alloc needs a size that is a multiple of the alignment; never zero bytes, so that a
-  // tensor with no elements still has a non-null pointer and is not `empty()`.
-  size_t bytes = (static_cast<size_t>(n) * DTypeSize(dtype) + 63) / 64 * 64;
-  if (bytes == 0) bytes = 64;
-  void* p = std::aligned_alloc(64, bytes);
-  if (p == nullptr) throw std::bad_alloc();
-  t.storage_.reset(p);
-  t.view_ = TensorView(p, dtype, shape);
+  // Never zero bytes, so that a tensor with no elements still has a non-null pointer and is not
+  // `empty()`.
+  const size_t bytes = std::max<size_t>(static_cast<size_t>(n) * DTypeSize(dtype), 1);
+  absl::StatusOr<void*> p = allocator.Allocate(bytes);
+  if (!p.ok()) return p.status();
+  Tensor t;
+  t.storage_ = std::unique_ptr<void, Free>(*p, Free{&allocator});
+  t.view_ = TensorView(*p, dtype, shape, allocator.device());
   return t;
+}
+
+Tensor Tensor::Empty(DType dtype, absl::Span<const int64_t> shape) {
+  absl::StatusOr<Tensor> t = Allocate(CpuAllocator(), dtype, shape);
+  if (!t.ok()) throw std::bad_alloc();
+  return *std::move(t);
 }
 
 Tensor Tensor::Zeros(DType dtype, absl::Span<const int64_t> shape) {

@@ -1,4 +1,6 @@
-// Tensor (owning, contiguous, 64-byte aligned) and TensorView (non-owning, strided).
+// Tensor (owning, contiguous, 64-byte aligned) and TensorView (non-owning, strided), each on a
+// Device. Memory of another device than the CPU is never read by the host through a view:
+// data<T>() refuses it, and copies between devices are explicit (ops::CopyTensor).
 //
 // Views do not carry constness: a function documents which views it writes.
 #ifndef MOETRAIN_ENGINE_CORE_TENSOR_H_
@@ -11,7 +13,10 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "engine/core/allocator.h"
+#include "engine/core/device.h"
 #include "engine/core/dtype.h"
 
 namespace moetrain {
@@ -21,13 +26,15 @@ inline constexpr int kMaxRank = 4;
 class TensorView {
  public:
   TensorView() = default;
-  // A contiguous (row-major) view.
-  TensorView(void* data, DType dtype, absl::Span<const int64_t> shape);
+  // A contiguous (row-major) view of memory on `device`.
+  TensorView(void* data, DType dtype, absl::Span<const int64_t> shape,
+             Device device = Device::Cpu());
   // A strided view; strides are in elements.
   TensorView(void* data, DType dtype, absl::Span<const int64_t> shape,
-             absl::Span<const int64_t> strides);
+             absl::Span<const int64_t> strides, Device device = Device::Cpu());
 
   DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
   int rank() const { return rank_; }
   int64_t dim(int i) const { return shape_[i]; }
   int64_t stride(int i) const { return strides_[i]; }
@@ -37,9 +44,14 @@ class TensorView {
   bool empty() const { return data_ == nullptr; }
   bool is_contiguous() const;
 
+  // The address, on whatever device the view is: for kernels, copies and communication.
   void* raw() const { return data_; }
+  // The elements, for code that runs on the host. A view of another device's memory stops the
+  // process here, naming the device: a host read of it would be garbage or a crash far away.
   template <typename T>
   T* data() const {
+    if (!device_.is_cpu()) [[unlikely]]
+      DieNotOnHost();
     return static_cast<T*>(data_);
   }
 
@@ -50,12 +62,15 @@ class TensorView {
   // The same contiguous data with another shape of equal element count.
   TensorView Reshape(absl::Span<const int64_t> shape) const;
 
-  // "(4, 8) bf16".
+  // "(4, 8) bf16", and " on cuda:0" for a view of device memory.
   std::string DebugString() const;
 
  private:
+  [[noreturn]] void DieNotOnHost() const;
+
   void* data_ = nullptr;
   DType dtype_ = DType::kF32;
+  Device device_;
   int rank_ = 0;
   int64_t shape_[kMaxRank] = {};
   int64_t strides_[kMaxRank] = {};
@@ -64,9 +79,13 @@ class TensorView {
 class Tensor {
  public:
   Tensor() = default;
-  // Uninitialised contents.
+  // Host memory; uninitialised contents. std::bad_alloc when the host has no room.
   static Tensor Empty(DType dtype, absl::Span<const int64_t> shape);
   static Tensor Zeros(DType dtype, absl::Span<const int64_t> shape);
+  // Memory from `allocator`, on its device; uninitialised contents. ResourceExhausted (naming the
+  // bytes) when it has no room.
+  static absl::StatusOr<Tensor> Allocate(Allocator& allocator, DType dtype,
+                                         absl::Span<const int64_t> shape);
 
   // A moved-from tensor is empty() (a defaulted move would leave it a view of freed memory).
   Tensor(Tensor&& other) noexcept;
@@ -78,6 +97,7 @@ class Tensor {
   operator TensorView() const { return view_; }  // NOLINT: a tensor is usable wherever a view is.
 
   DType dtype() const { return view_.dtype(); }
+  Device device() const { return view_.device(); }
   int rank() const { return view_.rank(); }
   int64_t dim(int i) const { return view_.dim(i); }
   int64_t numel() const { return view_.numel(); }
@@ -89,7 +109,8 @@ class Tensor {
 
  private:
   struct Free {
-    void operator()(void* p) const;
+    Allocator* allocator;  // the one that gave the memory
+    void operator()(void* p) const { allocator->Deallocate(p); }
   };
   std::unique_ptr<void, Free> storage_;
   TensorView view_;

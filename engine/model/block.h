@@ -14,10 +14,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/backend/exec_context.h"
 #include "engine/core/tensor.h"
-#include "engine/model/attention.h"
+#include "engine/core/workspace.h"
 #include "engine/model/model_config.h"
 #include "engine/moe/moe_layer.h"
+#include "engine/ops/attention/attention.h"
 
 namespace moetrain {
 
@@ -51,37 +53,42 @@ struct BlockGrads {
 class TransformerBlock {
  public:
   // A dense block when `moe` is false. An MoE block is built with `parallel` (its weights and
-  // grads then hold only the expert group's local experts).
+  // grads then hold only the expert group's local experts). Its ops run on `ctx`.
   static absl::StatusOr<TransformerBlock> Create(const ModelConfig& config, bool moe,
                                                  DType compute_dtype,
-                                                 const ExpertParallelConfig& parallel = {});
+                                                 const ExpertParallelConfig& parallel = {},
+                                                 const ExecContext& ctx = ExecContext::Cpu());
 
   bool is_moe() const { return moe_.has_value(); }
 
   // x (T, D) f32 with T = batch·seq_len; y (T, D) f32 written. x must stay unchanged until
-  // Backward, which reads it. `stats` (MoE blocks; may be null) receives the layer's statistics.
-  // `aux_loss_scale` multiplies the MoE aux and z losses in this forward and their gradients in
-  // the next backward (the micro-batch loss scale); stats report them unscaled.
+  // Backward, which reads it. `stats` (MoE blocks; may be null) receives the layer's statistics,
+  // the aux and z losses unscaled.
   absl::Status Forward(const BlockWeights& weights, int64_t batch, int64_t seq_len, TensorView x,
-                       TensorView y, float aux_loss_scale, MoeStats* stats);
+                       TensorView y, MoeStats* stats);
 
-  // d (T, D) f32: the gradient of y on entry, of x on return. Grads accumulated.
-  absl::Status Backward(const BlockWeights& weights, TensorView d, BlockGrads* grads);
+  // d (T, D) f32: the gradient of y on entry, of x on return. Grads accumulated. The MoE aux and
+  // z losses of the last Forward enter the objective with weight `loss_scale` (the micro-batch's
+  // loss scale, already in d).
+  absl::Status Backward(const BlockWeights& weights, TensorView d, BlockGrads* grads,
+                        float loss_scale = 1.0f);
 
  private:
-  TransformerBlock(const ModelConfig& config, DType dtype) : config_(config), dtype_(dtype) {}
+  TransformerBlock(const ModelConfig& config, DType dtype, const ExecContext& ctx)
+      : config_(config), dtype_(dtype), ctx_(ctx), workspace_(kNumBuffers, ctx.allocator()) {}
 
-  // `src` (T, cols) f32 as a compute-dtype tensor: src itself for f32, else converted into `buf`.
-  absl::StatusOr<TensorView> ToCompute(TensorView src, Tensor& buf);
+  // `src` (T, cols) f32 as a compute-dtype tensor: src itself for f32, else converted into
+  // workspace slot `slot`.
+  absl::StatusOr<TensorView> ToCompute(TensorView src, int slot);
 
   ModelConfig config_;
   DType dtype_;
+  ExecContext ctx_;
   std::optional<MoeLayer> moe_;
-  float aux_loss_scale_ = 1.0f;  // of the last Forward: the weight of its aux and z losses
 
   // Saved by Forward for Backward.
   bool has_forward_ = false;
-  AttentionShape shape_;
+  ops::AttentionShape shape_;
   TensorView x_;             // (T, D) f32: the caller's input
   TensorView rstd_attn_;     // (T) f32
   TensorView normed_attn_;   // (T, D) act: n1
@@ -103,7 +110,7 @@ class TransformerBlock {
     kDQ, kDK, kDV, kDQAct, kDKAct, kDVAct, kNumBuffers
   };
   // clang-format on
-  Tensor buffers_[kNumBuffers];
+  Workspace workspace_;
 };
 
 }  // namespace moetrain

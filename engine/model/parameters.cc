@@ -7,12 +7,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "engine/backend/cpu/elementwise.h"
 #include "engine/core/rng.h"
 #include "engine/core/status.h"
-#include "engine/core/thread_pool.h"
 #include "engine/model/transformer.h"
-#include "engine/moe/router.h"
+#include "engine/ops/elementwise/elementwise.h"
+#include "engine/ops/router/router.h"
 
 namespace moetrain {
 namespace {
@@ -49,7 +48,7 @@ struct BlockRegions {
 
 }  // namespace
 
-void Transformer::BuildParameters() {
+absl::Status Transformer::BuildParameters() {
   const ModelConfig& c = config_;
   const MoeConfig& moe = c.moe;
   const int64_t d = c.hidden_size, v = c.vocab_size, dh = c.resolved_head_dim();
@@ -110,20 +109,28 @@ void Transformer::BuildParameters() {
     s.expert_end = layout.size();
   }
 
-  masters_ = Tensor::Zeros(DType::kF32, {layout.size()});
-  grads_ = Tensor::Zeros(DType::kF32, {layout.size()});
-  if (dtype_ != DType::kF32) compute_ = Tensor::Zeros(dtype_, {layout.size()});
+  MOETRAIN_ASSIGN_OR_RETURN(masters_,
+                            Tensor::Allocate(ctx_.allocator(), DType::kF32, {layout.size()}));
+  MOETRAIN_ASSIGN_OR_RETURN(grads_,
+                            Tensor::Allocate(ctx_.allocator(), DType::kF32, {layout.size()}));
+  MOETRAIN_RETURN_IF_ERROR(ops::Fill(ctx_, masters_, 0.0f));
+  MOETRAIN_RETURN_IF_ERROR(ops::Fill(ctx_, grads_, 0.0f));
+  if (dtype_ != DType::kF32) {
+    MOETRAIN_ASSIGN_OR_RETURN(compute_,
+                              Tensor::Allocate(ctx_.allocator(), dtype_, {layout.size()}));
+    MOETRAIN_RETURN_IF_ERROR(ops::Fill(ctx_, compute_, 0.0f));
+  }
 
-  auto master = [&](const Region& r) {
-    return TensorView(masters_.data<float>() + r.offset, DType::kF32, r.shape);
+  // Views into the flat buffers, on their device.
+  const Device device = ctx_.device();
+  auto view_of = [&](const Tensor& buffer, DType dtype, const Region& r) {
+    return TensorView(static_cast<char*>(buffer.view().raw()) + r.offset * DTypeSize(dtype), dtype,
+                      r.shape, device);
   };
-  auto grad = [&](const Region& r) {
-    return TensorView(grads_.data<float>() + r.offset, DType::kF32, r.shape);
-  };
+  auto master = [&](const Region& r) { return view_of(masters_, DType::kF32, r); };
+  auto grad = [&](const Region& r) { return view_of(grads_, DType::kF32, r); };
   auto compute = [&](const Region& r) {
-    if (dtype_ == DType::kF32) return master(r);
-    return TensorView(static_cast<char*>(compute_.view().raw()) + r.offset * DTypeSize(dtype_),
-                      dtype_, r.shape);
+    return dtype_ == DType::kF32 ? master(r) : view_of(compute_, dtype_, r);
   };
 
   parameters_.clear();
@@ -240,47 +247,36 @@ void Transformer::BuildParameters() {
   final_norm_grad_ = grad(final_norm);
   lm_head_ = compute(lm_head);
   lm_head_grad_ = grad(lm_head);
+  return absl::OkStatus();
 }
 
 absl::Status Transformer::Initialize(uint64_t seed) {
   for (size_t i = 0; i < parameters_.size(); ++i) {
     const TensorView value = parameters_[i].value;
-    float* data = value.data<float>();
-    const int64_t n = value.numel();
     switch (parameter_init_[i]) {
       case Init::kOnes:
-        std::fill(data, data + n, 1.0f);
+        MOETRAIN_RETURN_IF_ERROR(ops::Fill(ctx_, value, 1.0f));
         break;
       case Init::kZeros:
-        std::fill(data, data + n, 0.0f);
+        MOETRAIN_RETURN_IF_ERROR(ops::Fill(ctx_, value, 0.0f));
         break;
       case Init::kNormal: {
         const Rng rng(seed, /*step=*/parameter_init_index_[i], /*rank=*/0, kInitStream);
-        // Value j of the stream depends only on j, so the split over threads does not matter.
-        DefaultThreadPool().ParallelFor(n, 1 << 16, [&](int64_t begin, int64_t end) {
-          rng.FillNormal(data + begin, end - begin, 0.0f, config_.init_std, begin);
-        });
+        MOETRAIN_RETURN_IF_ERROR(ops::FillNormal(ctx_, value, rng, 0.0f, config_.init_std));
         break;
       }
     }
   }
-  SyncComputeWeights();
-  return absl::OkStatus();
+  return SyncComputeWeights();
 }
 
-void Transformer::SyncComputeWeights() {
-  if (dtype_ == DType::kF32) return;
+absl::Status Transformer::SyncComputeWeights() {
+  if (dtype_ == DType::kF32) return absl::OkStatus();
   // Norms, routers and biases are converted too, unused: one pass over one buffer is simplest.
-  const absl::Status status = cpu::ConvertTensor(masters_, compute_);
-  (void)status;  // f32 → bf16 of two equal-shaped contiguous buffers cannot fail.
+  return ops::ConvertTensor(ctx_, masters_, compute_);
 }
 
-void Transformer::ZeroGrads() {
-  float* data = grads_.data<float>();
-  DefaultThreadPool().ParallelFor(grads_.numel(), 1 << 18, [&](int64_t begin, int64_t end) {
-    std::memset(data + begin, 0, (end - begin) * sizeof(float));
-  });
-}
+absl::Status Transformer::ZeroGrads() { return ops::Fill(ctx_, grads_, 0.0f); }
 
 absl::Status Transformer::UpdateExpertBiases(
     absl::Span<const std::vector<int64_t>> tokens_per_expert) {
@@ -290,11 +286,21 @@ absl::Status Transformer::UpdateExpertBiases(
                                                    " layers given, the model has ",
                                                    num_moe_layers(), " MoE layers"));
   }
+  const int64_t e = config_.moe.num_experts;
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView counts, workspace_.Get(kBiasCounts, DType::kI64, {e}));
   for (int64_t j = 0; j < num_moe_layers(); ++j) {
     const int64_t layer = config_.first_dense_layers + j;
-    const absl::Status status =
-        UpdateExpertBias(tokens_per_expert[j], config_.moe.expert_bias_update_rate,
-                         block_weights_[layer].moe.expert_bias);
+    if (static_cast<int64_t>(tokens_per_expert[j].size()) != e) {
+      return absl::InvalidArgumentError(absl::StrCat("tokens_per_expert of MoE layer ", layer, ": ",
+                                                     tokens_per_expert[j].size(), " counts for ", e,
+                                                     " experts"));
+    }
+    // The step's counts, summed over the ranks on the host, go to the device of the bias.
+    std::vector<int64_t> host_counts = tokens_per_expert[j];
+    MOETRAIN_RETURN_IF_ERROR(
+        ops::CopyTensor(ctx_, TensorView(host_counts.data(), DType::kI64, {e}), counts));
+    const absl::Status status = ops::UpdateExpertBias(
+        ctx_, counts, config_.moe.expert_bias_update_rate, block_weights_[layer].moe.expert_bias);
     if (!status.ok()) {
       return absl::Status(status.code(), absl::StrCat("MoE layer ", layer, ": ", status.message()));
     }

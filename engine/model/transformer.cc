@@ -1,5 +1,6 @@
 #include "engine/model/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -7,91 +8,84 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/core/status.h"
+#include "engine/ops/elementwise/elementwise.h"
+#include "engine/ops/embedding/embedding.h"
+#include "engine/ops/norm/rms_norm.h"
 
 namespace moetrain {
 
 absl::StatusOr<Transformer> Transformer::Create(const ModelConfig& config, DType compute_dtype,
-                                                const ExpertParallelConfig& parallel) {
+                                                const ExpertParallelConfig& parallel,
+                                                const ExecContext& ctx) {
   MOETRAIN_RETURN_IF_ERROR(config.Validate());
-  if (compute_dtype != DType::kF32 && compute_dtype != DType::kBF16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("compute dtype ", std::string(DTypeName(compute_dtype)),
-                     " is not supported by the transformer (f32, bf16)"));
-  }
+  MOETRAIN_RETURN_IF_ERROR(CheckComputeDType(compute_dtype, "the transformer's compute dtype"));
   const int ep = parallel.expert_group != nullptr ? parallel.expert_group->size() : 1;
   if (config.moe.num_experts % ep != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("the expert group's ", ep,
                      " ranks do not divide model.moe.num_experts = ", config.moe.num_experts));
   }
-  Transformer model(config, compute_dtype);
+  Transformer model(config, compute_dtype, ctx);
   model.num_local_experts_ = config.moe.num_experts / ep;
   model.first_local_expert_ = ep > 1 ? parallel.expert_group->rank() * model.num_local_experts_ : 0;
   for (int64_t l = 0; l < config.num_layers; ++l) {
-    MOETRAIN_ASSIGN_OR_RETURN(
-        TransformerBlock block,
-        TransformerBlock::Create(config, l >= config.first_dense_layers, compute_dtype, parallel));
+    MOETRAIN_ASSIGN_OR_RETURN(TransformerBlock block,
+                              TransformerBlock::Create(config, l >= config.first_dense_layers,
+                                                       compute_dtype, parallel, ctx));
     model.blocks_.push_back(std::move(block));
   }
-  model.BuildParameters();
+  MOETRAIN_RETURN_IF_ERROR(model.BuildParameters());
   return model;
 }
 
 absl::Status Transformer::PrepareTokens(TensorView tokens) {
   MOETRAIN_RETURN_IF_ERROR(CheckTensor(tokens, "tokens", DType::kI32, {-1, -1}));
-  if (!tokens.is_contiguous()) return absl::InvalidArgumentError("tokens: must be contiguous");
   const int64_t b = tokens.dim(0), s = tokens.dim(1) - 1;
-  if (b < 1 || s < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tokens: expected (B, S + 1) with B >= 1 and S >= 1, got ", tokens.DebugString()));
-  }
   if (s > config_.max_seq_len) {
     return absl::InvalidArgumentError(
         absl::StrCat("tokens: sequence length S = ", s, " (", tokens.DebugString(),
                      ") exceeds model.max_seq_len = ", config_.max_seq_len));
   }
-  const int32_t* ids = tokens.data<int32_t>();
-  for (int64_t i = 0; i < tokens.numel(); ++i) {
-    if (ids[i] < 0 || ids[i] >= config_.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tokens[", i / (s + 1), ", ", i % (s + 1), "] = ", ids[i],
-          " is outside the vocabulary [0, model.vocab_size = ", config_.vocab_size, ")"));
-    }
+  // The data loader's windows are host memory: they travel to the model's device first.
+  if (tokens.device() != ctx_.device() && b >= 1 && s >= 1) {
+    MOETRAIN_ASSIGN_OR_RETURN(TensorView on_device,
+                              workspace_.Get(kTokens, DType::kI32, {b, s + 1}));
+    MOETRAIN_RETURN_IF_ERROR(ops::CopyTensor(ctx_, tokens, on_device));
+    tokens = on_device;
   }
+  MOETRAIN_ASSIGN_OR_RETURN(inputs_,
+                            workspace_.Get(kInputs, DType::kI32, {std::max<int64_t>(b * s, 0)}));
+  MOETRAIN_ASSIGN_OR_RETURN(targets_,
+                            workspace_.Get(kTargets, DType::kI32, {std::max<int64_t>(b * s, 0)}));
+  MOETRAIN_RETURN_IF_ERROR(ops::SplitTokens(ctx_, tokens, config_.vocab_size, inputs_, targets_));
   batch_ = b;
   seq_len_ = s;
-  inputs_ = Workspace(buffers_[kInputs], DType::kI32, {b * s});
-  targets_ = Workspace(buffers_[kTargets], DType::kI32, {b * s});
-  for (int64_t row = 0; row < b; ++row) {
-    std::memcpy(inputs_.data<int32_t>() + row * s, ids + row * (s + 1), s * sizeof(int32_t));
-    std::memcpy(targets_.data<int32_t>() + row * s, ids + row * (s + 1) + 1, s * sizeof(int32_t));
-  }
   return absl::OkStatus();
 }
 
-absl::Status Transformer::ForwardToFinalNorm(float loss_scale, StepResult* result) {
+absl::Status Transformer::ForwardToFinalNorm(StepResult* result) {
   const int64_t layers = config_.num_layers, t = batch_ * seq_len_, d = config_.hidden_size;
-  residual_ = Workspace(buffers_[kResidual], DType::kF32, {layers + 1, t, d});
-  MOETRAIN_RETURN_IF_ERROR(EmbeddingForward(embed_, inputs_, residual_.Select(0)));
+  MOETRAIN_ASSIGN_OR_RETURN(residual_, workspace_.Get(kResidual, DType::kF32, {layers + 1, t, d}));
+  MOETRAIN_RETURN_IF_ERROR(ops::EmbeddingForward(ctx_, embed_, inputs_, residual_.Select(0)));
   for (int64_t l = 0; l < layers; ++l) {
     MoeStats stats;
     const bool report = result != nullptr && blocks_[l].is_moe();
     MOETRAIN_RETURN_IF_ERROR(blocks_[l].Forward(block_weights_[l], batch_, seq_len_,
                                                 residual_.Select(l), residual_.Select(l + 1),
-                                                loss_scale, report ? &stats : nullptr));
+                                                report ? &stats : nullptr));
     if (report) {
       result->aux_loss += stats.aux_loss;
       result->z_loss += stats.z_loss;
       result->moe_layers.push_back(std::move(stats));
     }
   }
-  final_rstd_ = Workspace(buffers_[kFinalRstd], DType::kF32, {t});
-  final_normed_ = Workspace(buffers_[kFinalNormed], dtype_, {t, d});
-  return RmsNormForward(residual_.Select(layers), final_norm_, config_.rms_norm_eps, final_normed_,
-                        final_rstd_);
+  MOETRAIN_ASSIGN_OR_RETURN(final_rstd_, workspace_.Get(kFinalRstd, DType::kF32, {t}));
+  MOETRAIN_ASSIGN_OR_RETURN(final_normed_, workspace_.Get(kFinalNormed, dtype_, {t, d}));
+  return ops::RmsNormForward(ctx_, residual_.Select(layers), final_norm_, config_.rms_norm_eps,
+                             final_normed_, final_rstd_);
 }
 
-LmHeadLossArgs Transformer::LmHeadArgs() const {
+ops::LmHeadLossArgs Transformer::LmHeadArgs() const {
   return {.hidden = final_normed_, .weight = lm_head_, .targets = targets_};
 }
 
@@ -116,15 +110,14 @@ absl::StatusOr<StepResult> Transformer::ForwardBackward(TensorView tokens,
   const int64_t layers = config_.num_layers, t = batch_ * seq_len_, d = config_.hidden_size;
   StepResult result;
   result.tokens = t;
-  loss_scale_ = loss_scale;
-  MOETRAIN_RETURN_IF_ERROR(ForwardToFinalNorm(loss_scale, &result));
+  MOETRAIN_RETURN_IF_ERROR(ForwardToFinalNorm(&result));
 
-  TensorView d_final = Workspace(buffers_[kDFinal], DType::kF32, {t, d});
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_final, workspace_.Get(kDFinal, DType::kF32, {t, d}));
   MOETRAIN_ASSIGN_OR_RETURN(
-      result.loss,
-      LmHeadLossForwardBackward(
-          LmHeadArgs(), {.d_loss = loss_scale, .d_hidden = d_final, .d_weight = lm_head_grad_},
-          &lm_head_workspace_));
+      result.loss, ops::LmHeadLossForwardBackward(
+                       ctx_, LmHeadArgs(),
+                       {.d_loss = loss_scale, .d_hidden = d_final, .d_weight = lm_head_grad_},
+                       &lm_head_workspace_));
   if (!options.backward_through_nonfinite_loss &&
       (!std::isfinite(result.loss) || !std::isfinite(result.aux_loss) ||
        !std::isfinite(result.z_loss))) {
@@ -133,29 +126,29 @@ absl::StatusOr<StepResult> Transformer::ForwardBackward(TensorView tokens,
                                        " (grads are partly accumulated: zero them)"));
   }
   // d_residual carries dL/d(residual stream) down the blocks.
-  TensorView d_residual = Workspace(buffers_[kDResidual], DType::kF32, {t, d});
-  MOETRAIN_RETURN_IF_ERROR(RmsNormBackward({.x = residual_.Select(layers),
-                                            .weight = final_norm_,
-                                            .rstd = final_rstd_,
-                                            .d_out = d_final,
-                                            .d_x = d_residual,
-                                            .d_weight = final_norm_grad_}));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_residual, workspace_.Get(kDResidual, DType::kF32, {t, d}));
+  MOETRAIN_RETURN_IF_ERROR(ops::RmsNormBackward(ctx_, {.x = residual_.Select(layers),
+                                                       .weight = final_norm_,
+                                                       .rstd = final_rstd_,
+                                                       .d_out = d_final,
+                                                       .d_x = d_residual,
+                                                       .d_weight = final_norm_grad_}));
   MOETRAIN_RETURN_IF_ERROR(StageDone(options, 0));
   for (int64_t l = layers - 1; l >= 0; --l) {
-    MOETRAIN_RETURN_IF_ERROR(blocks_[l].Backward(block_weights_[l], d_residual, &block_grads_[l]));
+    MOETRAIN_RETURN_IF_ERROR(
+        blocks_[l].Backward(block_weights_[l], d_residual, &block_grads_[l], loss_scale));
     MOETRAIN_RETURN_IF_ERROR(StageDone(options, layers - l));
   }
-  MOETRAIN_RETURN_IF_ERROR(EmbeddingBackward(inputs_, d_residual, embed_grad_));
+  MOETRAIN_RETURN_IF_ERROR(ops::EmbeddingBackward(ctx_, inputs_, d_residual, embed_grad_));
   MOETRAIN_RETURN_IF_ERROR(StageDone(options, layers + 1));
   return result;
 }
 
 absl::StatusOr<float> Transformer::Evaluate(TensorView tokens) {
   MOETRAIN_RETURN_IF_ERROR(PrepareTokens(tokens));
-  // The training loss scale, so that the MoE layers keep their set-up (it only scales aux
-  // losses, which are not reported here).
-  MOETRAIN_RETURN_IF_ERROR(ForwardToFinalNorm(loss_scale_, nullptr));
-  MOETRAIN_ASSIGN_OR_RETURN(const float loss, LmHeadLossForward(LmHeadArgs(), &lm_head_workspace_));
+  MOETRAIN_RETURN_IF_ERROR(ForwardToFinalNorm(nullptr));
+  MOETRAIN_ASSIGN_OR_RETURN(const float loss,
+                            ops::LmHeadLossForward(ctx_, LmHeadArgs(), &lm_head_workspace_));
   if (!std::isfinite(loss)) return NonFiniteError(absl::StrCat("evaluation loss = ", loss));
   return loss;
 }

@@ -27,11 +27,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "engine/backend/exec_context.h"
 #include "engine/core/tensor.h"
+#include "engine/core/workspace.h"
 #include "engine/model/block.h"
-#include "engine/model/layers.h"
 #include "engine/model/model_config.h"
 #include "engine/moe/moe_layer.h"
+#include "engine/ops/loss/lm_head_loss.h"
 
 namespace moetrain {
 
@@ -80,12 +82,15 @@ class Transformer {
   // InvalidArgument for an invalid config, a compute dtype other than f32 or bf16, or an expert
   // group whose size does not divide model.moe.num_experts. Parameters start at zero: call
   // Initialize, or write the masters (a checkpoint) and SyncComputeWeights. The communicators
-  // in `parallel` must outlive the model.
+  // in `parallel` must outlive the model. Parameters, gradients and activations live on ctx's
+  // device, and every op runs there.
   static absl::StatusOr<Transformer> Create(const ModelConfig& config, DType compute_dtype,
-                                            const ExpertParallelConfig& parallel = {});
+                                            const ExpertParallelConfig& parallel = {},
+                                            const ExecContext& ctx = ExecContext::Cpu());
 
   const ModelConfig& config() const { return config_; }
   DType compute_dtype() const { return dtype_; }
+  const ExecContext& context() const { return ctx_; }
 
   // normal(0, init_std) for linear weights, embeddings and routers; ones for norms; zeros for
   // expert biases. Parameter i (in the single-rank model's parameters() order) draws from
@@ -95,10 +100,11 @@ class Transformer {
   static constexpr uint32_t kInitStream = 0x1417;
 
   // Refreshes the compute-dtype copies from the masters (nothing to do in f32).
-  void SyncComputeWeights();
-  void ZeroGrads();
+  absl::Status SyncComputeWeights();
+  absl::Status ZeroGrads();
 
-  // tokens (B, S+1) i32 with 1 ≤ S ≤ max_seq_len: inputs tokens[:, :S], targets tokens[:, 1:].
+  // tokens (B, S+1) i32 with 1 ≤ S ≤ max_seq_len, on the CPU or the model's device: inputs
+  // tokens[:, :S], targets tokens[:, 1:].
   // Adds loss_scale · ∇(cross-entropy + aux + z losses) into the grads (loss_scale > 0, e.g.
   // 1 / micro-batches). The result reports the losses unscaled. A NaN or Inf loss is a
   // NonFiniteError (engine/core/status.h), with the grads partly accumulated.
@@ -129,22 +135,27 @@ class Transformer {
   int64_t dense_size() const { return dense_size_; }
 
  private:
-  Transformer(const ModelConfig& config, DType dtype) : config_(config), dtype_(dtype) {}
+  Transformer(const ModelConfig& config, DType dtype, const ExecContext& ctx)
+      : config_(config),
+        dtype_(dtype),
+        ctx_(ctx),
+        workspace_(kNumBuffers, ctx.allocator()),
+        lm_head_workspace_(ctx) {}
 
   // Stage `stage` of backward is done: calls options.on_stage_done if set.
   static absl::Status StageDone(const BackwardOptions& options, int64_t stage);
 
   // Builds the flat buffers and every view into them (parameters.cc).
-  void BuildParameters();
-  // Checks tokens and splits them into inputs and targets; T = B·S.
+  absl::Status BuildParameters();
+  // Checks tokens and splits them into inputs and targets on the device; T = B·S.
   absl::Status PrepareTokens(TensorView tokens);
   // Embedding, blocks and final norm; the final norm's output is in final_normed_.
-  absl::Status ForwardToFinalNorm(float loss_scale, StepResult* result);
-  LmHeadLossArgs LmHeadArgs() const;
+  absl::Status ForwardToFinalNorm(StepResult* result);
+  ops::LmHeadLossArgs LmHeadArgs() const;
 
   ModelConfig config_;
   DType dtype_;
-  float loss_scale_ = 1.0f;  // of the last ForwardBackward (the MoE layers are set up for it)
+  ExecContext ctx_;
 
   Tensor masters_;  // (N) f32
   Tensor grads_;    // (N) f32
@@ -178,11 +189,11 @@ class Transformer {
   TensorView final_rstd_;  // (T) f32
   TensorView final_normed_;  // (T, D) act
   // clang-format off
-  enum Buffer { kInputs, kTargets, kResidual, kFinalRstd, kFinalNormed, kDFinal, kDResidual,
-                kNumBuffers };
+  enum Buffer { kTokens, kInputs, kTargets, kResidual, kFinalRstd, kFinalNormed, kDFinal,
+                kDResidual, kBiasCounts, kNumBuffers };
   // clang-format on
-  Tensor buffers_[kNumBuffers];
-  LmHeadLossWorkspace lm_head_workspace_;
+  Workspace workspace_;
+  ops::LmHeadLossWorkspace lm_head_workspace_;
 };
 
 // Model FLOPs of one training token (forward and backward) at sequence length `seq_len`:

@@ -1,22 +1,27 @@
 #include "engine/moe/moe_layer.h"
 
 #include <algorithm>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
-#include "engine/backend/cpu/elementwise.h"
-#include "engine/backend/cpu/gemm.h"
 #include "engine/core/status.h"
+#include "engine/ops/elementwise/elementwise.h"
+#include "engine/ops/gemm/gemm.h"
+#include "engine/ops/grouped_gemm/grouped_gemm.h"
+#include "engine/ops/swiglu/swiglu.h"
 
 namespace moetrain {
 
 MoeLayer::MoeLayer(const MoeConfig& config, int64_t hidden_size, DType dtype,
-                   const ExpertParallelConfig& parallel)
+                   const ExpertParallelConfig& parallel, const ExecContext& ctx)
     : config_(config),
       hidden_size_(hidden_size),
       dtype_(dtype),
       parallel_(parallel),
+      ctx_(ctx),
       num_local_experts_(config.num_experts),
-      first_local_expert_(0) {
+      first_local_expert_(0),
+      workspace_(kNumBuffers, ctx.allocator()) {
   const int ep = parallel.expert_group != nullptr ? parallel.expert_group->size() : 1;
   if (ep > 1) {
     num_local_experts_ = config.num_experts / ep;
@@ -28,18 +33,14 @@ MoeLayer::MoeLayer(const MoeConfig& config, int64_t hidden_size, DType dtype,
 }
 
 absl::StatusOr<MoeLayer> MoeLayer::Create(const MoeConfig& config, int64_t hidden_size,
-                                          DType compute_dtype,
-                                          const ExpertParallelConfig& parallel) {
+                                          DType compute_dtype, const ExpertParallelConfig& parallel,
+                                          const ExecContext& ctx) {
   MOETRAIN_RETURN_IF_ERROR(config.Validate());
   if (hidden_size < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.hidden_size = ", hidden_size, " must be at least 1"));
   }
-  if (compute_dtype != DType::kF32 && compute_dtype != DType::kBF16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("compute dtype ", std::string(DTypeName(compute_dtype)),
-                     " is not supported by the MoE layer (f32, bf16)"));
-  }
+  MOETRAIN_RETURN_IF_ERROR(CheckComputeDType(compute_dtype, "the MoE layer's compute dtype"));
   if (parallel.overlap_chunks < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "expert parallel overlap_chunks = ", parallel.overlap_chunks, " must be at least 0"));
@@ -49,15 +50,7 @@ absl::StatusOr<MoeLayer> MoeLayer::Create(const MoeConfig& config, int64_t hidde
         "model.moe.num_experts = ", config.num_experts,
         " is not divisible by parallel.expert_parallel = ", parallel.expert_group->size()));
   }
-  return MoeLayer(config, hidden_size, compute_dtype, parallel);
-}
-
-TensorView MoeLayer::Workspace(Tensor& storage, DType dtype, std::initializer_list<int64_t> shape) {
-  int64_t numel = 1;
-  for (int64_t d : shape) numel *= d;
-  const int64_t words = (numel * static_cast<int64_t>(DTypeSize(dtype)) + 3) / 4;
-  if (storage.empty() || storage.numel() < words) storage = Tensor::Empty(DType::kF32, {words});
-  return TensorView(storage.view().raw(), dtype, shape);
+  return MoeLayer(config, hidden_size, compute_dtype, parallel, ctx);
 }
 
 namespace {
@@ -98,19 +91,32 @@ absl::Status CheckGrads(const MoeConfig& config, int64_t local, int64_t d, const
   return absl::OkStatus();
 }
 
+// Whether the switch aux loss's f_e counts the pairs of every rank of the count group.
+bool UsesGroupCounts(const MoeConfig& config, const ExpertParallelConfig& parallel) {
+  return parallel.count_group != nullptr && config.aux_loss == AuxLossType::kSwitch &&
+         config.aux_loss_coeff > 0.0f;
+}
+
+// `offsets` relative to their first row.
+std::vector<int64_t> Relative(absl::Span<const int64_t> offsets) {
+  std::vector<int64_t> relative(offsets.begin(), offsets.end());
+  for (int64_t& row : relative) row -= offsets.front();
+  return relative;
+}
+
 }  // namespace
 
 absl::Status MoeLayer::RoutedExpertsForward(const MoeWeights& weights, TensorView rows_x,
                                             int64_t first, int64_t last,
                                             absl::Span<const int64_t> offsets) {
   const int64_t begin = offsets.front(), end = offsets.back();
-  std::vector<int64_t> relative(offsets.begin(), offsets.end());
-  for (int64_t& row : relative) row -= begin;
+  const std::vector<int64_t> relative = Relative(offsets);
   const TensorView gate_up = gate_up_.Slice(begin, end), activated = activated_.Slice(begin, end);
-  MOETRAIN_RETURN_IF_ERROR(cpu::GroupedGemmForward(
-      rows_x.Slice(begin, end), weights.expert_gate_up.Slice(first, last), relative, gate_up));
-  MOETRAIN_RETURN_IF_ERROR(cpu::SwigluForward(gate_up, activated));
-  return cpu::GroupedGemmForward(activated, weights.expert_down.Slice(first, last), relative,
+  MOETRAIN_RETURN_IF_ERROR(ops::GroupedGemmForward(ctx_, rows_x.Slice(begin, end),
+                                                   weights.expert_gate_up.Slice(first, last),
+                                                   relative, gate_up));
+  MOETRAIN_RETURN_IF_ERROR(ops::SwigluForward(ctx_, gate_up, activated));
+  return ops::GroupedGemmForward(ctx_, activated, weights.expert_down.Slice(first, last), relative,
                                  expert_out_.Slice(begin, end));
 }
 
@@ -119,39 +125,45 @@ absl::Status MoeLayer::RoutedExpertsBackward(const MoeWeights& weights, TensorVi
                                              absl::Span<const int64_t> offsets, TensorView d_rows_x,
                                              MoeGrads* grads) {
   const int64_t f = config_.expert_ffn_dim, begin = offsets.front(), end = offsets.back();
-  std::vector<int64_t> relative(offsets.begin(), offsets.end());
-  for (int64_t& row : relative) row -= begin;
+  const std::vector<int64_t> relative = Relative(offsets);
   const TensorView x = rows_x.Slice(begin, end), d_out = d_rows_out.Slice(begin, end);
   const TensorView w_gate_up = weights.expert_gate_up.Slice(first, last);
   const TensorView w_down = weights.expert_down.Slice(first, last);
   const int64_t total = gate_up_.dim(0);
 
   // Down projection, SwiGLU, gate/up projection.
-  TensorView d_activated =
-      Workspace(buffers_[kDActivated], DType::kF32, {total, f}).Slice(begin, end);
-  MOETRAIN_RETURN_IF_ERROR(cpu::GroupedGemmBackwardData(d_out, w_down, relative, d_activated));
-  MOETRAIN_RETURN_IF_ERROR(cpu::GroupedGemmBackwardWeight(
-      d_out, activated_.Slice(begin, end), relative, grads->expert_down.Slice(first, last), true));
-  TensorView d_gate_up = Workspace(buffers_[kDGateUp], dtype_, {total, 2 * f}).Slice(begin, end);
-  MOETRAIN_RETURN_IF_ERROR(cpu::SwigluBackward(gate_up_.Slice(begin, end), d_activated, d_gate_up));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_activated,
+                            workspace_.Get(kDActivated, DType::kF32, {total, f}));
+  d_activated = d_activated.Slice(begin, end);
   MOETRAIN_RETURN_IF_ERROR(
-      cpu::GroupedGemmBackwardData(d_gate_up, w_gate_up, relative, d_rows_x.Slice(begin, end)));
-  return cpu::GroupedGemmBackwardWeight(d_gate_up, x, relative,
-                                        grads->expert_gate_up.Slice(first, last), true);
+      ops::GroupedGemmBackwardData(ctx_, d_out, w_down, relative, d_activated));
+  MOETRAIN_RETURN_IF_ERROR(ops::GroupedGemmBackwardWeight(
+      ctx_, d_out, activated_.Slice(begin, end), relative, grads->expert_down.Slice(first, last),
+      /*accumulate=*/true));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_gate_up, workspace_.Get(kDGateUp, dtype_, {total, 2 * f}));
+  d_gate_up = d_gate_up.Slice(begin, end);
+  MOETRAIN_RETURN_IF_ERROR(
+      ops::SwigluBackward(ctx_, gate_up_.Slice(begin, end), d_activated, d_gate_up));
+  MOETRAIN_RETURN_IF_ERROR(ops::GroupedGemmBackwardData(ctx_, d_gate_up, w_gate_up, relative,
+                                                        d_rows_x.Slice(begin, end)));
+  return ops::GroupedGemmBackwardWeight(ctx_, d_gate_up, x, relative,
+                                        grads->expert_gate_up.Slice(first, last),
+                                        /*accumulate=*/true);
 }
 
 absl::StatusOr<TensorView> MoeLayer::SharedExpertsForward(const MoeWeights& weights) {
   const int64_t t = x_.dim(0), d = hidden_size_;
   const int64_t sf = config_.num_shared_experts * config_.expert_ffn_dim;
   if (sf == 0) return TensorView();
-  shared_gate_up_ = Workspace(buffers_[kSharedGateUp], DType::kF32, {t, 2 * sf});
-  MOETRAIN_RETURN_IF_ERROR(
-      cpu::Gemm({.a = x_, .b = weights.shared_gate_up, .c = shared_gate_up_, .trans_b = true}));
-  shared_activated_ = Workspace(buffers_[kSharedActivated], dtype_, {t, sf});
-  MOETRAIN_RETURN_IF_ERROR(cpu::SwigluForward(shared_gate_up_, shared_activated_));
-  TensorView shared_out = Workspace(buffers_[kSharedOut], DType::kF32, {t, d});
-  MOETRAIN_RETURN_IF_ERROR(cpu::Gemm(
-      {.a = shared_activated_, .b = weights.shared_down, .c = shared_out, .trans_b = true}));
+  MOETRAIN_ASSIGN_OR_RETURN(shared_gate_up_,
+                            workspace_.Get(kSharedGateUp, DType::kF32, {t, 2 * sf}));
+  MOETRAIN_RETURN_IF_ERROR(ops::Gemm(
+      ctx_, {.a = x_, .b = weights.shared_gate_up, .c = shared_gate_up_, .trans_b = true}));
+  MOETRAIN_ASSIGN_OR_RETURN(shared_activated_, workspace_.Get(kSharedActivated, dtype_, {t, sf}));
+  MOETRAIN_RETURN_IF_ERROR(ops::SwigluForward(ctx_, shared_gate_up_, shared_activated_));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView shared_out, workspace_.Get(kSharedOut, DType::kF32, {t, d}));
+  MOETRAIN_RETURN_IF_ERROR(ops::Gemm(
+      ctx_, {.a = shared_activated_, .b = weights.shared_down, .c = shared_out, .trans_b = true}));
   return shared_out;
 }
 
@@ -160,25 +172,27 @@ absl::StatusOr<TensorView> MoeLayer::SharedExpertsBackward(const MoeWeights& wei
   const int64_t t = x_.dim(0), d = hidden_size_;
   const int64_t sf = config_.num_shared_experts * config_.expert_ffn_dim;
   if (sf == 0) return TensorView();
-  TensorView d_shared_activated = Workspace(buffers_[kDSharedActivated], DType::kF32, {t, sf});
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_shared_activated,
+                            workspace_.Get(kDSharedActivated, DType::kF32, {t, sf}));
   MOETRAIN_RETURN_IF_ERROR(
-      cpu::Gemm({.a = d_out, .b = weights.shared_down, .c = d_shared_activated}));
-  MOETRAIN_RETURN_IF_ERROR(cpu::Gemm({.a = d_out,
-                                      .b = shared_activated_,
-                                      .c = grads->shared_down,
-                                      .trans_a = true,
-                                      .accumulate = true}));
-  TensorView d_shared_gate_up = Workspace(buffers_[kDSharedGateUp], dtype_, {t, 2 * sf});
+      ops::Gemm(ctx_, {.a = d_out, .b = weights.shared_down, .c = d_shared_activated}));
+  MOETRAIN_RETURN_IF_ERROR(ops::Gemm(ctx_, {.a = d_out,
+                                            .b = shared_activated_,
+                                            .c = grads->shared_down,
+                                            .trans_a = true,
+                                            .accumulate = true}));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_shared_gate_up,
+                            workspace_.Get(kDSharedGateUp, dtype_, {t, 2 * sf}));
   MOETRAIN_RETURN_IF_ERROR(
-      cpu::SwigluBackward(shared_gate_up_, d_shared_activated, d_shared_gate_up));
-  TensorView d_x_shared = Workspace(buffers_[kDXShared], DType::kF32, {t, d});
+      ops::SwigluBackward(ctx_, shared_gate_up_, d_shared_activated, d_shared_gate_up));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_x_shared, workspace_.Get(kDXShared, DType::kF32, {t, d}));
   MOETRAIN_RETURN_IF_ERROR(
-      cpu::Gemm({.a = d_shared_gate_up, .b = weights.shared_gate_up, .c = d_x_shared}));
-  MOETRAIN_RETURN_IF_ERROR(cpu::Gemm({.a = d_shared_gate_up,
-                                      .b = x_,
-                                      .c = grads->shared_gate_up,
-                                      .trans_a = true,
-                                      .accumulate = true}));
+      ops::Gemm(ctx_, {.a = d_shared_gate_up, .b = weights.shared_gate_up, .c = d_x_shared}));
+  MOETRAIN_RETURN_IF_ERROR(ops::Gemm(ctx_, {.a = d_shared_gate_up,
+                                            .b = x_,
+                                            .c = grads->shared_gate_up,
+                                            .trans_a = true,
+                                            .accumulate = true}));
   return d_x_shared;
 }
 
@@ -186,18 +200,52 @@ absl::StatusOr<TensorView> MoeLayer::RouterBackwardPart(const MoeWeights& weight
                                                         TensorView d_weights, MoeGrads* grads,
                                                         float loss_weight) {
   const int64_t t = x_.dim(0), d = hidden_size_, e = config_.num_experts;
-  TensorView d_logits = Workspace(buffers_[kDLogits], DType::kF32, {t, e});
-  const RouterArgs router_args = {logits_, weights.expert_bias, tokens_per_sequence_};
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_logits, workspace_.Get(kDLogits, DType::kF32, {t, e}));
+  const ops::RouterArgs router_args = {logits_, weights.expert_bias, tokens_per_sequence_};
   MOETRAIN_RETURN_IF_ERROR(
-      RouterBackward(config_, router_args, routing_, d_weights, d_logits, loss_weight));
-  MOETRAIN_RETURN_IF_ERROR(cpu::Gemm({.a = d_logits,
-                                      .b = router_input_,
-                                      .c = grads->router,
-                                      .trans_a = true,
-                                      .accumulate = true}));
-  TensorView d_x_router = Workspace(buffers_[kDXRouter], DType::kF32, {t, d});
-  MOETRAIN_RETURN_IF_ERROR(cpu::Gemm({.a = d_logits, .b = weights.router, .c = d_x_router}));
+      ops::RouterBackward(ctx_, config_, router_args, routing_, d_weights, d_logits, loss_weight));
+  MOETRAIN_RETURN_IF_ERROR(ops::Gemm(ctx_, {.a = d_logits,
+                                            .b = router_input_,
+                                            .c = grads->router,
+                                            .trans_a = true,
+                                            .accumulate = true}));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_x_router, workspace_.Get(kDXRouter, DType::kF32, {t, d}));
+  MOETRAIN_RETURN_IF_ERROR(ops::Gemm(ctx_, {.a = d_logits, .b = weights.router, .c = d_x_router}));
   return d_x_router;
+}
+
+absl::Status MoeLayer::Route(const MoeWeights& weights) {
+  const int64_t t = x_.dim(0), d = hidden_size_, e = config_.num_experts;
+  // Router, in f32.
+  if (dtype_ == DType::kF32) {
+    router_input_ = x_;
+  } else {
+    MOETRAIN_ASSIGN_OR_RETURN(router_input_, workspace_.Get(kRouterInput, DType::kF32, {t, d}));
+    MOETRAIN_RETURN_IF_ERROR(ops::ConvertTensor(ctx_, x_, router_input_));
+  }
+  MOETRAIN_ASSIGN_OR_RETURN(logits_, workspace_.Get(kLogits, DType::kF32, {t, e}));
+  MOETRAIN_RETURN_IF_ERROR(
+      ops::Gemm(ctx_, {.a = router_input_, .b = weights.router, .c = logits_, .trans_b = true}));
+  const ops::RouterArgs router_args = {logits_, weights.expert_bias, tokens_per_sequence_};
+  MOETRAIN_RETURN_IF_ERROR(ops::RouterForward(ctx_, config_, router_args, &routing_));
+  if (UsesGroupCounts(config_, parallel_)) {
+    // f_e counts the pairs (and tokens) of every rank of the count group.
+    MOETRAIN_RETURN_IF_ERROR(ctx_.Synchronize());
+    MOETRAIN_ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> request,
+                              parallel_.count_group->StartAllReduceSum(
+                                  routing_.aux_counts.view().raw(), e + 1, DType::kI64));
+    MOETRAIN_RETURN_IF_ERROR(request->Wait());
+  }
+  MOETRAIN_RETURN_IF_ERROR(ops::RouterAuxLoss(ctx_, config_, router_args, &routing_));
+  return ReadRoutingOnHost();
+}
+
+absl::Status MoeLayer::ReadRoutingOnHost() {
+  const int64_t e = config_.num_experts;
+  host_counts_.resize(e);
+  MOETRAIN_RETURN_IF_ERROR(ops::CopyTensor(ctx_, routing_.tokens_per_expert,
+                                           TensorView(host_counts_.data(), DType::kI64, {e})));
+  return ops::CopyTensor(ctx_, routing_.losses, TensorView(host_losses_, DType::kF32, {2}));
 }
 
 absl::Status MoeLayer::Forward(const MoeWeights& weights, TensorView x, int64_t tokens_per_sequence,
@@ -214,49 +262,39 @@ absl::Status MoeLayer::Forward(const MoeWeights& weights, TensorView x, int64_t 
   }
   x_ = x;
   tokens_per_sequence_ = tokens_per_sequence;
-
-  // Router, in f32.
-  if (dtype_ == DType::kF32) {
-    router_input_ = x;
-  } else {
-    router_input_ = Workspace(buffers_[kRouterInput], DType::kF32, {t, d});
-    MOETRAIN_RETURN_IF_ERROR(cpu::ConvertTensor(x, router_input_));
-  }
-  logits_ = Workspace(buffers_[kLogits], DType::kF32, {t, e});
-  MOETRAIN_RETURN_IF_ERROR(
-      cpu::Gemm({.a = router_input_, .b = weights.router, .c = logits_, .trans_b = true}));
-  const RouterArgs router_args = {logits_, weights.expert_bias, tokens_per_sequence,
-                                  parallel_.count_group};
-  MOETRAIN_RETURN_IF_ERROR(RouterForward(config_, router_args, &routing_));
+  MOETRAIN_RETURN_IF_ERROR(Route(weights));
 
   if (expert_parallel_) {
     MOETRAIN_RETURN_IF_ERROR(ForwardExpertParallel(weights, out));
   } else {
-    MOETRAIN_RETURN_IF_ERROR(
-        BuildPermutation(config_, routing_.topk_experts, routing_.topk_weights, &permutation_));
+    MOETRAIN_RETURN_IF_ERROR(ops::BuildPermutation(
+        ctx_, config_,
+        {.topk_experts = routing_.topk_experts, .topk_weights = routing_.topk_weights},
+        &permutation_));
     // Routed experts over the permuted rows: one contiguous block per expert.
-    const int64_t r = permutation_.num_rows;
-    permuted_x_ = Workspace(buffers_[kPermutedX], dtype_, {r, d});
-    MOETRAIN_RETURN_IF_ERROR(cpu::GatherRows(x, permutation_.row_token, permuted_x_));
-    gate_up_ = Workspace(buffers_[kGateUp], DType::kF32, {r, 2 * f});
-    activated_ = Workspace(buffers_[kActivated], dtype_, {r, f});
-    expert_out_ = Workspace(buffers_[kExpertOut], DType::kF32, {r, d});
+    offsets_ = ops::PermutedExpertOffsets(config_, t, host_counts_);
+    const int64_t r = offsets_.back();
+    dropped_ = t * config_.top_k - r;
+    MOETRAIN_ASSIGN_OR_RETURN(permuted_x_, workspace_.Get(kPermutedX, dtype_, {r, d}));
     MOETRAIN_RETURN_IF_ERROR(
-        RoutedExpertsForward(weights, permuted_x_, 0, e, permutation_.expert_offsets));
+        ops::GatherRows(ctx_, x, permutation_.row_token.view().Slice(0, r), permuted_x_));
+    MOETRAIN_ASSIGN_OR_RETURN(gate_up_, workspace_.Get(kGateUp, DType::kF32, {r, 2 * f}));
+    MOETRAIN_ASSIGN_OR_RETURN(activated_, workspace_.Get(kActivated, dtype_, {r, f}));
+    MOETRAIN_ASSIGN_OR_RETURN(expert_out_, workspace_.Get(kExpertOut, DType::kF32, {r, d}));
+    MOETRAIN_RETURN_IF_ERROR(RoutedExpertsForward(weights, permuted_x_, 0, e, offsets_));
     // Shared experts see every token.
     MOETRAIN_ASSIGN_OR_RETURN(const TensorView shared_out, SharedExpertsForward(weights));
-    MOETRAIN_RETURN_IF_ERROR(cpu::CombineRows(expert_out_, permutation_.pair_row,
+    MOETRAIN_RETURN_IF_ERROR(ops::CombineRows(ctx_, expert_out_, permutation_.pair_row,
                                               routing_.topk_weights, shared_out, out));
   }
 
   has_forward_ = true;
   if (stats != nullptr) {
-    stats->tokens_per_expert = routing_.tokens_per_expert;
-    stats->dropped_tokens = permutation_.dropped;
-    stats->aux_loss = routing_.aux_loss;
-    stats->z_loss = routing_.z_loss;
-    const int64_t max_load =
-        *std::max_element(routing_.tokens_per_expert.begin(), routing_.tokens_per_expert.end());
+    stats->tokens_per_expert = host_counts_;
+    stats->dropped_tokens = dropped_;
+    stats->aux_loss = host_losses_[0];
+    stats->z_loss = host_losses_[1];
+    const int64_t max_load = *std::max_element(host_counts_.begin(), host_counts_.end());
     const double mean_load = static_cast<double>(t * config_.top_k) / static_cast<double>(e);
     stats->max_mean_load_ratio = t > 0 ? static_cast<float>(max_load / mean_load) : 0.0f;
   }
@@ -269,7 +307,7 @@ absl::Status MoeLayer::Backward(const MoeWeights& weights, TensorView d_out, Ten
     return absl::FailedPreconditionError("MoeLayer::Backward needs a successful Forward first");
   }
   const int64_t d = hidden_size_, e = config_.num_experts;
-  const int64_t t = x_.dim(0), k = config_.top_k, r = permutation_.num_rows;
+  const int64_t t = x_.dim(0), k = config_.top_k;
   MOETRAIN_RETURN_IF_ERROR(CheckTensor(d_out, "d_out", dtype_, {t, d}));
   MOETRAIN_RETURN_IF_ERROR(CheckTensor(d_x, "d_x", dtype_, {t, d}));
   if (!d_out.is_contiguous() || !d_x.is_contiguous()) {
@@ -281,15 +319,18 @@ absl::Status MoeLayer::Backward(const MoeWeights& weights, TensorView d_out, Ten
   if (expert_parallel_) {
     return BackwardExpertParallel(weights, d_out, d_x, grads, loss_weight);
   }
+  const int64_t r = offsets_.back();
 
   // Combine → routed rows and combine weights.
-  TensorView d_expert_out = Workspace(buffers_[kDExpertOut], dtype_, {r, d});
-  TensorView d_weights = Workspace(buffers_[kDWeights], DType::kF32, {t, k});
-  MOETRAIN_RETURN_IF_ERROR(cpu::CombineRowsBackward(
-      d_out, expert_out_, permutation_.pair_row, routing_.topk_weights, d_expert_out, d_weights));
-  TensorView d_permuted_x = Workspace(buffers_[kDPermutedX], DType::kF32, {r, d});
-  MOETRAIN_RETURN_IF_ERROR(RoutedExpertsBackward(weights, permuted_x_, d_expert_out, 0, e,
-                                                 permutation_.expert_offsets, d_permuted_x, grads));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_expert_out, workspace_.Get(kDExpertOut, dtype_, {r, d}));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_weights, workspace_.Get(kDWeights, DType::kF32, {t, k}));
+  MOETRAIN_RETURN_IF_ERROR(ops::CombineRowsBackward(ctx_, d_out, expert_out_, permutation_.pair_row,
+                                                    routing_.topk_weights, d_expert_out,
+                                                    d_weights));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_permuted_x,
+                            workspace_.Get(kDPermutedX, DType::kF32, {r, d}));
+  MOETRAIN_RETURN_IF_ERROR(RoutedExpertsBackward(weights, permuted_x_, d_expert_out, 0, e, offsets_,
+                                                 d_permuted_x, grads));
   MOETRAIN_ASSIGN_OR_RETURN(const TensorView d_x_shared,
                             SharedExpertsBackward(weights, d_out, grads));
   // Router, in f32: the combine weights' gradient plus the aux and z losses.
@@ -298,7 +339,7 @@ absl::Status MoeLayer::Backward(const MoeWeights& weights, TensorView d_out, Ten
 
   // Each token's input gradient: its pairs' rows, the router's and the shared experts' parts.
   TensorView addends[2] = {d_x_router, d_x_shared};
-  return cpu::SumPairRows(d_permuted_x, permutation_.pair_row,
+  return ops::SumPairRows(ctx_, d_permuted_x, permutation_.pair_row,
                           absl::MakeConstSpan(addends, d_x_shared.empty() ? 1 : 2), d_x);
 }
 

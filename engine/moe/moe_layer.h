@@ -11,6 +11,11 @@
 // Precision: x, out, d_out, d_x and the expert weights are in the compute dtype (f32 or bf16);
 // GEMMs accumulate in f32; the router runs in f32 (x is widened); gradients are f32.
 //
+// Device: the layer composes ops (engine/ops) on the execution context it was created with; every
+// tensor it is given lives on that context's device. Once per Forward the host reads the router's
+// results, at one named point (ReadRoutingOnHost): the E expert counts, which size the grouped
+// GEMMs and the expert-parallel exchange, and the two losses for the statistics.
+//
 // Expert parallel (ExpertParallelConfig::expert_group of ep > 1 ranks): rank j of the group holds
 // only its L = E/ep routed experts [j·L, (j+1)·L) (MoeWeights/MoeGrads expert_gate_up (L, 2F, D),
 // expert_down (L, D, F)); the router, expert bias and shared experts are whole on every rank.
@@ -31,12 +36,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/backend/exec_context.h"
 #include "engine/comm/communicator.h"
 #include "engine/core/tensor.h"
+#include "engine/core/workspace.h"
 #include "engine/moe/expert_parallel.h"
 #include "engine/moe/moe_config.h"
-#include "engine/moe/permutation.h"
-#include "engine/moe/router.h"
+#include "engine/ops/permute/permute.h"
+#include "engine/ops/router/router.h"
 
 namespace moetrain {
 
@@ -85,10 +92,12 @@ struct MoeStats {
 class MoeLayer {
  public:
   // InvalidArgument when the config (or hidden_size, compute_dtype ∉ {f32, bf16}) is invalid, or
-  // when the expert group's size does not divide model.moe.num_experts.
+  // when the expert group's size does not divide model.moe.num_experts. The layer runs its ops on
+  // `ctx`.
   static absl::StatusOr<MoeLayer> Create(const MoeConfig& config, int64_t hidden_size,
                                          DType compute_dtype,
-                                         const ExpertParallelConfig& parallel = {});
+                                         const ExpertParallelConfig& parallel = {},
+                                         const ExecContext& ctx = ExecContext::Cpu());
 
   const MoeConfig& config() const { return config_; }
   int64_t hidden_size() const { return hidden_size_; }
@@ -111,11 +120,15 @@ class MoeLayer {
 
  private:
   MoeLayer(const MoeConfig& config, int64_t hidden_size, DType dtype,
-           const ExpertParallelConfig& parallel);
+           const ExpertParallelConfig& parallel, const ExecContext& ctx);
 
-  // Grows `storage` when needed and returns a view of it with `shape`: buffers live across steps,
-  // so the hot path allocates (and page-faults) nothing after the first call.
-  static TensorView Workspace(Tensor& storage, DType dtype, std::initializer_list<int64_t> shape);
+  // Routes x_ (in router_input_): logits, the router, the aux loss's counts summed over the count
+  // group, then ReadRoutingOnHost.
+  absl::Status Route(const MoeWeights& weights);
+  // The one point of a pass where the host reads what the router computed on the device:
+  // host_counts_ (E) and host_losses_ (aux, z). Everything the host decides (group sizes, the
+  // exchange plan, the statistics) follows from them.
+  absl::Status ReadRoutingOnHost();
 
   // The pieces of Forward and Backward (moe_layer.cc), shared by both modes. The routed experts
   // [first, last) (local indices) on their rows [offsets[0], offsets.back()) of `rows_x`, where
@@ -150,6 +163,7 @@ class MoeLayer {
   int64_t hidden_size_;
   DType dtype_;
   ExpertParallelConfig parallel_;
+  ExecContext ctx_;
   int64_t num_local_experts_;     // L
   int64_t first_local_expert_;    // j·L
   bool expert_parallel_ = false;  // an expert group of ep > 1 ranks
@@ -160,20 +174,24 @@ class MoeLayer {
   // received rows, in the dispatch layout (by chunk, source rank, local expert).
   bool has_forward_ = false;
   int64_t tokens_per_sequence_ = 0;
-  TensorView x_;                 // (T, D) compute dtype: the caller's input; must outlive Backward
-  TensorView router_input_;      // (T, D) f32: x, widened when computing in bf16
-  TensorView logits_;            // (T, E) f32
-  RouterOutput routing_;         // scores, top-k experts and weights, losses
-  Permutation permutation_;      // pairs sorted by expert (by expert send slot when parallel)
-  DispatchHandle handle_;        // where the permuted rows went, when expert parallel
-  TensorView permuted_x_;        // (R, D) compute dtype
-  TensorView received_x_;        // (N, D) compute dtype: rows of the local experts (parallel)
-  TensorView gate_up_;           // (N, 2F) f32: expert pre-activations
-  TensorView activated_;         // (N, F) compute dtype: silu(gate) ⊙ up
-  TensorView expert_out_;        // (N, D) f32: routed expert outputs before weighting
-  TensorView combined_;          // (R, D) f32: expert outputs back in permuted order (parallel)
-  TensorView shared_gate_up_;    // (T, 2SF) f32
-  TensorView shared_activated_;  // (T, SF) compute dtype
+  TensorView x_;               // (T, D) compute dtype: the caller's input; must outlive Backward
+  TensorView router_input_;    // (T, D) f32: x, widened when computing in bf16
+  TensorView logits_;          // (T, E) f32
+  ops::RouterOutput routing_;  // scores, top-k experts and weights, counts, losses
+  std::vector<int64_t> host_counts_;  // (E) routing_.tokens_per_expert, read by the host
+  float host_losses_[2] = {0, 0};     // routing_.losses, read by the host
+  ops::Permutation permutation_;      // pairs sorted by expert (by expert send slot when parallel)
+  std::vector<int64_t> offsets_;  // (E + 1) host: the permuted rows of each expert (not parallel)
+  int64_t dropped_ = 0;           // pairs dropped by capacity
+  DispatchHandle handle_;         // where the permuted rows went, when expert parallel
+  TensorView permuted_x_;         // (R, D) compute dtype
+  TensorView received_x_;         // (N, D) compute dtype: rows of the local experts (parallel)
+  TensorView gate_up_;            // (N, 2F) f32: expert pre-activations
+  TensorView activated_;          // (N, F) compute dtype: silu(gate) ⊙ up
+  TensorView expert_out_;         // (N, D) f32: routed expert outputs before weighting
+  TensorView combined_;           // (R, D) f32: expert outputs back in permuted order (parallel)
+  TensorView shared_gate_up_;     // (T, 2SF) f32
+  TensorView shared_activated_;   // (T, SF) compute dtype
 
   // Storage behind the views above, and scratch of Backward, by purpose.
   // clang-format off
@@ -181,10 +199,10 @@ class MoeLayer {
     kRouterInput, kLogits, kPermutedX, kGateUp, kActivated, kExpertOut, kSharedGateUp,
     kSharedActivated, kSharedOut, kDExpertOut, kDWeights, kDActivated, kDGateUp, kDPermutedX,
     kDSharedActivated, kDSharedGateUp, kDXShared, kDLogits, kDXRouter,
-    kSendExperts, kReceivedX, kCombined, kDReceived, kDReceivedX, kNumBuffers
+    kSendOrder, kReceivedX, kCombined, kDReceived, kDReceivedX, kNumBuffers
   };
   // clang-format on
-  Tensor buffers_[kNumBuffers];
+  Workspace workspace_;
 };
 
 }  // namespace moetrain

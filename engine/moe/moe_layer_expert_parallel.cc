@@ -4,9 +4,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "engine/backend/cpu/elementwise.h"
 #include "engine/core/status.h"
 #include "engine/moe/moe_layer.h"
+#include "engine/ops/elementwise/elementwise.h"
+#include "engine/ops/permute/permute.h"
 
 namespace moetrain {
 
@@ -19,7 +20,9 @@ absl::Status MoeLayer::RunChunks(
   if (!overlap) MOETRAIN_RETURN_IF_ERROR(other());
   // Destroyed before returning, an unfinished request waits: no buffer is written after an error.
   std::vector<ExchangeRequest> dispatched(chunks), combined(chunks);
+  // The exchanges read what the ops wrote: each starts once they are done.
   auto start_dispatch = [&](int c) -> absl::Status {
+    MOETRAIN_RETURN_IF_ERROR(ctx_.Synchronize());
     DispatchArgs args = dispatch;
     args.chunk = c;
     MOETRAIN_ASSIGN_OR_RETURN(dispatched[c], StartDispatch(args));
@@ -34,6 +37,7 @@ absl::Status MoeLayer::RunChunks(
     if (handle_.chunk_first_expert(c) < handle_.chunk_last_expert(c)) {
       for (int s = 0; s < handle_.group_size; ++s) MOETRAIN_RETURN_IF_ERROR(compute(c, s));
     }
+    MOETRAIN_RETURN_IF_ERROR(ctx_.Synchronize());
     CombineArgs args = combine;
     args.chunk = c;
     MOETRAIN_ASSIGN_OR_RETURN(combined[c], StartCombine(args));
@@ -49,34 +53,31 @@ absl::Status MoeLayer::ForwardExpertParallel(const MoeWeights& weights, TensorVi
   // The rows each expert gets from this rank (capped by capacity as BuildPermutation caps them),
   // exchanged for the layout; then the pairs sorted by their experts' send slots, so that every
   // exchange sends one contiguous block of rows.
-  const int64_t capacity = ExpertCapacity(config_, t);
+  const int64_t capacity = ops::ExpertCapacity(config_, t);
   std::vector<int64_t> rows_per_expert(e);
-  for (int64_t i = 0; i < e; ++i) {
-    rows_per_expert[i] = std::min(routing_.tokens_per_expert[i], capacity);
-  }
+  for (int64_t i = 0; i < e; ++i) rows_per_expert[i] = std::min(host_counts_[i], capacity);
   MOETRAIN_ASSIGN_OR_RETURN(handle_, PlanDispatch({.group = parallel_.expert_group,
                                                    .rows_per_expert = rows_per_expert,
                                                    .num_chunks = num_chunks_}));
-  TensorView send_slots = Workspace(buffers_[kSendExperts], DType::kI32, {t, k});
-  const int32_t* experts = routing_.topk_experts.data<int32_t>();
-  for (int64_t i = 0; i < t * k; ++i) {
-    send_slots.data<int32_t>()[i] = handle_.expert_send_slot[experts[i]];
-  }
-  MOETRAIN_RETURN_IF_ERROR(
-      BuildPermutation(config_, send_slots, routing_.topk_weights, &permutation_));
-  const int64_t r = permutation_.num_rows, n = handle_.num_received_rows();
-  if (r != handle_.num_send_rows()) {
-    return absl::InternalError(absl::StrCat("expert parallel: ", r, " permuted rows but ",
-                                            handle_.num_send_rows(), " planned"));
-  }
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView send_order, workspace_.Get(kSendOrder, DType::kI32, {e}));
+  MOETRAIN_RETURN_IF_ERROR(ops::CopyTensor(
+      ctx_, TensorView(handle_.expert_send_slot.data(), DType::kI32, {e}), send_order));
+  MOETRAIN_RETURN_IF_ERROR(ops::BuildPermutation(ctx_, config_,
+                                                 {.topk_experts = routing_.topk_experts,
+                                                  .topk_weights = routing_.topk_weights,
+                                                  .expert_order = send_order},
+                                                 &permutation_));
+  const int64_t r = handle_.num_send_rows(), n = handle_.num_received_rows();
+  dropped_ = t * k - r;
 
-  permuted_x_ = Workspace(buffers_[kPermutedX], dtype_, {r, d});
-  MOETRAIN_RETURN_IF_ERROR(cpu::GatherRows(x_, permutation_.row_token, permuted_x_));
-  received_x_ = Workspace(buffers_[kReceivedX], dtype_, {n, d});
-  gate_up_ = Workspace(buffers_[kGateUp], DType::kF32, {n, 2 * f});
-  activated_ = Workspace(buffers_[kActivated], dtype_, {n, f});
-  expert_out_ = Workspace(buffers_[kExpertOut], DType::kF32, {n, d});
-  combined_ = Workspace(buffers_[kCombined], DType::kF32, {r, d});
+  MOETRAIN_ASSIGN_OR_RETURN(permuted_x_, workspace_.Get(kPermutedX, dtype_, {r, d}));
+  MOETRAIN_RETURN_IF_ERROR(
+      ops::GatherRows(ctx_, x_, permutation_.row_token.view().Slice(0, r), permuted_x_));
+  MOETRAIN_ASSIGN_OR_RETURN(received_x_, workspace_.Get(kReceivedX, dtype_, {n, d}));
+  MOETRAIN_ASSIGN_OR_RETURN(gate_up_, workspace_.Get(kGateUp, DType::kF32, {n, 2 * f}));
+  MOETRAIN_ASSIGN_OR_RETURN(activated_, workspace_.Get(kActivated, dtype_, {n, f}));
+  MOETRAIN_ASSIGN_OR_RETURN(expert_out_, workspace_.Get(kExpertOut, DType::kF32, {n, d}));
+  MOETRAIN_ASSIGN_OR_RETURN(combined_, workspace_.Get(kCombined, DType::kF32, {r, d}));
 
   TensorView shared_out;
   MOETRAIN_RETURN_IF_ERROR(RunChunks(
@@ -90,25 +91,28 @@ absl::Status MoeLayer::ForwardExpertParallel(const MoeWeights& weights, TensorVi
         return RoutedExpertsForward(weights, received_x_, handle_.chunk_first_expert(c),
                                     handle_.chunk_last_expert(c), handle_.ExpertOffsets(c, source));
       }));
-  return cpu::CombineRows(combined_, permutation_.pair_row, routing_.topk_weights, shared_out, out);
+  return ops::CombineRows(ctx_, combined_, permutation_.pair_row, routing_.topk_weights, shared_out,
+                          out);
 }
 
 absl::Status MoeLayer::BackwardExpertParallel(const MoeWeights& weights, TensorView d_out,
                                               TensorView d_x, MoeGrads* grads, float loss_weight) {
   const int64_t t = x_.dim(0), k = config_.top_k, d = hidden_size_;
-  const int64_t r = permutation_.num_rows, n = handle_.num_received_rows();
+  const int64_t r = handle_.num_send_rows(), n = handle_.num_received_rows();
 
   // Combine → the rows in permuted order and the combine weights.
-  TensorView d_combined = Workspace(buffers_[kDExpertOut], dtype_, {r, d});
-  TensorView d_weights = Workspace(buffers_[kDWeights], DType::kF32, {t, k});
-  MOETRAIN_RETURN_IF_ERROR(cpu::CombineRowsBackward(d_out, combined_, permutation_.pair_row,
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_combined, workspace_.Get(kDExpertOut, dtype_, {r, d}));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_weights, workspace_.Get(kDWeights, DType::kF32, {t, k}));
+  MOETRAIN_RETURN_IF_ERROR(ops::CombineRowsBackward(ctx_, d_out, combined_, permutation_.pair_row,
                                                     routing_.topk_weights, d_combined, d_weights));
 
   // Their gradients travel to the experts (the backward of combine is a dispatch) and the input
   // rows' gradients back (the backward of dispatch is a combine), in the forward's layout.
-  TensorView d_received = Workspace(buffers_[kDReceived], dtype_, {n, d});
-  TensorView d_received_x = Workspace(buffers_[kDReceivedX], DType::kF32, {n, d});
-  TensorView d_permuted_x = Workspace(buffers_[kDPermutedX], DType::kF32, {r, d});
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_received, workspace_.Get(kDReceived, dtype_, {n, d}));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_received_x,
+                            workspace_.Get(kDReceivedX, DType::kF32, {n, d}));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_permuted_x,
+                            workspace_.Get(kDPermutedX, DType::kF32, {r, d}));
   TensorView d_x_shared, d_x_router;
   MOETRAIN_RETURN_IF_ERROR(RunChunks(
       {.handle = &handle_, .rows = d_combined, .received = d_received},
@@ -126,7 +130,7 @@ absl::Status MoeLayer::BackwardExpertParallel(const MoeWeights& weights, TensorV
       }));
 
   TensorView addends[2] = {d_x_router, d_x_shared};
-  return cpu::SumPairRows(d_permuted_x, permutation_.pair_row,
+  return ops::SumPairRows(ctx_, d_permuted_x, permutation_.pair_row,
                           absl::MakeConstSpan(addends, d_x_shared.empty() ? 1 : 2), d_x);
 }
 

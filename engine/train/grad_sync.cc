@@ -36,8 +36,8 @@ std::vector<Range> CutBuckets(int64_t num_stages, int64_t bucket_elements, Range
 
 }  // namespace
 
-GradSync::GradSync(const ParallelGroups& groups, const Transformer& model)
-    : grads_(model.grad_buffer().data<float>()) {
+GradSync::GradSync(const ParallelGroups& groups, const Transformer& model, const ExecContext& ctx)
+    : ctx_(ctx), grads_(static_cast<float*>(model.grad_buffer().raw())) {
   const std::vector<GradStage>& stages = model.grad_stages();
   const int64_t num_stages = static_cast<int64_t>(stages.size());
   const int64_t bucket_elements =
@@ -72,6 +72,9 @@ GradSync::~GradSync() {
 }
 
 absl::Status GradSync::StartThrough(int64_t stage) {
+  if (next_ < buckets_.size() && buckets_[next_].last_stage <= stage) {
+    MOETRAIN_RETURN_IF_ERROR(ctx_.Synchronize());
+  }
   for (; next_ < buckets_.size() && buckets_[next_].last_stage <= stage; ++next_) {
     Bucket& bucket = buckets_[next_];
     MOETRAIN_ASSIGN_OR_RETURN(

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engine/backend/exec_context.h"
 #include "engine/comm/communicator.h"
 #include "engine/model/transformer.h"
 #include "engine/train/parallel.h"
@@ -28,8 +29,9 @@ namespace moetrain {
 class GradSync {
  public:
   // Buckets over `model`'s grad buffer; `groups` and `model` must outlive this object. No
-  // buckets (nothing to do) for a single rank.
-  GradSync(const ParallelGroups& groups, const Transformer& model);
+  // buckets (nothing to do) for a single rank. Backward writes the grads through ops on `ctx`:
+  // a bucket's all-reduce starts once they are done there.
+  GradSync(const ParallelGroups& groups, const Transformer& model, const ExecContext& ctx);
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
   ~GradSync();
@@ -54,7 +56,8 @@ class GradSync {
   // Starts buckets_[next_ …] while their last stage is ≤ `stage`.
   absl::Status StartThrough(int64_t stage);
 
-  float* grads_;                 // (N) f32: the model's grad buffer
+  ExecContext ctx_;
+  float* grads_;                 // (N) f32: the model's grad buffer, on ctx_'s device
   std::vector<Bucket> buckets_;  // in start order
   size_t next_ = 0;              // the first bucket not started
 };

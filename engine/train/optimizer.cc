@@ -16,148 +16,11 @@
 #include "absl/strings/string_view.h"
 #include "engine/core/dtype.h"
 #include "engine/core/status.h"
-#include "engine/core/thread_pool.h"
+#include "engine/ops/elementwise/elementwise.h"
+#include "engine/ops/optim/optim.h"
 
 namespace moetrain {
 namespace {
-
-// Elements per ParallelFor chunk, at least: AdamW touches 28 bytes an element, so 32 Ki elements
-// are ~1 MiB of traffic, far more than the hand-off costs.
-constexpr int64_t kStepGrain = 1 << 15;
-// The lighter passes (scale, NaN check) move 4–8 bytes an element.
-constexpr int64_t kLightGrain = 1 << 16;
-// The norm sums squares block by block, each block in kNormLanes interleaved partial sums, then
-// adds the blocks in order: a fixed order whatever the thread count or ISA.
-constexpr int64_t kNormBlock = 1 << 16;
-constexpr int kNormLanes = 16;
-// Elements the NaN check scans between looks at whether another chunk already found one.
-constexpr int64_t kFiniteTile = 1 << 14;
-// AdamW runs its three loops (below) over tiles this long, so the tile stays in L1 between them.
-constexpr int64_t kAdamTile = 512;
-
-// Plain loops that GCC vectorises; target_clones builds them for AVX2 and AVX-512 as well and
-// picks one at load time. GCC's C++ default is -ffp-contract=fast, and the AVX-512 clone has FMA:
-// without fp-contract=off it would fuse a·b + c and round differently from the other clones. So
-// every clone gives the same bits, and a job resumed on another CPU continues identically.
-#if defined(__x86_64__) && defined(__GNUC__)
-#define MOETRAIN_OPTIM_CLONES \
-  __attribute__((target_clones("default", "avx2", "avx512f"), optimize("fp-contract=off")))
-#else
-#define MOETRAIN_OPTIM_CLONES
-#endif
-
-// The per-step f32 scalars of one AdamW update.
-struct AdamWScalars {
-  float beta1, one_minus_beta1;
-  float beta2, one_minus_beta2;
-  float step_size;       // lr / (1 − β1^t)
-  float inv_sqrt_bias2;  // 1 / √(1 − β2^t): √v̂ = √v · inv_sqrt_bias2
-  float eps;
-  float decay;  // 1 − lr·wd, or exactly 1 for parameters without weight decay
-};
-
-// One AdamW update of n elements. std::sqrt keeps errno semantics (the build has no
-// -fno-math-errno), which stops GCC from vectorising any loop that calls it; so the moments and
-// the parameter update run as vector loops and only the square roots as a scalar one between.
-MOETRAIN_OPTIM_CLONES void AdamWUpdate(float* __restrict p, const float* __restrict g,
-                                       float* __restrict m, float* __restrict v, int64_t n,
-                                       const AdamWScalars s) {
-  float root[kAdamTile];  // v, then √v
-  for (int64_t start = 0; start < n; start += kAdamTile) {
-    const int64_t len = std::min(kAdamTile, n - start);
-    float* __restrict pt = p + start;
-    const float* __restrict gt = g + start;
-    float* __restrict mt = m + start;
-    float* __restrict vt = v + start;
-    for (int64_t i = 0; i < len; ++i) {
-      mt[i] = s.beta1 * mt[i] + s.one_minus_beta1 * gt[i];
-      vt[i] = s.beta2 * vt[i] + s.one_minus_beta2 * (gt[i] * gt[i]);
-      root[i] = vt[i];
-    }
-    for (int64_t i = 0; i < len; ++i) root[i] = std::sqrt(root[i]);
-    for (int64_t i = 0; i < len; ++i) {
-      const float denom = root[i] * s.inv_sqrt_bias2 + s.eps;
-      pt[i] = pt[i] * s.decay - s.step_size * (mt[i] / denom);
-    }
-  }
-}
-
-// lanes[i % kNormLanes] += x[i]² in f64, for i in [0, n).
-MOETRAIN_OPTIM_CLONES void AccumulateSquares(const float* x, int64_t n, double* lanes) {
-  double acc[kNormLanes];
-  for (int l = 0; l < kNormLanes; ++l) acc[l] = lanes[l];
-  int64_t i = 0;
-  for (; i + kNormLanes <= n; i += kNormLanes) {
-    for (int l = 0; l < kNormLanes; ++l) {
-      const double xi = x[i + l];
-      acc[l] += xi * xi;
-    }
-  }
-  for (int l = 0; i < n; ++i, ++l) {
-    const double xi = x[i];
-    acc[l] += xi * xi;
-  }
-  for (int l = 0; l < kNormLanes; ++l) lanes[l] = acc[l];
-}
-
-// An exponent field of all ones is ±Inf or NaN; testing the bits needs no float compares, which
-// -ffinite-math-only or a signalling NaN could upset.
-MOETRAIN_OPTIM_CLONES bool HasNonFinite(const float* x, int64_t n) {
-  uint32_t found = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, x + i, sizeof(bits));
-    found |= static_cast<uint32_t>((bits & 0x7F800000u) == 0x7F800000u);
-  }
-  return found != 0;
-}
-
-MOETRAIN_OPTIM_CLONES void ScaleInPlace(float* x, int64_t n, float scale) {
-  for (int64_t i = 0; i < n; ++i) x[i] *= scale;
-}
-
-// First element (or byte) of each tensor laid end to end: tensor i is [offsets[i], offsets[i+1]).
-template <typename SizeFn>
-std::vector<int64_t> Offsets(int64_t count, SizeFn size) {
-  std::vector<int64_t> offsets(count + 1, 0);
-  for (int64_t i = 0; i < count; ++i) offsets[i + 1] = offsets[i] + size(i);
-  return offsets;
-}
-
-std::vector<int64_t> GradOffsets(absl::Span<const Parameter> params) {
-  return Offsets(static_cast<int64_t>(params.size()),
-                 [&](int64_t i) { return params[i].grad.numel(); });
-}
-
-// Calls fn(i, begin_i, end_i) for each tensor i that overlaps [begin, end) of the flat range,
-// with the overlap in tensor i's own coordinates, in ascending i.
-template <typename Fn>
-void ForEachSegment(const std::vector<int64_t>& offsets, int64_t begin, int64_t end, Fn fn) {
-  const int64_t count = static_cast<int64_t>(offsets.size()) - 1;
-  int64_t i = std::upper_bound(offsets.begin(), offsets.end(), begin) - offsets.begin() - 1;
-  for (; i < count && offsets[i] < end; ++i) {
-    const int64_t lo = std::max(begin, offsets[i]);
-    const int64_t hi = std::min(end, offsets[i + 1]);
-    if (lo < hi) fn(i, lo - offsets[i], hi - offsets[i]);
-  }
-}
-
-// Calls fn(element pointer) for every element of `t`, in row-major order, whatever its strides.
-template <typename Fn>
-void ForEachElement(const TensorView& t, Fn fn) {
-  if (t.numel() == 0) return;
-  if (t.rank() == 0) {
-    fn(static_cast<char*>(t.raw()));
-    return;
-  }
-  if (t.rank() == 1) {
-    const int64_t step = t.stride(0) * static_cast<int64_t>(DTypeSize(t.dtype()));
-    char* base = static_cast<char*>(t.raw());
-    for (int64_t i = 0; i < t.dim(0); ++i) fn(base + i * step);
-    return;
-  }
-  for (int64_t i = 0; i < t.dim(0); ++i) ForEachElement(t.Select(i), fn);
-}
 
 absl::Status InvalidField(absl::string_view field, float value, absl::string_view why) {
   return absl::InvalidArgumentError(
@@ -185,6 +48,14 @@ absl::Status CheckParameter(const Parameter& param) {
                              param.value.DebugString()));
   }
   return absl::OkStatus();
+}
+
+// The grads of `params`, for the optimizer ops.
+std::vector<TensorView> GradViews(absl::Span<const Parameter> params) {
+  std::vector<TensorView> grads;
+  grads.reserve(params.size());
+  for (const Parameter& param : params) grads.push_back(param.grad);
+  return grads;
 }
 
 }  // namespace
@@ -243,20 +114,35 @@ absl::Status AdamWConfig::Validate() const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<AdamW> AdamW::Create(const AdamWConfig& config, std::vector<Parameter> params) {
+absl::StatusOr<AdamW> AdamW::Create(const ExecContext& ctx, const AdamWConfig& config,
+                                    std::vector<Parameter> params) {
   MOETRAIN_RETURN_IF_ERROR(config.Validate());
   MOETRAIN_RETURN_IF_ERROR(CheckParameters(params));
-  return AdamW(config, std::move(params));
+  AdamW optimizer(ctx, config, std::move(params));
+  for (const Parameter& param : optimizer.params_) {
+    for (std::vector<Tensor>* moments : {&optimizer.exp_avg_, &optimizer.exp_avg_sq_}) {
+      MOETRAIN_ASSIGN_OR_RETURN(
+          Tensor moment, Tensor::Allocate(ctx.allocator(), DType::kF32, param.value.shape()));
+      MOETRAIN_RETURN_IF_ERROR(ops::Fill(ctx, moment, 0.0f));
+      moments->push_back(std::move(moment));
+    }
+  }
+  optimizer.CollectViews();
+  return optimizer;
 }
 
-AdamW::AdamW(const AdamWConfig& config, std::vector<Parameter> params)
-    : config_(config), params_(std::move(params)) {
-  offsets_ = Offsets(num_params(), [&](int64_t i) { return params_[i].value.numel(); });
-  exp_avg_.reserve(params_.size());
-  exp_avg_sq_.reserve(params_.size());
-  for (const Parameter& param : params_) {
-    exp_avg_.push_back(Tensor::Zeros(DType::kF32, param.value.shape()));
-    exp_avg_sq_.push_back(Tensor::Zeros(DType::kF32, param.value.shape()));
+void AdamW::CollectViews() {
+  values_.clear();
+  grads_.clear();
+  exp_avg_views_.clear();
+  exp_avg_sq_views_.clear();
+  weight_decay_.clear();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    values_.push_back(params_[i].value);
+    grads_.push_back(params_[i].grad);
+    exp_avg_views_.push_back(exp_avg_[i]);
+    exp_avg_sq_views_.push_back(exp_avg_sq_[i]);
+    weight_decay_.push_back(params_[i].weight_decay);
   }
 }
 
@@ -279,15 +165,13 @@ absl::Status AdamW::Step(float lr) {
   decaying.decay = static_cast<float>(1.0 - static_cast<double>(lr) * config_.weight_decay);
   AdamWScalars plain = decaying;
   plain.decay = 1.0f;
-
-  DefaultThreadPool().ParallelFor(offsets_.back(), kStepGrain, [&](int64_t begin, int64_t end) {
-    ForEachSegment(offsets_, begin, end, [&](int64_t i, int64_t lo, int64_t hi) {
-      const Parameter& param = params_[i];
-      AdamWUpdate(param.value.data<float>() + lo, param.grad.data<float>() + lo,
-                  exp_avg_[i].data<float>() + lo, exp_avg_sq_[i].data<float>() + lo, hi - lo,
-                  param.weight_decay ? decaying : plain);
-    });
-  });
+  MOETRAIN_RETURN_IF_ERROR(ops::AdamWStep(ctx_, {.params = values_,
+                                                 .grads = grads_,
+                                                 .exp_avg = exp_avg_views_,
+                                                 .exp_avg_sq = exp_avg_sq_views_,
+                                                 .weight_decay = &weight_decay_,
+                                                 .decaying = decaying,
+                                                 .plain = plain}));
   step_ = t;
   return absl::OkStatus();
 }
@@ -318,26 +202,18 @@ absl::Status AdamW::SetState(int64_t step, absl::Span<const TensorView> exp_avg,
             absl::StrCat(param.name, suffix, ": expected ", param.value.DebugString(), ", got ",
                          src.empty() ? std::string("no tensor") : src.DebugString()));
       }
-      Tensor copy = Tensor::Empty(DType::kF32, param.value.shape());
-      float* dst = copy.data<float>();
-      ForEachElement(src, [&](char* element) { std::memcpy(dst++, element, sizeof(float)); });
+      MOETRAIN_ASSIGN_OR_RETURN(
+          Tensor copy, Tensor::Allocate(ctx_.allocator(), DType::kF32, param.value.shape()));
+      MOETRAIN_RETURN_IF_ERROR(ops::CopyTensor(ctx_, src, copy));
       out->push_back(std::move(copy));
     }
-    const float* m = new_exp_avg.back().data<float>();
-    const float* v = new_exp_avg_sq.back().data<float>();
-    for (int64_t j = 0; j < param.value.numel(); ++j) {
-      if (!std::isfinite(m[j])) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(param.name, kExpAvgSuffix, "[", j, "] = ", m[j], " is not finite"));
-      }
-      if (!(v[j] >= 0.0f) || !std::isfinite(v[j])) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            param.name, kExpAvgSqSuffix, "[", j, "] = ", v[j], " must be non-negative and finite"));
-      }
-    }
+    MOETRAIN_RETURN_IF_ERROR(
+        ops::CheckAdamWMoments(ctx_, param.name + kExpAvgSuffix, new_exp_avg.back(),
+                               param.name + kExpAvgSqSuffix, new_exp_avg_sq.back()));
   }
   exp_avg_ = std::move(new_exp_avg);
   exp_avg_sq_ = std::move(new_exp_avg_sq);
+  CollectViews();
   step_ = step;
   return absl::OkStatus();
 }
@@ -350,105 +226,52 @@ absl::Status AdamW::SetStep(int64_t step) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> GlobalGradNorm(absl::Span<const Parameter> params) {
-  MOETRAIN_ASSIGN_OR_RETURN(const double sum, GradSquaredSum(params));
+absl::StatusOr<double> GlobalGradNorm(const ExecContext& ctx, absl::Span<const Parameter> params) {
+  MOETRAIN_ASSIGN_OR_RETURN(const double sum, GradSquaredSum(ctx, params));
   return std::sqrt(sum);
 }
 
-absl::StatusOr<double> GradSquaredSum(absl::Span<const Parameter> params) {
+absl::StatusOr<double> GradSquaredSum(const ExecContext& ctx, absl::Span<const Parameter> params) {
   MOETRAIN_RETURN_IF_ERROR(CheckParameters(params));
-  const std::vector<int64_t> offsets = GradOffsets(params);
-  const int64_t total = offsets.back();
-  const int64_t num_blocks = (total + kNormBlock - 1) / kNormBlock;
-  std::vector<double> block_sums(num_blocks);
-  DefaultThreadPool().ParallelFor(num_blocks, 1, [&](int64_t first, int64_t last) {
-    for (int64_t b = first; b < last; ++b) {
-      double lanes[kNormLanes] = {};
-      ForEachSegment(offsets, b * kNormBlock, std::min(total, (b + 1) * kNormBlock),
-                     [&](int64_t i, int64_t lo, int64_t hi) {
-                       AccumulateSquares(params[i].grad.data<float>() + lo, hi - lo, lanes);
-                     });
-      double sum = 0.0;
-      for (double lane : lanes) sum += lane;
-      block_sums[b] = sum;
-    }
-  });
-  double sum = 0.0;
-  for (double block_sum : block_sums) sum += block_sum;
-  return sum;
+  return ops::SquaredNorm(ctx, GradViews(params));
 }
 
-absl::Status ClipGradNorm(absl::Span<const Parameter> params, double max_norm,
-                          double* norm_before) {
+absl::Status ClipGradNorm(const ExecContext& ctx, absl::Span<const Parameter> params,
+                          double max_norm, double* norm_before) {
   if (std::isnan(max_norm)) {
     return absl::InvalidArgumentError("max grad norm = nan (0 or less turns clipping off)");
   }
-  MOETRAIN_ASSIGN_OR_RETURN(const double norm, GlobalGradNorm(params));
+  MOETRAIN_ASSIGN_OR_RETURN(const double norm, GlobalGradNorm(ctx, params));
   if (norm_before != nullptr) *norm_before = norm;
-  return ClipGradsToNorm(params, max_norm, norm);
+  return ClipGradsToNorm(ctx, params, max_norm, norm);
 }
 
-absl::Status ClipGradsToNorm(absl::Span<const Parameter> params, double max_norm, double norm) {
+absl::Status ClipGradsToNorm(const ExecContext& ctx, absl::Span<const Parameter> params,
+                             double max_norm, double norm) {
   if (std::isnan(max_norm)) {
     return absl::InvalidArgumentError("max grad norm = nan (0 or less turns clipping off)");
   }
   MOETRAIN_RETURN_IF_ERROR(CheckParameters(params));
   if (!(max_norm > 0.0) || !std::isfinite(norm) || !(norm > max_norm)) return absl::OkStatus();
-  const float scale = static_cast<float>(max_norm / (norm + 1e-6));
-  const std::vector<int64_t> offsets = GradOffsets(params);
-  DefaultThreadPool().ParallelFor(offsets.back(), kLightGrain, [&](int64_t begin, int64_t end) {
-    ForEachSegment(offsets, begin, end, [&](int64_t i, int64_t lo, int64_t hi) {
-      ScaleInPlace(params[i].grad.data<float>() + lo, hi - lo, scale);
-    });
-  });
-  return absl::OkStatus();
+  return ops::ScaleTensors(ctx, GradViews(params), static_cast<float>(max_norm / (norm + 1e-6)));
 }
 
-bool AllFinite(absl::Span<const Parameter> params) {
+bool AllFinite(const ExecContext& ctx, absl::Span<const Parameter> params) {
   for (const Parameter& param : params) {
-    if (param.grad.empty() || param.grad.dtype() != DType::kF32 || !param.grad.is_contiguous()) {
+    if (param.grad.empty() || param.grad.dtype() != DType::kF32 || !param.grad.is_contiguous() ||
+        param.grad.device() != ctx.device()) {
       return false;
     }
   }
-  const std::vector<int64_t> offsets = GradOffsets(params);
-  std::atomic<bool> found{false};
-  DefaultThreadPool().ParallelFor(offsets.back(), kLightGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t start = begin; start < end; start += kFiniteTile) {
-      if (found.load(std::memory_order_relaxed)) return;
-      ForEachSegment(offsets, start, std::min(end, start + kFiniteTile),
-                     [&](int64_t i, int64_t lo, int64_t hi) {
-                       if (HasNonFinite(params[i].grad.data<float>() + lo, hi - lo)) {
-                         found.store(true, std::memory_order_relaxed);
-                       }
-                     });
-    }
-  });
-  return !found.load();
+  const absl::StatusOr<bool> finite = ops::AllFinite(ctx, GradViews(params));
+  return finite.ok() && *finite;
 }
 
-void ZeroGrads(absl::Span<const Parameter> params) {
-  // Contiguous grads (the usual case) are zeroed in parallel as one byte range; others one
-  // element at a time.
-  std::vector<const TensorView*> dense;
+absl::Status ZeroGrads(const ExecContext& ctx, absl::Span<const Parameter> params) {
   for (const Parameter& param : params) {
-    if (param.grad.empty()) continue;
-    if (param.grad.is_contiguous()) {
-      dense.push_back(&param.grad);
-    } else {
-      const size_t size = DTypeSize(param.grad.dtype());
-      ForEachElement(param.grad, [&](char* element) { std::memset(element, 0, size); });
-    }
+    if (!param.grad.empty()) MOETRAIN_RETURN_IF_ERROR(ops::Fill(ctx, param.grad, 0.0f));
   }
-  const std::vector<int64_t> offsets = Offsets(static_cast<int64_t>(dense.size()), [&](int64_t i) {
-    return dense[i]->numel() * static_cast<int64_t>(DTypeSize(dense[i]->dtype()));
-  });
-  DefaultThreadPool().ParallelFor(
-      offsets.back(), kLightGrain * static_cast<int64_t>(sizeof(float)),
-      [&](int64_t begin, int64_t end) {
-        ForEachSegment(offsets, begin, end, [&](int64_t i, int64_t lo, int64_t hi) {
-          std::memset(static_cast<char*>(dense[i]->raw()) + lo, 0, hi - lo);
-        });
-      });
+  return absl::OkStatus();
 }
 
 }  // namespace moetrain

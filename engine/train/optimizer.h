@@ -1,5 +1,6 @@
 // AdamW over fp32 master weights, and the gradient utilities a step needs around it: the global
-// gradient norm, clipping by it, a NaN/Inf check and zeroing.
+// gradient norm, clipping by it, a NaN/Inf check and zeroing. The work is done by the optimizer
+// ops (engine/ops/optim) on the execution context given.
 //
 // Everything here is deterministic and independent of the thread count: updates are elementwise,
 // and the norm is summed over fixed blocks in a fixed order.
@@ -13,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "engine/backend/exec_context.h"
 #include "engine/core/tensor.h"
 
 namespace moetrain {
@@ -49,11 +51,14 @@ inline constexpr char kExpAvgSqSuffix[] = ".exp_avg_sq";
 //   p ← p − lr·wd·p                   (parameters with weight_decay only)
 //   m ← β1·m + (1 − β1)·g,  v ← β2·v + (1 − β2)·g²
 //   p ← p − lr·m̂ / (√v̂ + eps),  m̂ = m / (1 − β1^t),  v̂ = v / (1 − β2^t)
-// computed in f32 with the bias corrections folded into two per-step scalars (computed in f64).
+// computed in f32 with the bias corrections folded into two per-step scalars (computed in f64),
+// bit-identical on every CPU (ops/optim/adamw_math.h).
 class AdamW {
  public:
-  // Validates the config and the parameters; the moments start at zero and the step count at 0.
-  static absl::StatusOr<AdamW> Create(const AdamWConfig& config, std::vector<Parameter> params);
+  // Validates the config and the parameters (on ctx's device); the moments start at zero there
+  // and the step count at 0.
+  static absl::StatusOr<AdamW> Create(const ExecContext& ctx, const AdamWConfig& config,
+                                      std::vector<Parameter> params);
 
   AdamW(AdamW&&) = default;
   AdamW& operator=(AdamW&&) = default;
@@ -74,7 +79,8 @@ class AdamW {
   TensorView exp_avg_sq(int64_t i) const { return exp_avg_sq_[i].view(); }
 
   // Restores a saved state: the step count and one m and one v per parameter, in parameter
-  // order, each of that parameter's shape and f32 (any strides). v must be ≥ 0 and m finite.
+  // order, each of that parameter's shape and f32, on the host (any strides) or the optimizer's
+  // device (dense). v must be ≥ 0 and m finite.
   // On error (InvalidArgument, naming the parameter) nothing changes. Continuing from a restored
   // state is bit-identical to never having stopped.
   absl::Status SetState(int64_t step, absl::Span<const TensorView> exp_avg,
@@ -83,39 +89,47 @@ class AdamW {
   absl::Status SetStep(int64_t step);
 
  private:
-  AdamW(const AdamWConfig& config, std::vector<Parameter> params);
+  AdamW(const ExecContext& ctx, const AdamWConfig& config, std::vector<Parameter> params)
+      : ctx_(ctx), config_(config), params_(std::move(params)) {}
+  // The views the AdamW op reads, from params_ and the moments.
+  void CollectViews();
 
+  ExecContext ctx_;
   AdamWConfig config_;
   std::vector<Parameter> params_;
-  std::vector<int64_t> offsets_;    // (P + 1) first element of each parameter, laid end to end
   std::vector<Tensor> exp_avg_;     // P × (shape of the parameter) f32: m
   std::vector<Tensor> exp_avg_sq_;  // P × (shape of the parameter) f32: v
+  // What the AdamW op is given: one entry per parameter.
+  std::vector<TensorView> values_, grads_, exp_avg_views_, exp_avg_sq_views_;
+  std::vector<bool> weight_decay_;
   int64_t step_ = 0;
 };
 
 // ‖g‖₂ over the grads of all parameters, as if concatenated: squares summed in f64 in a fixed
 // order (so the same on every run, thread count and CPU). NaN or Inf when a grad holds one.
 // InvalidArgument when the parameters break the contract (CheckParameters).
-absl::StatusOr<double> GlobalGradNorm(absl::Span<const Parameter> params);
+absl::StatusOr<double> GlobalGradNorm(const ExecContext& ctx, absl::Span<const Parameter> params);
 
 // ‖g‖₂² as GlobalGradNorm sums it (before the square root): for a norm whose parts live on
 // several ranks.
-absl::StatusOr<double> GradSquaredSum(absl::Span<const Parameter> params);
+absl::StatusOr<double> GradSquaredSum(const ExecContext& ctx, absl::Span<const Parameter> params);
 
 // Writes the global grad norm to *norm_before (when not null); if max_norm > 0 and the norm
 // exceeds it, scales every grad by max_norm / (norm + 1e-6). max_norm ≤ 0 (or +Inf) never clips.
 // A NaN or Inf norm leaves the grads as they are: the caller should skip that step. NaN max_norm
 // or parameters that break the contract: InvalidArgument, and nothing changes.
-absl::Status ClipGradNorm(absl::Span<const Parameter> params, double max_norm, double* norm_before);
+absl::Status ClipGradNorm(const ExecContext& ctx, absl::Span<const Parameter> params,
+                          double max_norm, double* norm_before);
 // The same with the norm given (computed over more grads than `params`, e.g. over all ranks).
-absl::Status ClipGradsToNorm(absl::Span<const Parameter> params, double max_norm, double norm);
+absl::Status ClipGradsToNorm(const ExecContext& ctx, absl::Span<const Parameter> params,
+                             double max_norm, double norm);
 
-// True when no grad holds a NaN or ±Inf. A grad that is not contiguous f32 is never reported
-// finite (it would not have been checked).
-bool AllFinite(absl::Span<const Parameter> params);
+// True when no grad holds a NaN or ±Inf. A grad that is not contiguous f32 (or is not on ctx's
+// device) is never reported finite (it would not have been checked).
+bool AllFinite(const ExecContext& ctx, absl::Span<const Parameter> params);
 
 // Sets every grad to zero (any dtype and strides).
-void ZeroGrads(absl::Span<const Parameter> params);
+absl::Status ZeroGrads(const ExecContext& ctx, absl::Span<const Parameter> params);
 
 }  // namespace moetrain
 

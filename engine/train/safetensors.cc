@@ -285,6 +285,10 @@ absl::Status WriteSafetensors(const std::string& path,
       if (name == kMetadataKey) return error("the name is reserved for the metadata");
       if (!seen.insert(name).second) return error("duplicate name");
       if (t.empty() && t.numel() != 0) return error("the view has no data");
+      if (!t.device().is_cpu()) {
+        return error(absl::StrCat("the view is of ", t.device().DebugString(),
+                                  " memory; tensors are written from host memory"));
+      }
       const uint64_t bytes = static_cast<uint64_t>(ByteSize(t));
       const nlohmann::json entry = {
           {"dtype", SafetensorsDTypeName(t.dtype())},

@@ -31,11 +31,8 @@ absl::Status TrainerConfig::Validate() const {
   MOETRAIN_RETURN_IF_ERROR(model.Validate());
   MOETRAIN_RETURN_IF_ERROR(data.Validate());
   MOETRAIN_RETURN_IF_ERROR(optimizer.Validate());
-  if (compute_dtype != DType::kF32 && compute_dtype != DType::kBF16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("train.precision = ", std::string(DTypeName(compute_dtype)),
-                     " is not supported on the CPU (f32, bf16)"));
-  }
+  MOETRAIN_RETURN_IF_ERROR(CheckComputeDType(compute_dtype, "train.precision"));
+  MOETRAIN_RETURN_IF_ERROR(ExecContext::ForDevice(device).status());
   if (steps < 1) return Invalid("train.steps", steps, "must be at least 1");
   if (data.seq_len > model.max_seq_len) {
     return Invalid("train.seq_len", data.seq_len,
@@ -66,7 +63,8 @@ absl::Status TrainerConfig::Validate() const {
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& config,
                                                          std::shared_ptr<Communicator> world) {
   MOETRAIN_RETURN_IF_ERROR(config.Validate());
-  std::unique_ptr<Trainer> trainer(new Trainer());
+  MOETRAIN_ASSIGN_OR_RETURN(const ExecContext ctx, ExecContext::ForDevice(config.device));
+  std::unique_ptr<Trainer> trainer(new Trainer(ctx));
   trainer->config_ = config;
   if (trainer->config_.schedule.total_steps == 0)
     trainer->config_.schedule.total_steps = config.steps;
@@ -76,7 +74,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& co
 
   MOETRAIN_ASSIGN_OR_RETURN(
       Transformer model,
-      Transformer::Create(config.model, config.compute_dtype, groups.moe_parallel()));
+      Transformer::Create(config.model, config.compute_dtype, groups.moe_parallel(), ctx));
   trainer->model_ = std::make_unique<Transformer>(std::move(model));
   MOETRAIN_RETURN_IF_ERROR(trainer->model_->Initialize(config.seed));
   for (const NamedParameter& p : trainer->model_->parameters()) {
@@ -85,13 +83,14 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& co
     trainer->trainable_.push_back(param);
     (p.expert ? trainer->trainable_experts_ : trainer->trainable_dense_).push_back(param);
   }
-  trainer->grad_sync_ = std::make_unique<GradSync>(groups, *trainer->model_);
-  MOETRAIN_ASSIGN_OR_RETURN(AdamW optimizer, AdamW::Create(config.optimizer, trainer->trainable_));
+  trainer->grad_sync_ = std::make_unique<GradSync>(groups, *trainer->model_, ctx);
+  MOETRAIN_ASSIGN_OR_RETURN(AdamW optimizer,
+                            AdamW::Create(ctx, config.optimizer, trainer->trainable_));
   trainer->optimizer_ = std::make_unique<AdamW>(std::move(optimizer));
   MOETRAIN_ASSIGN_OR_RETURN(DataLoader data,
                             DataLoader::Create(config.data, groups.rank(), groups.world_size()));
   trainer->data_ = std::make_unique<DataLoader>(std::move(data));
-  trainer->model_->ZeroGrads();
+  MOETRAIN_RETURN_IF_ERROR(trainer->model_->ZeroGrads());
   return trainer;
 }
 
@@ -104,95 +103,77 @@ std::string Trainer::CheckpointRoot() const {
   return absl::StrCat(config_.checkpoint_dir, "/", config_.job_id);
 }
 
-absl::StatusOr<StepReport> Trainer::TrainStep() {
-  const double start = Seconds();
+absl::Status Trainer::ForwardBackward(const Tensor& batch, StepStats* stats) {
   const int world = groups_->world_size();
   const int64_t micro =
       config_.micro_batch_size > 0 ? config_.micro_batch_size : config_.data.batch_size;
   const int64_t micro_batches = config_.data.batch_size / micro;
   const int64_t local_batch = data_->local_batch_size();
-  Tensor batch = data_->Next();  // (B/W, S + 1) i32
-
-  StepReport report;
-  const int64_t moe_layers = model_->num_moe_layers(), num_experts = config_.model.moe.num_experts;
-  // Summed over the micro-batches here, then over the ranks: the losses, and [tokens, dropped
-  // tokens, tokens per expert (MoE layers × E)].
-  double losses[3] = {0, 0, 0};  // cross-entropy, aux, z
-  std::vector<int64_t> counts(2 + moe_layers * num_experts, 0);
-  std::string non_finite_detail;
   BackwardOptions options;
   // 1/W: the ranks' grads are summed, and their mean is the single-process gradient.
   options.loss_scale = 1.0f / static_cast<float>(micro_batches * world);
   // A rank that stopped early would leave the others' collectives unanswered.
   options.backward_through_nonfinite_loss = world > 1;
   for (int64_t m = 0; m < micro_batches; ++m) {
+    // During the last micro-batch's backward the grads are summed over the ranks (grad_sync.h).
     if (m == micro_batches - 1) {
       options.on_stage_done = [this](int64_t stage) { return grad_sync_->StageDone(stage); };
     }
     TensorView rows =
         batch.view().Slice(m * local_batch / micro_batches, (m + 1) * local_batch / micro_batches);
-    absl::StatusOr<StepResult> step_result = model_->ForwardBackward(rows, options);
-    if (!step_result.ok()) {
-      if (!IsNonFiniteError(step_result.status())) return step_result.status();
+    absl::StatusOr<StepResult> result = model_->ForwardBackward(rows, options);
+    if (!result.ok()) {
+      if (!IsNonFiniteError(result.status())) return result.status();
       // NaN/Inf activations: the step is non-finite, whatever its remaining micro-batches hold.
-      non_finite_detail = std::string(step_result.status().message());
-      losses[0] = std::nan("");
+      stats->AddNonFinite(std::string(result.status().message()));
       break;
     }
-    const StepResult& result = *step_result;
-    losses[0] += result.loss;
-    losses[1] += result.aux_loss;
-    losses[2] += result.z_loss;
-    counts[0] += result.tokens;
-    for (int64_t l = 0; l < static_cast<int64_t>(result.moe_layers.size()); ++l) {
-      const MoeStats& stats = result.moe_layers[l];
-      counts[1] += stats.dropped_tokens;
-      for (int64_t e = 0; e < num_experts; ++e) {
-        counts[2 + l * num_experts + e] += stats.tokens_per_expert[e];
-      }
-    }
+    stats->Add(*result);
   }
-  MOETRAIN_RETURN_IF_ERROR(grad_sync_->Finish());
-  MOETRAIN_RETURN_IF_ERROR(SumOverRanks(&groups_->world(), absl::MakeSpan(losses)));
-  MOETRAIN_RETURN_IF_ERROR(SumOverRanks(&groups_->world(), absl::MakeSpan(counts)));
-  const int64_t tokens = counts[0];
-  report.dropped_tokens = counts[1];
-  report.loss = losses[0] / (micro_batches * world);
-  report.aux_loss = losses[1] / (micro_batches * world);
-  report.z_loss = losses[2] / (micro_batches * world);
-  std::vector<std::vector<int64_t>> tokens_per_expert(moe_layers);
-  report.expert_tokens.assign(counts.begin() + 2, counts.end());
-  for (int64_t l = 0; l < moe_layers; ++l) {
-    const int64_t* layer = counts.data() + 2 + l * num_experts;
-    tokens_per_expert[l].assign(layer, layer + num_experts);
-    int64_t total = 0, max = 0;
-    for (int64_t c : tokens_per_expert[l]) {
-      total += c;
-      max = std::max(max, c);
-    }
-    const double load =
-        total > 0 ? static_cast<double>(max) * num_experts / static_cast<double>(total) : 0.0;
-    report.expert_load_per_layer.push_back(load);
-    report.expert_load_max_over_mean = std::max(report.expert_load_max_over_mean, load);
-  }
+  return grad_sync_->Finish();
+}
 
-  // The global norm: the dense grads are the same on every rank; the expert group together
-  // holds every expert once.
-  MOETRAIN_ASSIGN_OR_RETURN(const double dense_squares, GradSquaredSum(trainable_dense_));
-  MOETRAIN_ASSIGN_OR_RETURN(double expert_squares, GradSquaredSum(trainable_experts_));
+absl::StatusOr<double> Trainer::GlobalGradNorm() {
+  MOETRAIN_ASSIGN_OR_RETURN(const double dense_squares, GradSquaredSum(ctx_, trainable_dense_));
+  MOETRAIN_ASSIGN_OR_RETURN(double expert_squares, GradSquaredSum(ctx_, trainable_experts_));
   MOETRAIN_RETURN_IF_ERROR(
       SumOverRanks(groups_->expert_group(), absl::MakeSpan(&expert_squares, 1)));
-  const double grad_norm = std::sqrt(dense_squares + expert_squares);
+  return std::sqrt(dense_squares + expert_squares);
+}
 
-  const int64_t step = step_;  // 0-based index of this optimizer step
-  // The same on every rank: the sums above reach every rank with the same bits.
-  const bool finite_loss =
-      std::isfinite(report.loss) && std::isfinite(report.aux_loss) && std::isfinite(report.z_loss);
-  if (!finite_loss || !std::isfinite(grad_norm)) {
+absl::Status Trainer::UpdateWeights(double grad_norm, const StepStats& stats, StepReport* report) {
+  MOETRAIN_RETURN_IF_ERROR(ClipGradsToNorm(ctx_, trainable_, config_.grad_clip, grad_norm));
+  report->lr = LearningRate(config_.schedule, step_);
+  MOETRAIN_RETURN_IF_ERROR(optimizer_->Step(static_cast<float>(report->lr)));
+  std::vector<std::vector<int64_t>> tokens_per_expert;
+  for (int64_t l = 0; l < model_->num_moe_layers(); ++l) {
+    tokens_per_expert.push_back(stats.tokens_per_expert(l));
+  }
+  MOETRAIN_RETURN_IF_ERROR(model_->UpdateExpertBiases(tokens_per_expert));
+  return model_->SyncComputeWeights();
+}
+
+absl::StatusOr<StepReport> Trainer::TrainStep() {
+  const double start = Seconds();
+  const int64_t shares =
+      config_.data.batch_size /
+      (config_.micro_batch_size > 0 ? config_.micro_batch_size : config_.data.batch_size) *
+      groups_->world_size();
+  StepStats stats(model_->num_moe_layers(), config_.model.moe.num_experts);
+  MOETRAIN_RETURN_IF_ERROR(ForwardBackward(data_->Next(), &stats));
+  // Every rank reports the global step: the sums reach every rank with the same bits, so every
+  // rank takes the same branch below.
+  MOETRAIN_RETURN_IF_ERROR(stats.SumOverRanks(&groups_->world()));
+  MOETRAIN_ASSIGN_OR_RETURN(const double grad_norm, GlobalGradNorm());
+  StepReport report;
+  stats.Report(shares, &report);
+
+  if (!stats.finite_losses() || !std::isfinite(grad_norm)) {
     if (!config_.skip_nonfinite_steps) {
+      const std::string& detail = stats.non_finite_detail();
       return absl::DataLossError(absl::StrCat(
-          "step ", step + 1, ": the ", finite_loss ? "gradient" : "loss", " is not finite (loss = ",
-          report.loss, non_finite_detail.empty() ? "" : absl::StrCat(": ", non_finite_detail),
+          "step ", step_ + 1, ": the ", stats.finite_losses() ? "gradient" : "loss",
+          " is not finite (loss = ", report.loss, detail.empty() ? "" : absl::StrCat(": ", detail),
           "); stopping without a checkpoint of this state (set train.skip_nonfinite_steps to "
           "skip such steps)"));
     }
@@ -200,19 +181,15 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
     report.grad_norm = std::nan("");
   } else {
     report.grad_norm = grad_norm;
-    MOETRAIN_RETURN_IF_ERROR(ClipGradsToNorm(trainable_, config_.grad_clip, grad_norm));
-    report.lr = LearningRate(config_.schedule, step);
-    MOETRAIN_RETURN_IF_ERROR(optimizer_->Step(static_cast<float>(report.lr)));
-    MOETRAIN_RETURN_IF_ERROR(model_->UpdateExpertBiases(tokens_per_expert));
-    model_->SyncComputeWeights();
+    MOETRAIN_RETURN_IF_ERROR(UpdateWeights(grad_norm, stats, &report));
   }
-  model_->ZeroGrads();
+  MOETRAIN_RETURN_IF_ERROR(model_->ZeroGrads());
   ++step_;
-  tokens_seen_ += tokens;
+  tokens_seen_ += stats.tokens();
   report.step = step_;
   report.tokens_seen = tokens_seen_;
   report.step_seconds = std::max(Seconds() - start, 1e-9);
-  report.tokens_per_s = tokens / report.step_seconds;
+  report.tokens_per_s = stats.tokens() / report.step_seconds;
   return report;
 }
 

@@ -32,7 +32,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/backend/exec_context.h"
 #include "engine/comm/communicator.h"
+#include "engine/core/device.h"
 #include "engine/model/model_config.h"
 #include "engine/model/transformer.h"
 #include "engine/train/checkpoint.h"
@@ -41,6 +43,7 @@
 #include "engine/train/lr_schedule.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/parallel.h"
+#include "engine/train/step_stats.h"
 
 namespace moetrain {
 
@@ -49,6 +52,9 @@ struct TrainerConfig {
   ModelConfig model;
   DataConfig data;  // data.batch_size: sequences per optimizer step, all ranks; data.seq_len: S
   ParallelConfig parallel;
+  // The device this rank computes on. Only the CPU is served by this build's ops; another device
+  // is refused by Validate.
+  Device device = Device::Cpu();
   DType compute_dtype = DType::kF32;
   int64_t steps = 100;  // optimizer steps in all (a resumed job continues to it)
   // Sequences per forward/backward over all ranks (each rank takes 1/W of them); 0 =
@@ -79,10 +85,10 @@ struct StepReport {
   double aux_loss = 0, z_loss = 0;
   std::optional<double> eval_loss;
   double lr = 0;
-  double grad_norm = 0;  // before clipping
-  double tokens_per_s = 0;               // the step's tokens, all ranks, over step_seconds
-  double step_seconds = 0;               // wall time of the step on this rank
-  double expert_load_max_over_mean = 0;  // the worst MoE layer this step
+  double grad_norm = 0;                       // before clipping
+  double tokens_per_s = 0;                    // the step's tokens, all ranks, over step_seconds
+  double step_seconds = 0;                    // wall time of the step on this rank
+  double expert_load_max_over_mean = 0;       // the worst MoE layer this step
   std::vector<double> expert_load_per_layer;  // busiest expert over the mean, per MoE layer
   // (MoE layers, E) row-major: tokens routed to each expert, all ranks, before capacity drops.
   std::vector<int64_t> expert_tokens;
@@ -161,8 +167,17 @@ class Trainer {
   absl::StatusOr<CheckpointReport> SaveCheckpoint();
 
  private:
-  Trainer() = default;
+  explicit Trainer(const ExecContext& ctx) : ctx_(ctx) {}
   absl::StatusOr<StepReport> TrainStep();
+  // Forward and backward of the step's micro-batches of `batch` into `stats`; the grads are then
+  // summed over the ranks.
+  absl::Status ForwardBackward(const Tensor& batch, StepStats* stats);
+  // ‖g‖₂ over every rank's grads: the dense ones once (every rank holds them alike) and each
+  // expert shard once.
+  absl::StatusOr<double> GlobalGradNorm();
+  // Clip, AdamW at LR(step), the expert-bias update from the step's global counts, and the
+  // compute copies of the weights.
+  absl::Status UpdateWeights(double grad_norm, const StepStats& stats, StepReport* report);
   // The stop request every rank follows (see Run).
   absl::StatusOr<StopRequest> AgreeOnStop(const std::atomic<StopRequest>* stop);
   // SaveCheckpoint when every rank's observer allows it; true when one was written.
@@ -170,14 +185,30 @@ class Trainer {
   std::string CheckpointRoot() const;
   // Resume's part after the ranks agreed on a step: copies it into the model, optimizer, data.
   absl::Status RestoreFrom(const LoadedCheckpoint& loaded);
+  // SaveCheckpoint's phases (trainer_checkpoint.cc): rank 0 makes the temporary step directory
+  // and every rank learns its name; each first replica writes its shard and every rank learns
+  // what was written; rank 0 commits (and prunes) once all succeeded and tells the others.
+  absl::StatusOr<std::string> BeginCheckpointOnRanks();
+  // WriteShard returns every rank's shard report (for AllGather, as integers) and puts this
+  // rank's own write error into *written; CommitCheckpointOnRanks takes it back.
+  absl::StatusOr<std::vector<int64_t>> WriteShard(const std::string& tmp_dir,
+                                                  const CheckpointContents& contents,
+                                                  absl::Status* written);
+  absl::StatusOr<std::string> CommitCheckpointOnRanks(const std::string& tmp_dir,
+                                                      const CheckpointContents& contents,
+                                                      const std::vector<int64_t>& shards,
+                                                      absl::Status written);
+  // What this rank's shard of a checkpoint of the current state holds.
+  CheckpointContents CheckpointContentsOfRank() const;
 
+  ExecContext ctx_;
   TrainerConfig config_;
   // Declared before the model, whose MoE layers hold pointers to its communicators.
   std::unique_ptr<ParallelGroups> groups_;
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<GradSync> grad_sync_;
-  std::vector<Parameter> trainable_;  // the optimizer's view of the model's trainable tensors
-  std::vector<Parameter> trainable_dense_;    // the part every rank holds
+  std::vector<Parameter> trainable_;        // the optimizer's view of the model's trainable tensors
+  std::vector<Parameter> trainable_dense_;  // the part every rank holds
   std::vector<Parameter> trainable_experts_;  // this rank's routed experts
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<DataLoader> data_;

@@ -10,8 +10,6 @@
 //   {"world_size": 4, "data_parallel": 2, "expert_parallel": 2,
 //    "shards": [{"rank": 0, "model": "model-rank00000.safetensors",
 //                "optim": "optim-rank00000.safetensors", "dense": true, "experts": [0, 4]}, …]}
-#include "engine/train/trainer.h"
-
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -25,8 +23,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/core/status.h"
+#include "engine/ops/elementwise/elementwise.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/model_config_json.h"
+#include "engine/train/trainer.h"
 
 namespace moetrain {
 namespace {
@@ -59,25 +59,25 @@ CheckpointFile UnpackFile(const int64_t* in, std::string name) {
   return file;
 }
 
-absl::Status CopyTensor(const std::string& path, const Tensor& src, const std::string& name,
-                        TensorView dst) {
+// A tensor read from a checkpoint (host) into its place `dst` on ctx's device.
+absl::Status RestoreTensor(const ExecContext& ctx, const std::string& path, const Tensor& src,
+                           const std::string& name, TensorView dst) {
   if (src.dtype() != DType::kF32 || src.view().shape() != dst.shape()) {
     return absl::DataLossError(absl::StrCat(path, ": tensor ", name, " is ",
                                             src.view().DebugString(), ", expected ",
                                             dst.DebugString()));
   }
-  std::memcpy(dst.raw(), src.view().raw(), dst.numel() * sizeof(float));
-  return absl::OkStatus();
+  return ops::CopyTensor(ctx, src, dst);
 }
 
-absl::Status CopyCheckpointTensor(const std::string& path,
-                                  const std::map<std::string, Tensor>& tensors,
-                                  const std::string& name, TensorView dst) {
+absl::Status RestoreNamedTensor(const ExecContext& ctx, const std::string& path,
+                                const std::map<std::string, Tensor>& tensors,
+                                const std::string& name, TensorView dst) {
   auto it = tensors.find(name);
   if (it == tensors.end()) {
     return absl::DataLossError(absl::StrCat(path, ": tensor ", name, " is missing"));
   }
-  return CopyTensor(path, it->second, name, dst);
+  return RestoreTensor(ctx, path, it->second, name, dst);
 }
 
 // The ranks R of the files model-rankR.safetensors a manifest lists.
@@ -131,27 +131,22 @@ absl::Status RestoreModelParameters(const LoadedCheckpoint& loaded, Transformer*
       others = std::move(rest.model_tensors);
     }
   }
+  const ExecContext& ctx = model->context();
   for (const NamedParameter& p : model->parameters()) {
     const auto it = loaded.model_tensors.find(p.name);
     MOETRAIN_RETURN_IF_ERROR(it != loaded.model_tensors.end()
-                                 ? CopyTensor(loaded.path, it->second, p.name, p.value)
-                                 : CopyCheckpointTensor(loaded.path, others, p.name, p.value));
+                                 ? RestoreTensor(ctx, loaded.path, it->second, p.name, p.value)
+                                 : RestoreNamedTensor(ctx, loaded.path, others, p.name, p.value));
   }
-  model->SyncComputeWeights();
-  return absl::OkStatus();
+  return model->SyncComputeWeights();
 }
 
-absl::StatusOr<CheckpointReport> Trainer::SaveCheckpoint() {
-  const auto start = std::chrono::steady_clock::now();
+absl::StatusOr<std::string> Trainer::BeginCheckpointOnRanks() {
   Communicator& world = groups_->world();
-  const int rank = groups_->rank(), ep = config_.parallel.expert_parallel;
   const std::string root = CheckpointRoot();
-  const std::string step_name = CheckpointStepDirName(step_);
-
-  // Rank 0 makes the temporary directory; the others learn its name (the nonce) from it.
   int64_t begun[2] = {0, 0};  // [nonce, ok]
   absl::Status status;
-  if (rank == 0) {
+  if (groups_->rank() == 0) {
     const uint64_t nonce = NewCheckpointNonce();
     status = BeginCheckpoint(root, step_, nonce).status();
     begun[0] = static_cast<int64_t>(nonce);
@@ -159,12 +154,16 @@ absl::StatusOr<CheckpointReport> Trainer::SaveCheckpoint() {
   }
   if (world.size() > 1) MOETRAIN_RETURN_IF_ERROR(world.Broadcast(begun, 2, DType::kI64, 0));
   if (!begun[1]) {
-    return rank == 0 ? status
-                     : absl::AbortedError(
-                           absl::StrCat("rank 0 could not start the checkpoint of ", step_name));
+    return groups_->rank() == 0
+               ? status
+               : absl::AbortedError(absl::StrCat("rank 0 could not start the checkpoint of ",
+                                                 CheckpointStepDirName(step_)));
   }
-  const std::string tmp_dir = CheckpointTempDir(root, step_, static_cast<uint64_t>(begun[0]));
+  return CheckpointTempDir(root, step_, static_cast<uint64_t>(begun[0]));
+}
 
+CheckpointContents Trainer::CheckpointContentsOfRank() const {
+  const int rank = groups_->rank(), ep = config_.parallel.expert_parallel;
   const int64_t num_experts = config_.model.moe.num_experts;
   Json shards = Json::array();
   for (int j = 0; j < ep; ++j) {
@@ -208,8 +207,16 @@ absl::StatusOr<CheckpointReport> Trainer::SaveCheckpoint() {
     }
     ++optim_index;
   }
+  return contents;
+}
+
+absl::StatusOr<std::vector<int64_t>> Trainer::WriteShard(const std::string& tmp_dir,
+                                                         const CheckpointContents& contents,
+                                                         absl::Status* written) {
+  Communicator& world = groups_->world();
+  absl::Status& status = *written;
   std::vector<int64_t> shard(kShardWords, 0);
-  if (writes) {
+  if (groups_->data_rank() == 0) {  // the first replica of each expert shard
     absl::StatusOr<std::vector<CheckpointFile>> files = WriteCheckpointShard(tmp_dir, contents);
     status = files.status();
     if (status.ok()) {
@@ -224,16 +231,26 @@ absl::StatusOr<CheckpointReport> Trainer::SaveCheckpoint() {
   } else {
     all = shard;
   }
+  return all;
+}
 
-  // Rank 0 commits once every rank has written its part, and tells the others.
+absl::StatusOr<std::string> Trainer::CommitCheckpointOnRanks(const std::string& tmp_dir,
+                                                             const CheckpointContents& contents,
+                                                             const std::vector<int64_t>& shards,
+                                                             absl::Status written) {
+  Communicator& world = groups_->world();
+  const std::string root = CheckpointRoot();
+  const std::string step_name = CheckpointStepDirName(step_);
   std::string path =
       (std::filesystem::path(root).lexically_normal() / step_name).lexically_normal().string();
+  // Rank 0's own write error, if any, names the failure best.
+  absl::Status status = std::move(written);
   int64_t committed = 0;
-  if (rank == 0) {
+  if (groups_->rank() == 0) {
     std::vector<CheckpointFile> files;
     std::vector<int> failed;
     for (int r = 0; r < world.size(); ++r) {
-      const int64_t* words = &all[r * kShardWords];
+      const int64_t* words = &shards[r * kShardWords];
       if (!words[0]) failed.push_back(r);
       for (int64_t f = 0; f < words[1]; ++f) {
         files.push_back(
@@ -262,10 +279,22 @@ absl::StatusOr<CheckpointReport> Trainer::SaveCheckpoint() {
     if (!status.ok()) return status;
     return absl::AbortedError(absl::StrCat(step_name, " was not written (see rank 0)"));
   }
+  return path;
+}
+
+absl::StatusOr<CheckpointReport> Trainer::SaveCheckpoint() {
+  const auto start = std::chrono::steady_clock::now();
+  MOETRAIN_ASSIGN_OR_RETURN(const std::string tmp_dir, BeginCheckpointOnRanks());
+  const CheckpointContents contents = CheckpointContentsOfRank();
+  absl::Status written;
+  MOETRAIN_ASSIGN_OR_RETURN(const std::vector<int64_t> shards,
+                            WriteShard(tmp_dir, contents, &written));
+  MOETRAIN_ASSIGN_OR_RETURN(std::string path,
+                            CommitCheckpointOnRanks(tmp_dir, contents, shards, std::move(written)));
   CheckpointReport report;
   report.step = step_;
   report.tokens_seen = tokens_seen_;
-  report.path = path;
+  report.path = std::move(path);
   report.write_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;
@@ -275,10 +304,10 @@ absl::Status Trainer::RestoreFrom(const LoadedCheckpoint& loaded) {
   MOETRAIN_RETURN_IF_ERROR(RestoreModelParameters(loaded, model_.get()));
   for (int64_t i = 0; i < optimizer_->num_params(); ++i) {
     const std::string& name = optimizer_->param(i).name;
-    MOETRAIN_RETURN_IF_ERROR(CopyCheckpointTensor(loaded.path, loaded.optim_tensors,
-                                                  name + kExpAvgSuffix, optimizer_->exp_avg(i)));
-    MOETRAIN_RETURN_IF_ERROR(CopyCheckpointTensor(
-        loaded.path, loaded.optim_tensors, name + kExpAvgSqSuffix, optimizer_->exp_avg_sq(i)));
+    MOETRAIN_RETURN_IF_ERROR(RestoreNamedTensor(ctx_, loaded.path, loaded.optim_tensors,
+                                                name + kExpAvgSuffix, optimizer_->exp_avg(i)));
+    MOETRAIN_RETURN_IF_ERROR(RestoreNamedTensor(ctx_, loaded.path, loaded.optim_tensors,
+                                                name + kExpAvgSqSuffix, optimizer_->exp_avg_sq(i)));
   }
   const Json& manifest = loaded.manifest;
   int64_t optimizer_step = 0;
@@ -291,7 +320,7 @@ absl::Status Trainer::RestoreFrom(const LoadedCheckpoint& loaded) {
   MOETRAIN_ASSIGN_OR_RETURN(DataPosition position,
                             DataPosition::FromJson(manifest.value("data_position", Json())));
   MOETRAIN_RETURN_IF_ERROR(data_->Restore(position));
-  model_->ZeroGrads();
+  MOETRAIN_RETURN_IF_ERROR(model_->ZeroGrads());
   step_ = loaded.step;
   tokens_seen_ = loaded.tokens_seen;
   return absl::OkStatus();

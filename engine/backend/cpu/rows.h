@@ -1,32 +1,16 @@
-// Helpers of the CPU row kernels (elementwise.cc, engine/model/layers.cc): activations are f32 or
-// bf16 ("act"), math is f32, and a bf16 row is widened into (or narrowed from) per-thread scratch.
+// Helpers of the CPU row kernels (engine/ops/*/..._cpu.cc): activations are f32 or bf16 ("act"),
+// math is f32, and a bf16 row is widened into (or narrowed from) per-thread scratch.
 #ifndef MOETRAIN_ENGINE_BACKEND_CPU_ROWS_H_
 #define MOETRAIN_ENGINE_BACKEND_CPU_ROWS_H_
 
 #include <algorithm>
 #include <cstdint>
-#include <initializer_list>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "engine/core/dtype.h"
-#include "engine/core/fast_math.h"
 #include "engine/core/tensor.h"
 
 namespace moetrain::cpu {
-
-inline bool IsActDType(DType dtype) { return dtype == DType::kF32 || dtype == DType::kBF16; }
-
-// A dense f32 or bf16 tensor of `shape` (-1 = any extent), else InvalidArgument naming it.
-inline absl::Status CheckAct(const TensorView& t, const char* name,
-                             std::initializer_list<int64_t> shape) {
-  if (t.empty() || !IsActDType(t.dtype())) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": expected an f32 or bf16 tensor, got ",
-                                                   t.empty() ? "none" : t.DebugString()));
-  }
-  return CheckDenseTensor(t, name, t.dtype(), shape);
-}
 
 // Per-thread scratch row `slot` (0..3) of at least n floats.
 inline float* Scratch(int slot, int64_t n) {

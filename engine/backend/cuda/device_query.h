@@ -1,8 +1,9 @@
-// The CUDA side of QueryDevices (engine/backend/device.h), compiled by nvcc into moetrain_cuda.
+// The CUDA side of QueryDevices (engine/backend/device_query.h), compiled by nvcc into
+// moetrain_cuda.
 #ifndef MOETRAIN_ENGINE_BACKEND_CUDA_DEVICE_QUERY_H_
 #define MOETRAIN_ENGINE_BACKEND_CUDA_DEVICE_QUERY_H_
 
-#include "engine/backend/device.h"
+#include "engine/backend/device_query.h"
 
 namespace moetrain::cuda {
 

@@ -267,7 +267,7 @@ TEST(TransformerTest, TheSameStepTwiceIsBitIdentical) {
   for (Transformer* model : {&a, &a, &b}) {
     // A larger batch in between regrows every activation buffer: no state may leak from it.
     ASSERT_TRUE(model->Evaluate(RandomTokens(5, 8, c.vocab_size, 6)).ok());
-    model->ZeroGrads();
+    EXPECT_TRUE(model->ZeroGrads().ok());
     absl::StatusOr<StepResult> r = model->ForwardBackward(tokens);
     ASSERT_TRUE(r.ok()) << r.status();
     if (first_grads.empty()) {
@@ -318,13 +318,13 @@ TEST(TransformerTest, LossScaleScalesEveryGradientIncludingAuxLosses) {
   c.moe.z_loss_coeff = 0.1f;
   Transformer model = MakeModel(c, DType::kF32, 6);
   const Tensor tokens = RandomTokens(2, 5, c.vocab_size, 3);
-  model.ZeroGrads();
+  EXPECT_TRUE(model.ZeroGrads().ok());
   absl::StatusOr<StepResult> once = model.ForwardBackward(tokens, 1.0f);
   ASSERT_TRUE(once.ok()) << once.status();
   const std::vector<float> full = Copy(model.grad_buffer());
 
   // Four micro-batches at 1/4 each add up to the same gradient; the report stays unscaled.
-  model.ZeroGrads();
+  EXPECT_TRUE(model.ZeroGrads().ok());
   for (int i = 0; i < 4; ++i) {
     absl::StatusOr<StepResult> r = model.ForwardBackward(tokens, 0.25f);
     ASSERT_TRUE(r.ok()) << r.status();
@@ -385,7 +385,7 @@ TEST(TransformerTest, Bf16ComputeWeightsFollowSync) {
   absl::StatusOr<float> stale = model.Evaluate(tokens);
   ASSERT_TRUE(stale.ok());
   EXPECT_EQ(*stale, *before);  // the compute copy is refreshed only by Sync
-  model.SyncComputeWeights();
+  EXPECT_TRUE(model.SyncComputeWeights().ok());
   absl::StatusOr<float> synced = model.Evaluate(tokens);
   ASSERT_TRUE(synced.ok());
   EXPECT_NE(*synced, *before);
@@ -404,7 +404,7 @@ TEST(TransformerTest, SgdOnARepetitiveSequenceReducesTheLoss) {
   }
   std::vector<float> losses;
   for (int step = 0; step < 30; ++step) {
-    model.ZeroGrads();
+    EXPECT_TRUE(model.ZeroGrads().ok());
     absl::StatusOr<StepResult> r = model.ForwardBackward(tokens);
     ASSERT_TRUE(r.ok()) << r.status();
     losses.push_back(r->loss);
@@ -417,7 +417,7 @@ TEST(TransformerTest, SgdOnARepetitiveSequenceReducesTheLoss) {
     std::vector<std::vector<int64_t>> counts;
     for (const MoeStats& s : r->moe_layers) counts.push_back(s.tokens_per_expert);
     ASSERT_OK(model.UpdateExpertBiases(counts));
-    model.SyncComputeWeights();
+    EXPECT_TRUE(model.SyncComputeWeights().ok());
   }
   EXPECT_LT(losses.back(), 0.5f * losses.front())
       << "first " << losses.front() << ", last " << losses.back();
@@ -461,7 +461,7 @@ TEST(TransformerTest, ANonFiniteLossIsANonFiniteError) {
   for (NamedParameter& p : model.parameters()) {
     if (p.name == "lm_head.weight") p.value.data<float>()[3] = NAN;
   }
-  model.SyncComputeWeights();
+  EXPECT_TRUE(model.SyncComputeWeights().ok());
   const Tensor tokens = RandomTokens(2, 5, c.vocab_size, 1);
   const absl::Status status = model.ForwardBackward(tokens).status();
   EXPECT_TRUE(IsNonFiniteError(status)) << status;
@@ -474,7 +474,7 @@ TEST(TransformerTest, ANonFiniteLossIsANonFiniteError) {
     ++stages;
     return absl::OkStatus();
   };
-  model.ZeroGrads();
+  EXPECT_TRUE(model.ZeroGrads().ok());
   const absl::StatusOr<StepResult> result = model.ForwardBackward(tokens, options);
   ASSERT_OK(result.status());
   EXPECT_TRUE(std::isnan(result->loss));

@@ -65,7 +65,7 @@ void ExpectSums(int stop_stage) {
     models[rank] = std::make_unique<Transformer>(*std::move(model));
     TensorView grads = models[rank]->grad_buffer();
     for (int64_t i = 0; i < grads.numel(); ++i) grads.data<float>()[i] = Grad(rank, i);
-    GradSync sync(*groups[rank], *models[rank]);
+    GradSync sync(*groups[rank], *models[rank], ExecContext::Cpu());
     buckets[rank] = sync.num_buckets();
     // Backward reports its stages up to `stop_stage` (as when it stopped early); Finish starts
     // the rest.

@@ -38,7 +38,7 @@ double RelErr(const A& a, const std::vector<double>& b) {
 }
 
 AdamW CreateOrDie(const AdamWConfig& config, const Model& model) {
-  absl::StatusOr<AdamW> optimizer = AdamW::Create(config, model.params);
+  absl::StatusOr<AdamW> optimizer = AdamW::Create(Cpu(), config, model.params);
   EXPECT_TRUE(optimizer.ok()) << optimizer.status();
   return std::move(optimizer).value();
 }
@@ -267,7 +267,7 @@ TEST(AdamWTest, RunsAreBitIdentical) {
 }
 
 TEST(AdamWTest, NoParametersIsFine) {
-  absl::StatusOr<AdamW> optimizer = AdamW::Create(AdamWConfig(), {});
+  absl::StatusOr<AdamW> optimizer = AdamW::Create(Cpu(), AdamWConfig(), {});
   ASSERT_TRUE(optimizer.ok()) << optimizer.status();
   EXPECT_TRUE(optimizer->Step(1e-3f).ok());
   EXPECT_EQ(optimizer->step(), 1);
@@ -309,14 +309,14 @@ TEST(AdamWConfigTest, InvalidFieldsAreNamed) {
   ExpectInvalid(Config(0.9f, 0.95f, 1e-8f, nan).Validate(), "train.optimizer.weight_decay = nan");
   // Create validates the config too.
   Model model = MakeModel({{"w", {4}, true}}, 81);
-  ExpectInvalid(AdamW::Create(Config(0.9f, 2.0f, 1e-8f, 0.1f), model.params).status(),
+  ExpectInvalid(AdamW::Create(Cpu(), Config(0.9f, 2.0f, 1e-8f, 0.1f), model.params).status(),
                 "train.optimizer.beta2 = 2");
 }
 
 TEST(AdamWTest, CreateRejectsBrokenParameters) {
   Model model = MakeModel({{"a", {4, 3}, true}, {"b", {5}, false}}, 91);
   const auto create = [&](std::vector<Parameter> params) {
-    return AdamW::Create(AdamWConfig(), std::move(params)).status();
+    return AdamW::Create(Cpu(), AdamWConfig(), std::move(params)).status();
   };
   const Parameter a = model.params[0], b = model.params[1];
 

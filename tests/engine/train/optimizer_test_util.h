@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engine/backend/exec_context.h"
 #include "engine/core/dtype.h"
 #include "engine/core/rng.h"
 #include "engine/core/tensor.h"
@@ -17,6 +18,8 @@
 #include "gtest/gtest.h"
 
 namespace moetrain::optimizer_test {
+
+inline ExecContext Cpu() { return ExecContext::Cpu(); }
 
 struct ParamSpec {
   std::string name;

@@ -123,7 +123,9 @@ int Main(int argc, char** argv) {
   if (poison) {
     TensorView embed = (*trainer)->model().parameters()[0].value;
     for (int64_t i = 0; i < embed.numel(); ++i) embed.data<float>()[i] = std::nanf("");
-    (*trainer)->model().SyncComputeWeights();
+    if (absl::Status status = (*trainer)->model().SyncComputeWeights(); !status.ok()) {
+      return Fail(status);
+    }
   }
   Printer printer(hang_after);
   if (resume) {

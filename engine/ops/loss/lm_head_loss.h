@@ -1,0 +1,53 @@
+// The LM head fused with the next-token cross-entropy: loss = mean_t (logsumexp_v z_{t,v} −
+// z_{t,target_t}), z = h·Wᵀ. The logits are computed for `chunk_tokens` tokens at a time and never
+// exist for all T at once; the backward of a chunk runs right after its forward, so each logit is
+// computed once. Per-token losses are summed in token order, so the result does not depend on the
+// thread count.
+#ifndef MOETRAIN_ENGINE_OPS_LOSS_LM_HEAD_LOSS_H_
+#define MOETRAIN_ENGINE_OPS_LOSS_LM_HEAD_LOSS_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "engine/backend/exec_context.h"
+#include "engine/core/tensor.h"
+#include "engine/core/workspace.h"
+
+namespace moetrain::ops {
+
+struct LmHeadLossArgs {
+  TensorView hidden;         // (T, D) act: the final norm's output
+  TensorView weight;         // (V, D) act, same dtype: lm_head, or the tied embedding
+  TensorView targets;        // (T) i32 in [0, V)
+  int64_t chunk_tokens = 0;  // tokens per logits chunk; 0 = about 16 MiB of f32 logits
+};
+
+// Scratch of the LM head loss, reused across calls that do not overlap.
+class LmHeadLossWorkspace {
+ public:
+  explicit LmHeadLossWorkspace(const ExecContext& ctx) : buffers_(kNumBuffers, ctx.allocator()) {}
+  Workspace& buffers() { return buffers_; }
+  enum Buffer { kLogits, kDLogits, kTokenLoss, kNumBuffers };
+
+ private:
+  Workspace buffers_;
+};
+
+// The mean loss. `workspace` may be null (then allocated per call).
+absl::StatusOr<float> LmHeadLossForward(const ExecContext& ctx, const LmHeadLossArgs& args,
+                                        LmHeadLossWorkspace* workspace);
+
+struct LmHeadLossGrads {
+  float d_loss = 1.0f;  // gradient of the objective with respect to the mean loss
+  TensorView d_hidden;  // (T, D) f32: written
+  TensorView d_weight;  // (V, D) f32: accumulated
+};
+
+// The mean loss, and its gradients scaled by grads.d_loss.
+absl::StatusOr<float> LmHeadLossForwardBackward(const ExecContext& ctx, const LmHeadLossArgs& args,
+                                                const LmHeadLossGrads& grads,
+                                                LmHeadLossWorkspace* workspace);
+
+}  // namespace moetrain::ops
+
+#endif  // MOETRAIN_ENGINE_OPS_LOSS_LM_HEAD_LOSS_H_

@@ -1,0 +1,87 @@
+#include "engine/ops/optim/optim.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "engine/core/status.h"
+#include "engine/ops/common/op_checks.h"
+#include "engine/ops/optim/optim_cpu.h"
+
+namespace moetrain::ops {
+namespace {
+
+// Dense f32 tensors on ctx's device.
+absl::Status CheckTensors(const ExecContext& ctx, const char* op, const char* what,
+                          absl::Span<const TensorView> tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const std::string name = absl::StrCat(what, "[", i, "]");
+    MOETRAIN_RETURN_IF_ERROR(CheckDevices(ctx, op, {{name, tensors[i]}}));
+    if (tensors[i].empty() || tensors[i].dtype() != DType::kF32 || !tensors[i].is_contiguous()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": ", name, " must be a dense f32 tensor, got ",
+                       tensors[i].empty() ? std::string("none") : tensors[i].DebugString()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status AdamWStep(const ExecContext& ctx, const AdamWStepArgs& args) {
+  const size_t n = args.params.size();
+  if (args.grads.size() != n || args.exp_avg.size() != n || args.exp_avg_sq.size() != n ||
+      args.weight_decay == nullptr || args.weight_decay->size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "adamw: ", n, " params need as many grads, exp_avg, exp_avg_sq and weight_decay flags"));
+  }
+  MOETRAIN_RETURN_IF_ERROR(CheckTensors(ctx, "adamw", "params", args.params));
+  MOETRAIN_RETURN_IF_ERROR(CheckTensors(ctx, "adamw", "grads", args.grads));
+  MOETRAIN_RETURN_IF_ERROR(CheckTensors(ctx, "adamw", "exp_avg", args.exp_avg));
+  MOETRAIN_RETURN_IF_ERROR(CheckTensors(ctx, "adamw", "exp_avg_sq", args.exp_avg_sq));
+  for (size_t i = 0; i < n; ++i) {
+    for (const TensorView* t : {&args.grads[i], &args.exp_avg[i], &args.exp_avg_sq[i]}) {
+      if (t->shape() != args.params[i].shape()) {
+        return absl::InvalidArgumentError(absl::StrCat("adamw: tensor ", t->DebugString(),
+                                                       " does not match params[", i, "] ",
+                                                       args.params[i].DebugString()));
+      }
+    }
+  }
+  if (!ctx.device().is_cpu()) return NoBackend(ctx, "adamw");
+  cpu::AdamWStep(ctx, args);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> SquaredNorm(const ExecContext& ctx, absl::Span<const TensorView> tensors) {
+  MOETRAIN_RETURN_IF_ERROR(CheckTensors(ctx, "squared norm", "tensors", tensors));
+  if (!ctx.device().is_cpu()) return NoBackend(ctx, "squared norm");
+  return cpu::SquaredNorm(ctx, tensors);
+}
+
+absl::Status ScaleTensors(const ExecContext& ctx, absl::Span<const TensorView> tensors,
+                          float scale) {
+  MOETRAIN_RETURN_IF_ERROR(CheckTensors(ctx, "scale", "tensors", tensors));
+  if (!ctx.device().is_cpu()) return NoBackend(ctx, "scale");
+  cpu::ScaleTensors(ctx, tensors, scale);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> AllFinite(const ExecContext& ctx, absl::Span<const TensorView> tensors) {
+  MOETRAIN_RETURN_IF_ERROR(CheckTensors(ctx, "all finite", "tensors", tensors));
+  if (!ctx.device().is_cpu()) return NoBackend(ctx, "all finite");
+  return cpu::AllFinite(ctx, tensors);
+}
+
+absl::Status CheckAdamWMoments(const ExecContext& ctx, std::string_view m_name, TensorView m,
+                               std::string_view v_name, TensorView v) {
+  MOETRAIN_RETURN_IF_ERROR(CheckDevices(ctx, "adamw state", {{m_name, m}, {v_name, v}}));
+  MOETRAIN_RETURN_IF_ERROR(CheckTensors(ctx, "adamw state", "moments", {m, v}));
+  if (m.numel() != v.numel()) {
+    return absl::InvalidArgumentError(absl::StrCat("adamw state: ", m.DebugString(), " and ",
+                                                   v.DebugString(), " differ in size"));
+  }
+  if (!ctx.device().is_cpu()) return NoBackend(ctx, "adamw state");
+  return cpu::CheckAdamWMoments(m_name, m, v_name, v);
+}
+
+}  // namespace moetrain::ops

@@ -1,0 +1,103 @@
+#include "engine/ops/elementwise/elementwise.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/core/dtype.h"
+#include "engine/core/tensor.h"
+#include "gtest/gtest.h"
+#include "tests/engine/ops/act_test_util.h"
+
+namespace moetrain::ops_test {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// ConvertTensor.
+// ---------------------------------------------------------------------------------------------
+
+// Random values with the specials a conversion must get right at fixed places.
+std::vector<float> ConvertValues(int64_t n, std::mt19937& rng) {
+  std::vector<float> v = Uniform(n, -1000.0f, 1000.0f, rng);
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            kNaN,
+                            std::numeric_limits<float>::max(),  // rounds up to infinity
+                            std::numeric_limits<float>::denorm_min(),
+                            1.00390625f,  // exactly halfway between two bf16 values: to even
+                            1.01171875f};
+  for (size_t i = 0; i < std::size(specials) && i < v.size(); ++i)
+    v[i * 3 % v.size()] = specials[i];
+  return v;
+}
+
+class ConvertTensorTest : public ::testing::TestWithParam<Size> {};
+
+TEST_P(ConvertTensorTest, F32ToBF16RoundsLikeFloatToBF16) {
+  const Size size = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(size.rows + size.cols));
+  std::vector<float> values = ConvertValues(size.rows * size.cols, rng);
+  Tensor src = MakeAct(DType::kF32, {size.rows, size.cols}, values);
+  Tensor dst = NaNAct(DType::kBF16, {size.rows, size.cols});
+  ASSERT_TRUE(ops::ConvertTensor(Cpu(), src, dst).ok());
+  for (int64_t i = 0; i < src.numel(); ++i) {
+    ASSERT_EQ(dst.data<BF16>()[i].bits, FloatToBF16(values[i]).bits) << i << ": " << values[i];
+  }
+}
+
+TEST_P(ConvertTensorTest, BF16ToF32IsExact) {
+  const Size size = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(size.rows * 2 + size.cols));
+  std::vector<float> values = ConvertValues(size.rows * size.cols, rng);
+  Tensor src = MakeAct(DType::kBF16, {size.rows, size.cols}, values);
+  Tensor dst = NaNAct(DType::kF32, {size.rows, size.cols});
+  ASSERT_TRUE(ops::ConvertTensor(Cpu(), src, dst).ok());
+  for (int64_t i = 0; i < src.numel(); ++i) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(dst.data<float>()[i]),
+              static_cast<uint32_t>(src.data<BF16>()[i].bits) << 16)
+        << i;
+  }
+}
+
+TEST_P(ConvertTensorTest, SameDTypeCopies) {
+  const Size size = GetParam();
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    std::mt19937 rng(static_cast<uint32_t>(size.rows * 3 + size.cols));
+    std::vector<float> values = ConvertValues(size.rows * size.cols, rng);
+    Tensor src = MakeAct(dtype, {size.rows, size.cols}, values);
+    Tensor dst = NaNAct(dtype, {size.rows, size.cols});
+    ASSERT_TRUE(ops::ConvertTensor(Cpu(), src, dst).ok());
+    EXPECT_TRUE(SameBytes(src, dst)) << Name(dtype);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, ConvertTensorTest, ::testing::Values(Size{1, 1}, kSmall, kLarge),
+                         [](const ::testing::TestParamInfo<Size>& info) {
+                           return std::to_string(info.param.rows) + "x" +
+                                  std::to_string(info.param.cols);
+                         });
+
+TEST(ConvertTensorErrorTest, RejectsMismatches) {
+  Tensor f32 = Tensor::Zeros(DType::kF32, {4, 6});
+  Tensor bf16_short = Tensor::Zeros(DType::kBF16, {4, 5});
+  Tensor f32_long = Tensor::Zeros(DType::kF32, {5, 6});
+  Tensor i32 = Tensor::Zeros(DType::kI32, {4, 6});
+  EXPECT_TRUE(IsInvalidArgument(ops::ConvertTensor(Cpu(), f32, bf16_short), "convert"));
+  EXPECT_TRUE(IsInvalidArgument(ops::ConvertTensor(Cpu(), f32, f32_long), "convert"));
+  EXPECT_TRUE(IsInvalidArgument(ops::ConvertTensor(Cpu(), f32, i32), "convert"));
+  EXPECT_TRUE(IsInvalidArgument(ops::ConvertTensor(Cpu(), i32, f32), "convert"));
+  EXPECT_TRUE(IsInvalidArgument(ops::ConvertTensor(Cpu(), TensorView(), f32), "convert"));
+}
+
+}  // namespace
+}  // namespace moetrain::ops_test

@@ -1,0 +1,80 @@
+// What the tests of the transformer's layer ops (norm, embedding, LM-head loss) share: random
+// values, tensors from floats and ints, and errors relative to a tensor's scale.
+#ifndef MOETRAIN_TESTS_ENGINE_OPS_LAYER_TEST_UTIL_H_
+#define MOETRAIN_TESTS_ENGINE_OPS_LAYER_TEST_UTIL_H_
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/backend/exec_context.h"
+#include "engine/core/dtype.h"
+#include "engine/core/tensor.h"
+#include "gtest/gtest.h"
+
+namespace moetrain::ops_test::layer_test {
+
+inline ExecContext Cpu() { return ExecContext::Cpu(); }
+
+#ifndef ASSERT_OK
+#define ASSERT_OK(expr)                   \
+  do {                                    \
+    const absl::Status status_ = (expr);  \
+    ASSERT_TRUE(status_.ok()) << status_; \
+  } while (0)
+#endif
+
+inline std::vector<float> Normal(std::mt19937& rng, int64_t n, float mean, float stddev) {
+  std::normal_distribution<float> dist(mean, stddev);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+inline float RoundToBF16(float v) { return BF16ToFloat(FloatToBF16(v)); }
+
+inline Tensor FromFloats(DType dtype, std::vector<int64_t> shape,
+                         const std::vector<float>& values) {
+  Tensor t = Tensor::Empty(dtype, shape);
+  EXPECT_EQ(t.numel(), static_cast<int64_t>(values.size()));
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    if (dtype == DType::kBF16) {
+      t.data<BF16>()[i] = FloatToBF16(values[i]);
+    } else {
+      t.data<float>()[i] = values[i];
+    }
+  }
+  return t;
+}
+
+inline Tensor FromInts(const std::vector<int32_t>& values) {
+  Tensor t = Tensor::Empty(DType::kI32, {static_cast<int64_t>(values.size())});
+  std::copy(values.begin(), values.end(), t.data<int32_t>());
+  return t;
+}
+
+inline std::vector<double> ToDoubles(const TensorView& t) {
+  std::vector<double> v(t.numel());
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    v[i] = t.dtype() == DType::kBF16 ? BF16ToFloat(t.data<BF16>()[i]) : t.data<float>()[i];
+  }
+  return v;
+}
+
+// max |got − want| / max |want|: the error relative to the tensor's scale.
+inline double RelError(const std::vector<double>& got, const std::vector<double>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double err = 0.0, scale = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    err = std::max(err, std::abs(got[i] - want[i]));
+    scale = std::max(scale, std::abs(want[i]));
+  }
+  return err / std::max(scale, 1e-30);
+}
+
+}  // namespace moetrain::ops_test::layer_test
+
+#endif  // MOETRAIN_TESTS_ENGINE_OPS_LAYER_TEST_UTIL_H_
