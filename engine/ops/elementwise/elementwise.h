@@ -1,5 +1,6 @@
 // Per-element ops on whole tensors: dtype conversion, copies between devices, the residual add,
-// constant fills and the Philox weight init. Tensors are dense; "act" = f32 or bf16.
+// constant fills and the Philox weight init. Tensors are dense; "act" = f32 or bf16. Each element
+// is computed alone: results do not depend on the thread count.
 #ifndef MOETRAIN_ENGINE_OPS_ELEMENTWISE_ELEMENTWISE_H_
 #define MOETRAIN_ENGINE_OPS_ELEMENTWISE_ELEMENTWISE_H_
 

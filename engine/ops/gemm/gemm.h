@@ -1,6 +1,8 @@
 // Dense GEMM: c (f32) = [c +] op(a) · op(b), with f32 or bf16 inputs and f32 accumulation. On the
 // CPU through oneDNN, whose primitives are created once per shape class and dtype and cached;
-// every function here may be called from several threads at once.
+// every function here may be called from several threads at once. oneDNN threads a GEMM over the
+// calling thread's OpenMP team and picks its kernels by the CPU: identical calls give identical
+// bits on one machine, but other CPUs (or OpenMP team sizes) may round differently.
 #ifndef MOETRAIN_ENGINE_OPS_GEMM_GEMM_H_
 #define MOETRAIN_ENGINE_OPS_GEMM_GEMM_H_
 

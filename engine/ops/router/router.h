@@ -1,5 +1,7 @@
 // The router: scores, top-k selection, combine weights, aux and z losses, and their backward; and
 // the expert-bias update. The per-token math is in router_math.h, shared with the CUDA kernels.
+// Tokens are independent and every sum over tokens runs serially in token order: results do not
+// depend on the thread count.
 //
 // Definitions (T tokens, E experts, k chosen per token, z = logits, all in f32):
 //   score s_{t,e}: softmax(z_t)_e, or sigmoid(z_{t,e}).

@@ -1,6 +1,6 @@
 // SwiGLU, the activation of every expert and dense FFN: out = silu(gate) ⊙ up, threaded over rows
 // and reading and writing each tensor once. Math in f32 (swiglu_math.h); activations ("act") in
-// f32 or bf16.
+// f32 or bf16. Each element is computed alone: results do not depend on the thread count.
 #ifndef MOETRAIN_ENGINE_OPS_SWIGLU_SWIGLU_H_
 #define MOETRAIN_ENGINE_OPS_SWIGLU_SWIGLU_H_
 

@@ -6,6 +6,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "engine/core/allocator.h"
+#include "engine/core/device.h"
 #include "gtest/gtest.h"
 
 namespace moetrain {
@@ -203,6 +206,82 @@ TEST(CheckTensorTest, NamesTheTensorAndBothShapes) {
             "w: expected (4, 256, 1) f32, got (4, 256) f32");
   EXPECT_EQ(CheckTensor(TensorView(), "bias", DType::kF32, {8}).message(),
             "bias: expected (8) f32, got no tensor");
+}
+
+// Views and tensors carry their device; every view made from one keeps it.
+TEST(TensorDeviceTest, ViewsKeepTheirDevice) {
+  Tensor t = Iota(4, 6);
+  EXPECT_EQ(t.device(), Device::Cpu());
+  EXPECT_EQ(t.view().device(), Device::Cpu());
+  int64_t fake_device_memory[24];
+  const TensorView gpu(fake_device_memory, DType::kF32, {4, 6}, Device::Cuda(1));
+  EXPECT_EQ(gpu.device(), Device::Cuda(1));
+  EXPECT_EQ(gpu.Slice(1, 3).device(), Device::Cuda(1));
+  EXPECT_EQ(gpu.Select(2).device(), Device::Cuda(1));
+  EXPECT_EQ(gpu.Reshape({24}).device(), Device::Cuda(1));
+  const TensorView strided(fake_device_memory, DType::kF32, {6, 4}, {1, 6}, Device::Cuda(1));
+  EXPECT_EQ(strided.device(), Device::Cuda(1));
+  EXPECT_EQ(gpu.DebugString(), "(4, 6) f32 on cuda:1");
+  EXPECT_EQ(t.view().DebugString(), "(4, 6) f32");
+  // raw() is the address on the device, for kernels and copies; it never reads it.
+  EXPECT_EQ(gpu.raw(), fake_device_memory);
+  EXPECT_EQ(Device::Cpu().DebugString(), "cpu");
+  EXPECT_EQ(Device::Cuda(3).DebugString(), "cuda:3");
+  EXPECT_TRUE(Device::Cpu().is_cpu());
+  EXPECT_FALSE(Device::Cuda(0).is_cpu());
+  EXPECT_NE(Device::Cuda(0), Device::Cuda(1));
+}
+
+// The host cannot read another device's memory through a view: data<T>() stops the process,
+// naming the device, instead of reading garbage.
+TEST(TensorDeviceDeathTest, HostAccessToDeviceMemoryIsRefused) {
+  float fake_device_memory[8];
+  const TensorView gpu(fake_device_memory, DType::kF32, {8}, Device::Cuda(0));
+  EXPECT_DEATH(gpu.data<float>(), "host access to a \\(8\\) f32 on cuda:0 view");
+  EXPECT_DEATH(gpu.Slice(0, 2).data<float>(), "cuda:0");
+}
+
+// Allocate takes memory from the allocator it is given, and gives it back to that allocator.
+TEST(TensorAllocateTest, UsesAndReturnsItsAllocatorsMemory) {
+  class CountingAllocator final : public Allocator {
+   public:
+    Device device() const override { return Device::Cpu(); }
+    absl::StatusOr<void*> Allocate(size_t bytes) override {
+      if (bytes > limit) return absl::ResourceExhaustedError("over the limit");
+      ++live;
+      return CpuAllocator().Allocate(bytes);
+    }
+    void Deallocate(void* data) override {
+      --live;
+      CpuAllocator().Deallocate(data);
+    }
+    size_t limit = 1 << 20;
+    int live = 0;
+  } counting;
+  {
+    absl::StatusOr<Tensor> t = Tensor::Allocate(counting, DType::kBF16, {3, 5});
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ(counting.live, 1);
+    EXPECT_EQ(t->dtype(), DType::kBF16);
+    EXPECT_EQ(t->numel(), 15);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t->view().raw()) % 64, 0u);
+    Tensor moved = *std::move(t);
+    EXPECT_EQ(counting.live, 1);
+  }
+  EXPECT_EQ(counting.live, 0);
+  // No room: a Status naming the request, nothing allocated.
+  const absl::StatusOr<Tensor> big = Tensor::Allocate(counting, DType::kF32, {1 << 20});
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(counting.live, 0);
+  // An empty tensor still has memory, so it is not empty().
+  absl::StatusOr<Tensor> none = Tensor::Allocate(counting, DType::kF32, {0, 4});
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->empty());
+  // Sizes that overflow are refused, not wrapped.
+  EXPECT_EQ(Tensor::Allocate(CpuAllocator(), DType::kF32, {int64_t{1} << 40, int64_t{1} << 40})
+                .status()
+                .code(),
+            absl::StatusCode::kResourceExhausted);
 }
 
 TEST(TensorViewDeathTest, BrokenInvariantsStopTheProcess) {
