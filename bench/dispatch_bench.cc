@@ -170,14 +170,17 @@ nlohmann::json RunRank(const Flags& flags, Communicator& world) {
     return PlanDispatch({.group = &world, .rows_per_expert = tokens_per_expert}).status();
   });
   ops::Permutation permutation;
-  Die(ops::BuildPermutation(
-          ctx, moe, {.topk_experts = routing.topk_experts, .topk_weights = routing.topk_weights},
-          &permutation),
+  const std::vector<int64_t> offsets = ops::PermutedExpertOffsets(moe, t, tokens_per_expert);
+  Die(ops::BuildPermutation(ctx, moe,
+                            {.topk_experts = routing.topk_experts,
+                             .topk_weights = routing.topk_weights,
+                             .expert_offsets = offsets},
+                            &permutation),
       "permute");
   const int64_t r = one->num_send_rows(), n = one->num_received_rows();
   Tensor rows = Tensor::Empty(dtype, {r, d}), received = Tensor::Empty(dtype, {n, d});
   Tensor back = Tensor::Empty(dtype, {r, d}), plain = Tensor::Empty(dtype, {n, d});
-  Die(ops::GatherRows(ctx, x, permutation.row_token.view().Slice(0, r), rows), "gather");
+  Die(ops::GatherRows(ctx, x, permutation.row_token, rows), "gather");
 
   // Exchange: dispatch + combine against plain all-to-all-v of the same bytes.
   const double dc_seconds = MedianSeconds(world, flags.reps, [&]() -> absl::Status {

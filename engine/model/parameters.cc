@@ -295,10 +295,11 @@ absl::Status Transformer::UpdateExpertBiases(
                                                      tokens_per_expert[j].size(), " counts for ", e,
                                                      " experts"));
     }
-    // The step's counts, summed over the ranks on the host, go to the device of the bias.
-    std::vector<int64_t> host_counts = tokens_per_expert[j];
-    MOETRAIN_RETURN_IF_ERROR(
-        ops::CopyTensor(ctx_, TensorView(host_counts.data(), DType::kI64, {e}), counts));
+    // The step's counts, summed over the ranks on the host, go to the device of the bias
+    // (CopyTensor only reads its source).
+    const TensorView host_counts(const_cast<int64_t*>(tokens_per_expert[j].data()), DType::kI64,
+                                 {e});
+    MOETRAIN_RETURN_IF_ERROR(ops::CopyTensor(ctx_, host_counts, counts));
     const absl::Status status = ops::UpdateExpertBias(
         ctx_, counts, config_.moe.expert_bias_update_rate, block_weights_[layer].moe.expert_bias);
     if (!status.ok()) {

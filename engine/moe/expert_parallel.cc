@@ -106,6 +106,15 @@ absl::StatusOr<ExchangeRequest> StartExchange(const DispatchHandle* handle, Tens
 
 }  // namespace
 
+std::vector<int64_t> DispatchHandle::SendOrderOffsets() const {
+  std::vector<int64_t> offsets(num_experts + 1, 0);
+  for (int64_t e = 0; e < num_experts; ++e) {
+    offsets[expert_send_slot[e] + 1] = rows_sent[group_rank * num_experts + e];
+  }
+  for (int64_t s = 0; s < num_experts; ++s) offsets[s + 1] += offsets[s];
+  return offsets;
+}
+
 std::vector<int64_t> DispatchHandle::ExpertOffsets(int c, int source) const {
   const int64_t first = chunk_first_expert(c), last = chunk_last_expert(c);
   std::vector<int64_t> offsets(last - first + 1);

@@ -23,8 +23,8 @@
 //
 // Send order: a rank's rows sorted by handle.expert_send_slot of their expert, i.e. by chunk, then
 // destination rank, then global expert, each expert's rows in the sender's order. With one chunk
-// that is simply by global expert (what BuildPermutation gives); with more, relabel the experts by
-// expert_send_slot before BuildPermutation.
+// that is simply by global expert; with more, ops::BuildPermutation sorts by it when given
+// expert_send_slot as its expert_order and SendOrderOffsets as its offsets.
 #ifndef MOETRAIN_ENGINE_MOE_EXPERT_PARALLEL_H_
 #define MOETRAIN_ENGINE_MOE_EXPERT_PARALLEL_H_
 
@@ -77,6 +77,9 @@ struct DispatchHandle {
   int64_t chunk_last_expert(int c) const {
     return chunk_experts[group_rank * (num_chunks + 1) + c + 1];
   }
+  // (E + 1) the send-order rows of each expert slot: slot expert_send_slot[e] holds the rows this
+  // rank sends to expert e.
+  std::vector<int64_t> SendOrderOffsets() const;
   // The received rows of chunk c from source s, by local expert: (last − first + 1) offsets,
   // absolute rows of the received buffer; expert first + i owns [offsets[i], offsets[i+1]).
   std::vector<int64_t> ExpertOffsets(int c, int source) const;

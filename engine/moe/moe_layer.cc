@@ -267,17 +267,18 @@ absl::Status MoeLayer::Forward(const MoeWeights& weights, TensorView x, int64_t 
   if (expert_parallel_) {
     MOETRAIN_RETURN_IF_ERROR(ForwardExpertParallel(weights, out));
   } else {
-    MOETRAIN_RETURN_IF_ERROR(ops::BuildPermutation(
-        ctx_, config_,
-        {.topk_experts = routing_.topk_experts, .topk_weights = routing_.topk_weights},
-        &permutation_));
-    // Routed experts over the permuted rows: one contiguous block per expert.
+    // Routed experts over the permuted rows: one contiguous block per expert, laid out as the
+    // host plans it from the counts.
     offsets_ = ops::PermutedExpertOffsets(config_, t, host_counts_);
+    MOETRAIN_RETURN_IF_ERROR(ops::BuildPermutation(ctx_, config_,
+                                                   {.topk_experts = routing_.topk_experts,
+                                                    .topk_weights = routing_.topk_weights,
+                                                    .expert_offsets = offsets_},
+                                                   &permutation_));
     const int64_t r = offsets_.back();
     dropped_ = t * config_.top_k - r;
     MOETRAIN_ASSIGN_OR_RETURN(permuted_x_, workspace_.Get(kPermutedX, dtype_, {r, d}));
-    MOETRAIN_RETURN_IF_ERROR(
-        ops::GatherRows(ctx_, x, permutation_.row_token.view().Slice(0, r), permuted_x_));
+    MOETRAIN_RETURN_IF_ERROR(ops::GatherRows(ctx_, x, permutation_.row_token, permuted_x_));
     MOETRAIN_ASSIGN_OR_RETURN(gate_up_, workspace_.Get(kGateUp, DType::kF32, {r, 2 * f}));
     MOETRAIN_ASSIGN_OR_RETURN(activated_, workspace_.Get(kActivated, dtype_, {r, f}));
     MOETRAIN_ASSIGN_OR_RETURN(expert_out_, workspace_.Get(kExpertOut, DType::kF32, {r, d}));

@@ -53,26 +53,25 @@ absl::Status MoeLayer::ForwardExpertParallel(const MoeWeights& weights, TensorVi
   // The rows each expert gets from this rank (capped by capacity as BuildPermutation caps them),
   // exchanged for the layout; then the pairs sorted by their experts' send slots, so that every
   // exchange sends one contiguous block of rows.
-  const int64_t capacity = ops::ExpertCapacity(config_, t);
-  std::vector<int64_t> rows_per_expert(e);
-  for (int64_t i = 0; i < e; ++i) rows_per_expert[i] = std::min(host_counts_[i], capacity);
-  MOETRAIN_ASSIGN_OR_RETURN(handle_, PlanDispatch({.group = parallel_.expert_group,
-                                                   .rows_per_expert = rows_per_expert,
-                                                   .num_chunks = num_chunks_}));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      handle_, PlanDispatch({.group = parallel_.expert_group,
+                             .rows_per_expert = ops::KeptRowsPerExpert(config_, t, host_counts_),
+                             .num_chunks = num_chunks_}));
   MOETRAIN_ASSIGN_OR_RETURN(TensorView send_order, workspace_.Get(kSendOrder, DType::kI32, {e}));
   MOETRAIN_RETURN_IF_ERROR(ops::CopyTensor(
       ctx_, TensorView(handle_.expert_send_slot.data(), DType::kI32, {e}), send_order));
+  const std::vector<int64_t> send_offsets = handle_.SendOrderOffsets();
   MOETRAIN_RETURN_IF_ERROR(ops::BuildPermutation(ctx_, config_,
                                                  {.topk_experts = routing_.topk_experts,
                                                   .topk_weights = routing_.topk_weights,
+                                                  .expert_offsets = send_offsets,
                                                   .expert_order = send_order},
                                                  &permutation_));
   const int64_t r = handle_.num_send_rows(), n = handle_.num_received_rows();
   dropped_ = t * k - r;
 
   MOETRAIN_ASSIGN_OR_RETURN(permuted_x_, workspace_.Get(kPermutedX, dtype_, {r, d}));
-  MOETRAIN_RETURN_IF_ERROR(
-      ops::GatherRows(ctx_, x_, permutation_.row_token.view().Slice(0, r), permuted_x_));
+  MOETRAIN_RETURN_IF_ERROR(ops::GatherRows(ctx_, x_, permutation_.row_token, permuted_x_));
   MOETRAIN_ASSIGN_OR_RETURN(received_x_, workspace_.Get(kReceivedX, dtype_, {n, d}));
   MOETRAIN_ASSIGN_OR_RETURN(gate_up_, workspace_.Get(kGateUp, DType::kF32, {n, 2 * f}));
   MOETRAIN_ASSIGN_OR_RETURN(activated_, workspace_.Get(kActivated, dtype_, {n, f}));

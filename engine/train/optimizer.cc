@@ -127,23 +127,7 @@ absl::StatusOr<AdamW> AdamW::Create(const ExecContext& ctx, const AdamWConfig& c
       moments->push_back(std::move(moment));
     }
   }
-  optimizer.CollectViews();
   return optimizer;
-}
-
-void AdamW::CollectViews() {
-  values_.clear();
-  grads_.clear();
-  exp_avg_views_.clear();
-  exp_avg_sq_views_.clear();
-  weight_decay_.clear();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    values_.push_back(params_[i].value);
-    grads_.push_back(params_[i].grad);
-    exp_avg_views_.push_back(exp_avg_[i]);
-    exp_avg_sq_views_.push_back(exp_avg_sq_[i]);
-    weight_decay_.push_back(params_[i].weight_decay);
-  }
 }
 
 absl::Status AdamW::Step(float lr) {
@@ -165,11 +149,20 @@ absl::Status AdamW::Step(float lr) {
   decaying.decay = static_cast<float>(1.0 - static_cast<double>(lr) * config_.weight_decay);
   AdamWScalars plain = decaying;
   plain.decay = 1.0f;
-  MOETRAIN_RETURN_IF_ERROR(ops::AdamWStep(ctx_, {.params = values_,
-                                                 .grads = grads_,
-                                                 .exp_avg = exp_avg_views_,
-                                                 .exp_avg_sq = exp_avg_sq_views_,
-                                                 .weight_decay = &weight_decay_,
+  std::vector<TensorView> values, grads, exp_avg, exp_avg_sq;
+  std::vector<bool> weight_decay;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    values.push_back(params_[i].value);
+    grads.push_back(params_[i].grad);
+    exp_avg.push_back(exp_avg_[i]);
+    exp_avg_sq.push_back(exp_avg_sq_[i]);
+    weight_decay.push_back(params_[i].weight_decay);
+  }
+  MOETRAIN_RETURN_IF_ERROR(ops::AdamWStep(ctx_, {.params = values,
+                                                 .grads = grads,
+                                                 .exp_avg = exp_avg,
+                                                 .exp_avg_sq = exp_avg_sq,
+                                                 .weight_decay = &weight_decay,
                                                  .decaying = decaying,
                                                  .plain = plain}));
   step_ = t;
@@ -213,7 +206,6 @@ absl::Status AdamW::SetState(int64_t step, absl::Span<const TensorView> exp_avg,
   }
   exp_avg_ = std::move(new_exp_avg);
   exp_avg_sq_ = std::move(new_exp_avg_sq);
-  CollectViews();
   step_ = step;
   return absl::OkStatus();
 }

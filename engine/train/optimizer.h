@@ -91,17 +91,12 @@ class AdamW {
  private:
   AdamW(const ExecContext& ctx, const AdamWConfig& config, std::vector<Parameter> params)
       : ctx_(ctx), config_(config), params_(std::move(params)) {}
-  // The views the AdamW op reads, from params_ and the moments.
-  void CollectViews();
 
   ExecContext ctx_;
   AdamWConfig config_;
   std::vector<Parameter> params_;
   std::vector<Tensor> exp_avg_;     // P × (shape of the parameter) f32: m
   std::vector<Tensor> exp_avg_sq_;  // P × (shape of the parameter) f32: v
-  // What the AdamW op is given: one entry per parameter.
-  std::vector<TensorView> values_, grads_, exp_avg_views_, exp_avg_sq_views_;
-  std::vector<bool> weight_decay_;
   int64_t step_ = 0;
 };
 
@@ -128,7 +123,7 @@ absl::Status ClipGradsToNorm(const ExecContext& ctx, absl::Span<const Parameter>
 // device) is never reported finite (it would not have been checked).
 bool AllFinite(const ExecContext& ctx, absl::Span<const Parameter> params);
 
-// Sets every grad to zero (any dtype and strides).
+// Sets every grad to zero (f32, bf16, i32 or i64; any strides on the host).
 absl::Status ZeroGrads(const ExecContext& ctx, absl::Span<const Parameter> params);
 
 }  // namespace moetrain

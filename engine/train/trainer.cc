@@ -105,9 +105,7 @@ std::string Trainer::CheckpointRoot() const {
 
 absl::Status Trainer::ForwardBackward(const Tensor& batch, StepStats* stats) {
   const int world = groups_->world_size();
-  const int64_t micro =
-      config_.micro_batch_size > 0 ? config_.micro_batch_size : config_.data.batch_size;
-  const int64_t micro_batches = config_.data.batch_size / micro;
+  const int64_t micro_batches = config_.micro_batches();
   const int64_t local_batch = data_->local_batch_size();
   BackwardOptions options;
   // 1/W: the ranks' grads are summed, and their mean is the single-process gradient.
@@ -155,10 +153,8 @@ absl::Status Trainer::UpdateWeights(double grad_norm, const StepStats& stats, St
 
 absl::StatusOr<StepReport> Trainer::TrainStep() {
   const double start = Seconds();
-  const int64_t shares =
-      config_.data.batch_size /
-      (config_.micro_batch_size > 0 ? config_.micro_batch_size : config_.data.batch_size) *
-      groups_->world_size();
+  // Each micro-batch of each rank is one share of the step's mean losses.
+  const int64_t shares = config_.micro_batches() * groups_->world_size();
   StepStats stats(model_->num_moe_layers(), config_.model.moe.num_experts);
   MOETRAIN_RETURN_IF_ERROR(ForwardBackward(data_->Next(), &stats));
   // Every rank reports the global step: the sums reach every rank with the same bits, so every

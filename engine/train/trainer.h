@@ -75,6 +75,11 @@ struct TrainerConfig {
   // OK, or InvalidArgument naming the field (and validates model, data, parallel, optimizer,
   // schedule).
   absl::Status Validate() const;
+
+  // The micro-batches of one optimizer step (of a valid config).
+  int64_t micro_batches() const {
+    return data.batch_size / (micro_batch_size > 0 ? micro_batch_size : data.batch_size);
+  }
 };
 
 // What one logged step reports. Global values: every rank reports the same numbers (but
@@ -189,17 +194,20 @@ class Trainer {
   // and every rank learns its name; each first replica writes its shard and every rank learns
   // what was written; rank 0 commits (and prunes) once all succeeded and tells the others.
   absl::StatusOr<std::string> BeginCheckpointOnRanks();
-  // WriteShard returns every rank's shard report (for AllGather, as integers) and puts this
-  // rank's own write error into *written; CommitCheckpointOnRanks takes it back.
-  absl::StatusOr<std::vector<int64_t>> WriteShard(const std::string& tmp_dir,
-                                                  const CheckpointContents& contents,
-                                                  absl::Status* written);
+  struct ShardReports {
+    std::vector<int64_t> words;  // every rank's report of its files, as integers (AllGather)
+    absl::Status written;        // this rank's own write
+  };
+  // WriteShard's result is an error only when the ranks could not exchange their reports.
+  absl::StatusOr<ShardReports> WriteShard(const std::string& tmp_dir,
+                                          const CheckpointContents& contents);
   absl::StatusOr<std::string> CommitCheckpointOnRanks(const std::string& tmp_dir,
                                                       const CheckpointContents& contents,
-                                                      const std::vector<int64_t>& shards,
-                                                      absl::Status written);
+                                                      ShardReports shards);
   // What this rank's shard of a checkpoint of the current state holds.
   CheckpointContents CheckpointContentsOfRank() const;
+  // The first replica of each expert shard (dp_rank 0) writes it; rank 0 the dense part too.
+  bool WritesShard() const { return groups_->data_rank() == 0; }
 
   ExecContext ctx_;
   TrainerConfig config_;

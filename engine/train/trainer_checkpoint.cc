@@ -194,7 +194,7 @@ CheckpointContents Trainer::CheckpointContentsOfRank() const {
 
   // The first replica of each expert shard writes it, rank 0 the dense part too. The model file
   // holds the f32 master weights themselves, so the optimizer file needs only the moments.
-  const bool writes = groups_->data_rank() == 0;
+  const bool writes = WritesShard();
   int64_t optim_index = 0;  // the optimizer's parameters are the trainable ones, in this order
   for (const NamedParameter& p : model_->parameters()) {
     const bool mine = p.expert ? writes : rank == 0;
@@ -210,13 +210,13 @@ CheckpointContents Trainer::CheckpointContentsOfRank() const {
   return contents;
 }
 
-absl::StatusOr<std::vector<int64_t>> Trainer::WriteShard(const std::string& tmp_dir,
-                                                         const CheckpointContents& contents,
-                                                         absl::Status* written) {
+absl::StatusOr<Trainer::ShardReports> Trainer::WriteShard(const std::string& tmp_dir,
+                                                          const CheckpointContents& contents) {
   Communicator& world = groups_->world();
-  absl::Status& status = *written;
+  ShardReports reports;
+  absl::Status& status = reports.written;
   std::vector<int64_t> shard(kShardWords, 0);
-  if (groups_->data_rank() == 0) {  // the first replica of each expert shard
+  if (WritesShard()) {
     absl::StatusOr<std::vector<CheckpointFile>> files = WriteCheckpointShard(tmp_dir, contents);
     status = files.status();
     if (status.ok()) {
@@ -225,32 +225,32 @@ absl::StatusOr<std::vector<int64_t>> Trainer::WriteShard(const std::string& tmp_
     }
   }
   shard[0] = status.ok();
-  std::vector<int64_t> all(kShardWords * world.size());
+  reports.words.resize(kShardWords * world.size());
   if (world.size() > 1) {
-    MOETRAIN_RETURN_IF_ERROR(world.AllGather(shard.data(), all.data(), kShardWords, DType::kI64));
+    MOETRAIN_RETURN_IF_ERROR(
+        world.AllGather(shard.data(), reports.words.data(), kShardWords, DType::kI64));
   } else {
-    all = shard;
+    reports.words = shard;
   }
-  return all;
+  return reports;
 }
 
 absl::StatusOr<std::string> Trainer::CommitCheckpointOnRanks(const std::string& tmp_dir,
                                                              const CheckpointContents& contents,
-                                                             const std::vector<int64_t>& shards,
-                                                             absl::Status written) {
+                                                             ShardReports shards) {
   Communicator& world = groups_->world();
   const std::string root = CheckpointRoot();
   const std::string step_name = CheckpointStepDirName(step_);
   std::string path =
       (std::filesystem::path(root).lexically_normal() / step_name).lexically_normal().string();
   // Rank 0's own write error, if any, names the failure best.
-  absl::Status status = std::move(written);
+  absl::Status status = std::move(shards.written);
   int64_t committed = 0;
   if (groups_->rank() == 0) {
     std::vector<CheckpointFile> files;
     std::vector<int> failed;
     for (int r = 0; r < world.size(); ++r) {
-      const int64_t* words = &shards[r * kShardWords];
+      const int64_t* words = &shards.words[r * kShardWords];
       if (!words[0]) failed.push_back(r);
       for (int64_t f = 0; f < words[1]; ++f) {
         files.push_back(
@@ -286,11 +286,9 @@ absl::StatusOr<CheckpointReport> Trainer::SaveCheckpoint() {
   const auto start = std::chrono::steady_clock::now();
   MOETRAIN_ASSIGN_OR_RETURN(const std::string tmp_dir, BeginCheckpointOnRanks());
   const CheckpointContents contents = CheckpointContentsOfRank();
-  absl::Status written;
-  MOETRAIN_ASSIGN_OR_RETURN(const std::vector<int64_t> shards,
-                            WriteShard(tmp_dir, contents, &written));
+  MOETRAIN_ASSIGN_OR_RETURN(ShardReports shards, WriteShard(tmp_dir, contents));
   MOETRAIN_ASSIGN_OR_RETURN(std::string path,
-                            CommitCheckpointOnRanks(tmp_dir, contents, shards, std::move(written)));
+                            CommitCheckpointOnRanks(tmp_dir, contents, std::move(shards)));
   CheckpointReport report;
   report.step = step_;
   report.tokens_seen = tokens_seen_;

@@ -14,7 +14,7 @@ namespace moetrain::ops {
 
 // windows (B, S + 1) i32 → inputs (B·S) = windows[:, :S] and targets (B·S) = windows[:, 1:].
 // Every id must lie in [0, vocab): InvalidArgument "tokens[b, i] = id is outside the vocabulary
-// [0, model.vocab_size = V)" otherwise.
+// [0, V)" otherwise.
 absl::Status SplitTokens(const ExecContext& ctx, TensorView windows, int64_t vocab,
                          TensorView inputs, TensorView targets);
 

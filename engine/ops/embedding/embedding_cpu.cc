@@ -35,7 +35,7 @@ absl::Status SplitTokens(TensorView windows, int64_t vocab, TensorView inputs, T
     if (ids[i] < 0 || ids[i] >= vocab) {
       return absl::InvalidArgumentError(
           absl::StrCat("tokens[", i / (s + 1), ", ", i % (s + 1), "] = ", ids[i],
-                       " is outside the vocabulary [0, model.vocab_size = ", vocab, ")"));
+                       " is outside the vocabulary [0, ", vocab, ")"));
     }
   }
   for (int64_t row = 0; row < b; ++row) {

@@ -1,4 +1,5 @@
-// The chunked LM head: GEMMs through ops::Gemm, the per-row cross-entropy on the backend.
+// The chunked LM head: GEMMs through ops::Gemm, and between them the backend's cross-entropy
+// rows (CheckTargets refuses a device it does not serve before anything runs).
 #include "engine/ops/loss/lm_head_loss.h"
 
 #include <algorithm>
@@ -27,8 +28,22 @@ absl::Status CheckLmHeadArgs(const ExecContext& ctx, const LmHeadLossArgs& args)
     return absl::InvalidArgumentError(
         absl::StrCat("lm_head chunk_tokens = ", args.chunk_tokens, " must not be negative"));
   }
+  return absl::OkStatus();
+}
+
+// The backend's parts of the loss, between the chunks' GEMMs.
+absl::Status CheckTargets(const ExecContext& ctx, TensorView targets, int64_t vocab) {
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "lm_head");
-  return cpu::CheckTargets(args.targets, args.weight.dim(0));
+  return cpu::CheckTargets(targets, vocab);
+}
+
+void CrossEntropyRows(const ExecContext& ctx, TensorView z, TensorView targets,
+                      TensorView token_loss, TensorView d_logits, float scale) {
+  cpu::CrossEntropyRows(ctx, z, targets, token_loss, d_logits, scale);
+}
+
+double SumInOrder(const ExecContext& ctx, TensorView token_loss) {
+  return cpu::SumInOrder(token_loss);
 }
 
 // Forward (and with `grads`, backward) over the chunks.
@@ -45,6 +60,8 @@ absl::StatusOr<float> LmHeadLoss(const ExecContext& ctx, const LmHeadLossArgs& a
     MOETRAIN_RETURN_IF_ERROR(
         CheckDenseTensor(grads->d_weight, "lm_head d_weight", DType::kF32, {v, d}));
   }
+  // Every target before the first GEMM: an error leaves the gradients untouched.
+  MOETRAIN_RETURN_IF_ERROR(CheckTargets(ctx, args.targets, v));
   std::optional<LmHeadLossWorkspace> local;
   if (workspace == nullptr) workspace = &local.emplace(ctx);
   Workspace& ws = workspace->buffers();
@@ -67,15 +84,15 @@ absl::StatusOr<float> LmHeadLoss(const ExecContext& ctx, const LmHeadLossArgs& a
     TensorView z = logits.Slice(0, rows);
     MOETRAIN_RETURN_IF_ERROR(Gemm(ctx, {.a = hidden, .b = args.weight, .c = z, .trans_b = true}));
     const TensorView dz = grads != nullptr ? d_logits.Slice(0, rows) : TensorView();
-    cpu::CrossEntropyRows(ctx, z, args.targets.Slice(t0, t0 + rows),
-                          token_loss.Slice(t0, t0 + rows), dz, scale);
+    CrossEntropyRows(ctx, z, args.targets.Slice(t0, t0 + rows), token_loss.Slice(t0, t0 + rows), dz,
+                     scale);
     if (grads == nullptr) continue;
     MOETRAIN_RETURN_IF_ERROR(
         Gemm(ctx, {.a = dz, .b = args.weight, .c = grads->d_hidden.Slice(t0, t0 + rows)}));
     MOETRAIN_RETURN_IF_ERROR(Gemm(
         ctx, {.a = dz, .b = hidden, .c = grads->d_weight, .trans_a = true, .accumulate = true}));
   }
-  return static_cast<float>(cpu::SumInOrder(token_loss) / static_cast<double>(t));
+  return static_cast<float>(SumInOrder(ctx, token_loss) / static_cast<double>(t));
 }
 
 }  // namespace

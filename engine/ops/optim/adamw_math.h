@@ -1,5 +1,7 @@
 // The AdamW update per element, for the CPU and CUDA kernels alike (train/optimizer.h defines
-// the step; AdamWScalars carries its per-step numbers):
+// the step; AdamWScalars carries its per-step numbers). The CPU's loops that inline these are
+// compiled with MOETRAIN_NO_FP_CONTRACT, so no clone fuses a multiply-add and every CPU gives
+// the same bits; a device kernel matches them only if it does not fuse either (nvcc --fmad=false).
 //   m ← β1·m + (1 − β1)·g,  v ← β2·v + (1 − β2)·g²,
 //   p ← p·decay − step_size · m / (√v · inv_sqrt_bias2 + eps).
 #ifndef MOETRAIN_ENGINE_OPS_OPTIM_ADAMW_MATH_H_

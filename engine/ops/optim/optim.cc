@@ -1,6 +1,7 @@
 #include "engine/ops/optim/optim.h"
 
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "engine/core/status.h"
@@ -75,7 +76,13 @@ absl::StatusOr<bool> AllFinite(const ExecContext& ctx, absl::Span<const TensorVi
 absl::Status CheckAdamWMoments(const ExecContext& ctx, std::string_view m_name, TensorView m,
                                std::string_view v_name, TensorView v) {
   MOETRAIN_RETURN_IF_ERROR(CheckDevices(ctx, "adamw state", {{m_name, m}, {v_name, v}}));
-  MOETRAIN_RETURN_IF_ERROR(CheckTensors(ctx, "adamw state", "moments", {m, v}));
+  for (const auto& [name, t] : {std::pair{m_name, m}, {v_name, v}}) {
+    if (t.empty() || t.dtype() != DType::kF32 || !t.is_contiguous()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "adamw state: ", absl::string_view(name.data(), name.size()),
+          " must be a dense f32 tensor, got ", t.empty() ? std::string("none") : t.DebugString()));
+    }
+  }
   if (m.numel() != v.numel()) {
     return absl::InvalidArgumentError(absl::StrCat("adamw state: ", m.DebugString(), " and ",
                                                    v.DebugString(), " differ in size"));

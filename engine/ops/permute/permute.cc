@@ -25,13 +25,19 @@ int64_t ExpertCapacity(const MoeConfig& config, int64_t tokens) {
                                         static_cast<double>(config.num_experts)));
 }
 
+std::vector<int64_t> KeptRowsPerExpert(const MoeConfig& config, int64_t tokens,
+                                       absl::Span<const int64_t> tokens_per_expert) {
+  const int64_t capacity = ExpertCapacity(config, tokens);
+  std::vector<int64_t> kept(tokens_per_expert.begin(), tokens_per_expert.end());
+  for (int64_t& rows : kept) rows = std::min(rows, capacity);
+  return kept;
+}
+
 std::vector<int64_t> PermutedExpertOffsets(const MoeConfig& config, int64_t tokens,
                                            absl::Span<const int64_t> tokens_per_expert) {
-  const int64_t capacity = ExpertCapacity(config, tokens);
-  std::vector<int64_t> offsets(tokens_per_expert.size() + 1, 0);
-  for (size_t e = 0; e < tokens_per_expert.size(); ++e) {
-    offsets[e + 1] = offsets[e] + std::min(tokens_per_expert[e], capacity);
-  }
+  const std::vector<int64_t> kept = KeptRowsPerExpert(config, tokens, tokens_per_expert);
+  std::vector<int64_t> offsets(kept.size() + 1, 0);
+  for (size_t e = 0; e < kept.size(); ++e) offsets[e + 1] = offsets[e] + kept[e];
   return offsets;
 }
 
@@ -51,9 +57,24 @@ absl::Status BuildPermutation(const ExecContext& ctx, const MoeConfig& config,
     MOETRAIN_RETURN_IF_ERROR(
         CheckDenseTensor(args.expert_order, "expert_order", DType::kI32, {num_experts}));
   }
+  const absl::Span<const int64_t> offsets = args.expert_offsets;
+  if (static_cast<int64_t>(offsets.size()) != num_experts + 1 || offsets.front() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("expert_offsets: expected ", num_experts + 1,
+                                                   " offsets from 0, got ", offsets.size()));
+  }
+  for (int64_t e = 0; e < num_experts; ++e) {
+    if (offsets[e + 1] < offsets[e]) {
+      return absl::InvalidArgumentError(absl::StrCat("expert_offsets: decrease at expert ", e, " (",
+                                                     offsets[e], " > ", offsets[e + 1], ")"));
+    }
+  }
+  if (offsets.back() > tokens * k) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert_offsets: ", offsets.back(), " rows for ", tokens * k, " pairs"));
+  }
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "permutation");
   MOETRAIN_RETURN_IF_ERROR(EnsureOutput(ctx, &out->expert_offsets, DType::kI64, {num_experts + 1}));
-  MOETRAIN_RETURN_IF_ERROR(EnsureOutput(ctx, &out->row_token, DType::kI32, {tokens * k}));
+  MOETRAIN_RETURN_IF_ERROR(EnsureOutput(ctx, &out->row_token, DType::kI32, {offsets.back()}));
   MOETRAIN_RETURN_IF_ERROR(EnsureOutput(ctx, &out->pair_row, DType::kI32, {tokens, k}));
   return cpu::BuildPermutation(config, args, out);
 }

@@ -21,16 +21,22 @@
 namespace moetrain::ops {
 
 // The permuted layout, on the device of the op that built it. Its tensors are reused (not
-// reallocated) by the next BuildPermutation of the same T, k and E.
+// reallocated) by the next BuildPermutation of the same shapes.
 struct Permutation {
-  Tensor expert_offsets;  // (E + 1) i64: expert (or order position) e owns rows [e], [e + 1)
-  Tensor row_token;       // (T·k) i32: token of each permuted row; rows [R, T·k) are unused
+  Tensor expert_offsets;  // (E + 1) i64: expert (or order position) e owns rows
+                          // [expert_offsets[e], expert_offsets[e + 1])
+  Tensor row_token;       // (R) i32: token of each permuted row
   Tensor pair_row;        // (T, k) i32: permuted row of pair (t, j); -1 if dropped
 };
 
 struct PermutationArgs {
   TensorView topk_experts;  // (T, k) i32 in [0, E)
   TensorView topk_weights;  // (T, k) f32: ranks an over-full expert's pairs for kProbability
+  // (E + 1) host numbers: the rows of each expert in the permuted batch, as the host planned them
+  // from the router's counts (PermutedExpertOffsets) or the expert-parallel exchange. They size
+  // everything the host runs on the rows (the grouped GEMMs, the exchange), so the op lays the
+  // pairs out by them and refuses offsets that the pairs do not fill exactly.
+  absl::Span<const int64_t> expert_offsets = {};
   // (E) i32, a permutation of [0, E), or empty: sorts the pairs by expert_order[expert] instead
   // of by expert (the expert-parallel send order); expert_offsets then follow that order.
   TensorView expert_order = {};
@@ -38,16 +44,20 @@ struct PermutationArgs {
 
 // Sorts the pairs by expert. In capacity mode (capacity_factor > 0) an expert keeps at most
 // ⌈cf·T·k/E⌉ pairs by config.drop_policy, ranking by topk_weights for kProbability (ties to the
-// earlier pair); the kept pairs stay in (token, slot) order.
+// earlier pair); the kept pairs stay in (token, slot) order. R = expert_offsets[E].
 absl::Status BuildPermutation(const ExecContext& ctx, const MoeConfig& config,
                               const PermutationArgs& args, Permutation* out);
 
 // The capacity of each expert for T tokens: ⌈cf·T·k/E⌉, or T·k when dropless.
 int64_t ExpertCapacity(const MoeConfig& config, int64_t tokens);
 
-// Host numbers: the expert_offsets (E + 1) BuildPermutation writes for T tokens whose router
-// counted `tokens_per_expert` (E) pairs per expert: expert e keeps min(n_e, capacity) rows. So the
-// host knows R = offsets[E] (and the grouped GEMMs' group sizes) from the counts alone.
+// The rows each expert keeps of the `tokens_per_expert` (E) pairs its router chose among T
+// tokens: min(n_e, capacity).
+std::vector<int64_t> KeptRowsPerExpert(const MoeConfig& config, int64_t tokens,
+                                       absl::Span<const int64_t> tokens_per_expert);
+
+// The expert_offsets (E + 1) of BuildPermutation for those counts: the prefix sums of
+// KeptRowsPerExpert. So the host knows R = offsets[E] and the group sizes from the counts alone.
 std::vector<int64_t> PermutedExpertOffsets(const MoeConfig& config, int64_t tokens,
                                            absl::Span<const int64_t> tokens_per_expert);
 

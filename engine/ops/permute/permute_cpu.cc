@@ -92,23 +92,27 @@ absl::Status BuildPermutation(const MoeConfig& config, const ops::PermutationArg
     for (int64_t p = 0; p < pairs; ++p) sorted_pairs[next[bucket_of[p]]++] = p;
   }
 
-  // Capacity: an over-full expert keeps `capacity` pairs of its bucket, still in bucket order.
+  // Capacity: an over-full expert keeps `capacity` pairs of its bucket, still in bucket order. The
+  // caller's offsets must give each bucket exactly the rows it keeps.
   const int64_t capacity = ops::ExpertCapacity(config, tokens);
+  const absl::Span<const int64_t> offsets = args.expert_offsets;
   std::vector<int64_t> kept(num_experts);
   const float* weights = args.topk_weights.data<float>();
   for (int64_t e = 0; e < num_experts; ++e) {
     auto first = sorted_pairs.begin() + bucket_start[e];
     auto last = sorted_pairs.begin() + bucket_start[e + 1];
     kept[e] = std::min<int64_t>(last - first, capacity);
+    if (kept[e] != offsets[e + 1] - offsets[e]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("expert_offsets: position ", e, " keeps ", kept[e], " of its ", last - first,
+                       " pairs, but the offsets give it ", offsets[e + 1] - offsets[e], " rows"));
+    }
     if (last - first > capacity && config.drop_policy == DropPolicy::kProbability) {
       std::stable_sort(first, last, [&](int64_t a, int64_t b) { return weights[a] > weights[b]; });
       std::sort(first, first + capacity);
     }
   }
-
-  int64_t* offsets = out->expert_offsets.data<int64_t>();
-  offsets[0] = 0;
-  for (int64_t e = 0; e < num_experts; ++e) offsets[e + 1] = offsets[e] + kept[e];
+  std::copy(offsets.begin(), offsets.end(), out->expert_offsets.data<int64_t>());
   int32_t* row_token = out->row_token.data<int32_t>();
   int32_t* pair_row = out->pair_row.data<int32_t>();
   std::fill(pair_row, pair_row + pairs, -1);

@@ -34,7 +34,6 @@ absl::StatusOr<cpu::RouterExtents> CheckRouterArgs(const ExecContext& ctx, const
         "logits has T = ", tokens,
         " tokens, not a multiple of tokens_per_sequence = ", args.tokens_per_sequence));
   }
-  if (!ctx.device().is_cpu()) return NoBackend(ctx, op);
   return cpu::RouterExtents{tokens, num_experts, config.top_k,
                             config.aux_loss == AuxLossType::kSequence ? seq_len : tokens};
 }
@@ -59,6 +58,7 @@ absl::Status RouterForward(const ExecContext& ctx, const MoeConfig& config, cons
   MOETRAIN_ASSIGN_OR_RETURN(const cpu::RouterExtents x,
                             CheckRouterArgs(ctx, "router", config, args));
   const int64_t T = x.tokens, E = x.experts, k = x.top_k;
+  if (!ctx.device().is_cpu()) return NoBackend(ctx, "router");
   MOETRAIN_RETURN_IF_ERROR(EnsureOutput(ctx, &out->scores, DType::kF32, {T, E}));
   MOETRAIN_RETURN_IF_ERROR(EnsureOutput(ctx, &out->topk_experts, DType::kI32, {T, k}));
   MOETRAIN_RETURN_IF_ERROR(EnsureOutput(ctx, &out->topk_weights, DType::kF32, {T, k}));
@@ -78,6 +78,7 @@ absl::Status RouterAuxLoss(const ExecContext& ctx, const MoeConfig& config, cons
                                          {"topk_experts", out->topk_experts},
                                          {"aux_counts", out->aux_counts},
                                          {"losses", out->losses}}));
+  if (!ctx.device().is_cpu()) return NoBackend(ctx, "router aux loss");
   return cpu::RouterAuxLoss(ctx, config, x, out);
 }
 
@@ -101,6 +102,7 @@ absl::Status RouterBackward(const ExecContext& ctx, const MoeConfig& config, con
     return absl::InvalidArgumentError(
         absl::StrCat("loss_weight = ", loss_weight, " must be positive and finite"));
   }
+  if (!ctx.device().is_cpu()) return NoBackend(ctx, "router backward");
   return cpu::RouterBackward(ctx, config, x, args, forward, d_topk_weights, d_logits, loss_weight);
 }
 

@@ -1,5 +1,7 @@
 // SwiGLU per element, for the CPU and CUDA kernels alike: silu(g)·u with silu(g) = g·σ(g), and
-// its derivative silu'(g) = σ(g)·(1 + g·(1 − σ(g))). σ uses FastExp, so both devices round alike.
+// its derivative silu'(g) = σ(g)·(1 + g·(1 − σ(g))), σ through FastExp. The devices run the same
+// operations; where a compiler fuses a multiply-add (nvcc by default, the CPU's x86-64-v3/v4
+// clones) the last bit can differ.
 #ifndef MOETRAIN_ENGINE_OPS_SWIGLU_SWIGLU_MATH_H_
 #define MOETRAIN_ENGINE_OPS_SWIGLU_SWIGLU_MATH_H_
 

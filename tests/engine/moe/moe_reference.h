@@ -1,7 +1,7 @@
 // A float64 reference of the MoE layer, written from the definitions at the top of
-// engine/moe/router.h and engine/moe/moe_layer.h with naive per-token loops, and its hand-written
-// backward. It shares no code with the engine; moe_layer_gradient_test.cc proves it against
-// central differences, and moe_layer_test.cc then holds the engine to it.
+// engine/ops/router/router.h and engine/moe/moe_layer.h with naive per-token loops, and its
+// hand-written backward. It shares no code with the engine; moe_layer_gradient_test.cc proves it
+// against central differences, and moe_layer_test.cc then holds the engine to it.
 #ifndef MOETRAIN_TESTS_ENGINE_MOE_MOE_REFERENCE_H_
 #define MOETRAIN_TESTS_ENGINE_MOE_MOE_REFERENCE_H_
 

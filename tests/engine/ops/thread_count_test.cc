@@ -158,16 +158,20 @@ std::map<std::string, std::string> RunOps() {
                                      .Add(routing.losses)
                                      .Add(d_logits)
                                      .Hex();
+    const int64_t* counts_data = routing.tokens_per_expert.data<int64_t>();
+    const std::vector<int64_t> offsets =
+        PermutedExpertOffsets(moe, kTokens, absl::MakeConstSpan(counts_data, 16));
     Permutation permutation;
-    Must(BuildPermutation(
-             ctx, moe, {.topk_experts = routing.topk_experts, .topk_weights = routing.topk_weights},
-             &permutation),
+    Must(BuildPermutation(ctx, moe,
+                          {.topk_experts = routing.topk_experts,
+                           .topk_weights = routing.topk_weights,
+                           .expert_offsets = offsets},
+                          &permutation),
          "permutation");
-    const int64_t rows = permutation.expert_offsets.data<int64_t>()[16];
+    const int64_t rows = offsets.back();
     Tensor tokens_x = Random(act, {kTokens, kD}, 11);
     Tensor gathered = Tensor::Empty(act, {rows, kD});
-    Must(GatherRows(ctx, tokens_x, permutation.row_token.view().Slice(0, rows), gathered),
-         "gather");
+    Must(GatherRows(ctx, tokens_x, permutation.row_token, gathered), "gather");
     Tensor expert_rows = Random(DType::kF32, {rows, kD}, 12);
     Tensor extra = Random(DType::kF32, {kTokens, kD}, 13);
     Tensor combined = Tensor::Empty(act, {kTokens, kD});

@@ -41,15 +41,35 @@ struct Permutation {
   TensorView pair_row;   // (T, k) i32
 };
 
+// The pairs per expert (or per place in `expert_order`) of a valid (T, k) routing.
+std::vector<int64_t> CountsOf(const MoeConfig& config, TensorView experts,
+                              TensorView expert_order) {
+  std::vector<int64_t> counts(config.num_experts, 0);
+  for (int64_t i = 0; i < experts.numel(); ++i) {
+    const int32_t e = experts.data<int32_t>()[i];
+    if (e < 0 || e >= config.num_experts) continue;  // the op refuses these
+    ++counts[expert_order.empty() ? e : expert_order.data<int32_t>()[e]];
+  }
+  return counts;
+}
+
+// BuildPermutation as the MoE layer calls it: with the offsets the host plans from the counts.
 absl::Status BuildPermutation(const MoeConfig& config, TensorView experts, TensorView weights,
                               Permutation* out, TensorView expert_order = TensorView()) {
+  const int64_t tokens = experts.rank() == 2 ? experts.dim(0) : 0;
+  const std::vector<int64_t> planned =
+      ops::PermutedExpertOffsets(config, tokens, CountsOf(config, experts, expert_order));
   MOETRAIN_RETURN_IF_ERROR(ops::BuildPermutation(ExecContext::Cpu(), config,
-                                                 {experts, weights, expert_order}, &out->built));
+                                                 {.topk_experts = experts,
+                                                  .topk_weights = weights,
+                                                  .expert_offsets = planned,
+                                                  .expert_order = expert_order},
+                                                 &out->built));
   const int64_t* offsets = out->built.expert_offsets.data<int64_t>();
   out->expert_offsets.assign(offsets, offsets + config.num_experts + 1);
   out->num_rows = out->expert_offsets.back();
   out->dropped = experts.numel() - out->num_rows;
-  out->row_token = out->built.row_token.view().Slice(0, out->num_rows);
+  out->row_token = out->built.row_token;
   out->pair_row = out->built.pair_row;
   return absl::OkStatus();
 }
@@ -350,21 +370,40 @@ TEST(ExpertCapacityTest, IsTheCeilingOfFactorTimesAveragePairs) {
   EXPECT_EQ(ops::ExpertCapacity(Config(1, 1, 0.5f), 7), 4);    // ⌈3.5⌉
 }
 
-// The host knows the layout from the router's counts alone: PermutedExpertOffsets gives the
-// offsets the op writes, with and without drops, and with an expert that gets no token.
-TEST(PermutationTest, HostOffsetsFromTheCountsMatchTheOp) {
-  for (const MoeConfig& config : {Config(8, 2), Config(8, 2, 0.5f, DropPolicy::kProbability),
-                                  Config(8, 2, 0.75f, DropPolicy::kPosition), Config(4, 4, 1.0f)}) {
-    // The last expert gets no token, unless k = E (every token picks every expert).
-    const int64_t used = std::max(config.top_k, config.num_experts - 1);
-    const Routing r = RandomRouting(37, config.top_k, used, 21);
-    std::vector<int64_t> counts(config.num_experts, 0);
-    for (int64_t i = 0; i < r.experts.numel(); ++i) ++counts[r.experts.data<int32_t>()[i]];
-    Permutation perm;
-    MOETRAIN_ASSERT_OK(BuildPermutation(config, r.experts, r.weights, &perm));
-    EXPECT_EQ(ops::PermutedExpertOffsets(config, r.tokens, counts), perm.expert_offsets)
-        << "cf " << config.capacity_factor;
-  }
+// The op lays the pairs out by the caller's offsets, and refuses offsets that the pairs do not
+// fill exactly: a host plan that disagrees with the routing is an error, not misaligned rows.
+TEST(PermutationTest, OffsetsThatDisagreeWithThePairsAreRefused) {
+  const MoeConfig config = Config(8, 2, 0.5f, DropPolicy::kProbability);
+  const Routing r = RandomRouting(37, 2, 7, 21);
+  std::vector<int64_t> counts(8, 0);
+  for (int64_t i = 0; i < r.experts.numel(); ++i) ++counts[r.experts.data<int32_t>()[i]];
+  const std::vector<int64_t> planned = ops::PermutedExpertOffsets(config, r.tokens, counts);
+  ops::Permutation perm;
+  MOETRAIN_ASSERT_OK(ops::BuildPermutation(
+      ExecContext::Cpu(), config,
+      {.topk_experts = r.experts, .topk_weights = r.weights, .expert_offsets = planned}, &perm));
+  EXPECT_EQ(std::vector<int64_t>(perm.expert_offsets.data<int64_t>(),
+                                 perm.expert_offsets.data<int64_t>() + 9),
+            planned);
+  // Expert 7 gets no pair; moving a row from expert 0 to it must be refused.
+  std::vector<int64_t> wrong = planned;
+  for (int64_t e = 1; e < 8; ++e) --wrong[e];
+  const absl::Status status = ops::BuildPermutation(
+      ExecContext::Cpu(), config,
+      {.topk_experts = r.experts, .topk_weights = r.weights, .expert_offsets = wrong}, &perm);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(std::string(status.message()).find("expert_offsets: position 0 keeps"),
+            std::string::npos)
+      << status;
+  // Offsets of the wrong size, or beyond the pairs.
+  const std::vector<int64_t> short_offsets(8, 0);
+  EXPECT_EQ(
+      ops::BuildPermutation(
+          ExecContext::Cpu(), config,
+          {.topk_experts = r.experts, .topk_weights = r.weights, .expert_offsets = short_offsets},
+          &perm)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 // With an expert order (the expert-parallel send slots), expert e's rows are block

@@ -1,7 +1,7 @@
 // A float64 reference of the router, written from the definitions at the top of
-// engine/moe/router.h: naive loops, full sorts and explicit Jacobians. It shares no code with
-// router.cc; router_test.cc proves its gradient against central differences and then holds the
-// engine to it.
+// engine/ops/router/router.h: naive loops, full sorts and explicit Jacobians. It shares no code
+// with router_cpu.cc or router_math.h; router_test.cc proves its gradient against central
+// differences and then holds the engine to it.
 #ifndef MOETRAIN_TESTS_ENGINE_OPS_ROUTER_ROUTER_REFERENCE_H_
 #define MOETRAIN_TESTS_ENGINE_OPS_ROUTER_ROUTER_REFERENCE_H_
 
