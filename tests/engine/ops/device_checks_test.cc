@@ -41,6 +41,13 @@ struct Args {
   Tensor i32_2x5 = Tensor::Zeros(DType::kI32, {2, 5});
   Tensor lse = Tensor::Zeros(DType::kF32, {1, 1, 8});
   float fake_device_memory[64] = {};
+  // Host memory that says it is a GPU's, for tensors (never read as device memory here).
+  class GpuLabelledAllocator final : public Allocator {
+   public:
+    Device device() const override { return Device::Cuda(0); }
+    absl::StatusOr<void*> Allocate(size_t bytes) override { return CpuAllocator().Allocate(bytes); }
+    void Deallocate(void* data) override { CpuAllocator().Deallocate(data); }
+  } gpu_allocator;
   TensorView OnGpu(const Tensor& shaped) const {
     return TensorView(const_cast<float*>(fake_device_memory), shaped.dtype(), shaped.view().shape(),
                       Device::Cuda(0));
@@ -89,6 +96,18 @@ std::vector<Case> Cases() {
        [moe](const ExecContext& c, Args& a) {
          RouterOutput out;
          return RouterForward(c, moe, {a.OnGpu(a.f32_8x4), {}, 0}, &out);
+       }},
+      {"router aux loss", "losses",
+       [moe](const ExecContext& c, Args& a) {
+         RouterOutput out;
+         const RouterArgs args = {a.f32_8x4, {}, 0};
+         absl::Status status = RouterForward(c, moe, args, &out);
+         if (!status.ok()) return status;
+         // The forward's losses as a tensor of the GPU.
+         absl::StatusOr<Tensor> losses = Tensor::Allocate(a.gpu_allocator, DType::kF32, {2});
+         if (!losses.ok()) return losses.status();
+         out.losses = *std::move(losses);
+         return RouterAuxLoss(c, moe, args, &out);
        }},
       {"router backward", "d_logits",
        [moe](const ExecContext& c, Args& a) {
@@ -200,6 +219,10 @@ std::vector<Case> Cases() {
        [](const ExecContext& c, Args& a) {
          const TensorView tensors[] = {a.OnGpu(a.f32_8)};
          return AllFinite(c, tensors).status();
+       }},
+      {"adamw state", "w.exp_avg_sq",
+       [](const ExecContext& c, Args& a) {
+         return CheckAdamWMoments(c, "w.exp_avg", a.f32_8, "w.exp_avg_sq", a.OnGpu(a.f32_8));
        }},
       {"adamw", "exp_avg_sq[0]",
        [](const ExecContext& c, Args& a) {
