@@ -21,6 +21,7 @@
 #include "engine/moe/moe_layer.h"
 #include "gtest/gtest.h"
 #include "tests/engine/moe/moe_reference.h"
+#include "tests/engine/tensor_test_util.h"
 
 // ASSERT_TRUE(status.ok()) that prints the status when it fails.
 #define MOETRAIN_ASSERT_OK(expr)          \
@@ -34,29 +35,9 @@ namespace moetrain::moe_test {
 // ---------------------------------------------------------------------------------------------
 // Tensors
 
-inline float RoundToBF16(float v) { return BF16ToFloat(FloatToBF16(v)); }
-
-inline Tensor MakeTensor(DType dtype, std::vector<int64_t> shape,
-                         const std::vector<float>& values) {
-  Tensor t = Tensor::Empty(dtype, shape);
-  EXPECT_EQ(t.numel(), static_cast<int64_t>(values.size()));
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    if (dtype == DType::kBF16) {
-      t.data<BF16>()[i] = FloatToBF16(values[i]);
-    } else {
-      t.data<float>()[i] = values[i];
-    }
-  }
-  return t;
-}
-
-inline std::vector<double> ToDoubles(const TensorView& t) {
-  std::vector<double> v(t.numel());
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    v[i] = t.dtype() == DType::kBF16 ? BF16ToFloat(t.data<BF16>()[i]) : t.data<float>()[i];
-  }
-  return v;
-}
+using test_util::MakeTensor;
+using test_util::RoundToBF16;
+using test_util::ToDoubles;
 
 inline std::vector<double> ToDoubles(const std::vector<float>& values) {
   return std::vector<double>(values.begin(), values.end());

@@ -22,6 +22,7 @@
 #include "engine/core/dtype.h"
 #include "engine/core/tensor.h"
 #include "gtest/gtest.h"
+#include "tests/engine/tensor_test_util.h"
 
 namespace moetrain::ops_test {
 
@@ -110,17 +111,7 @@ inline bool SameBytes(const Tensor& a, const Tensor& b) {
          std::memcmp(a.view().raw(), b.view().raw(), a.numel() * DTypeSize(a.dtype())) == 0;
 }
 
-inline ::testing::AssertionResult IsInvalidArgument(const absl::Status& status,
-                                                    std::string_view needle) {
-  if (status.code() != absl::StatusCode::kInvalidArgument) {
-    return ::testing::AssertionFailure() << "expected InvalidArgument, got " << status;
-  }
-  if (std::string(status.message()).find(needle) == std::string::npos) {
-    return ::testing::AssertionFailure()
-           << "message does not mention '" << needle << "': " << status;
-  }
-  return ::testing::AssertionSuccess();
-}
+using test_util::IsInvalidArgument;
 
 inline double RefSigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 inline double RefSwiglu(double gate, double up) { return gate * RefSigmoid(gate) * up; }

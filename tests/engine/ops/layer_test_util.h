@@ -14,6 +14,7 @@
 #include "engine/core/dtype.h"
 #include "engine/core/tensor.h"
 #include "gtest/gtest.h"
+#include "tests/engine/tensor_test_util.h"
 
 namespace moetrain::ops_test::layer_test {
 
@@ -34,34 +35,14 @@ inline std::vector<float> Normal(std::mt19937& rng, int64_t n, float mean, float
   return v;
 }
 
-inline float RoundToBF16(float v) { return BF16ToFloat(FloatToBF16(v)); }
-
-inline Tensor FromFloats(DType dtype, std::vector<int64_t> shape,
-                         const std::vector<float>& values) {
-  Tensor t = Tensor::Empty(dtype, shape);
-  EXPECT_EQ(t.numel(), static_cast<int64_t>(values.size()));
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    if (dtype == DType::kBF16) {
-      t.data<BF16>()[i] = FloatToBF16(values[i]);
-    } else {
-      t.data<float>()[i] = values[i];
-    }
-  }
-  return t;
-}
+using test_util::MakeTensor;
+using test_util::RoundToBF16;
+using test_util::ToDoubles;
 
 inline Tensor FromInts(const std::vector<int32_t>& values) {
   Tensor t = Tensor::Empty(DType::kI32, {static_cast<int64_t>(values.size())});
   std::copy(values.begin(), values.end(), t.data<int32_t>());
   return t;
-}
-
-inline std::vector<double> ToDoubles(const TensorView& t) {
-  std::vector<double> v(t.numel());
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    v[i] = t.dtype() == DType::kBF16 ? BF16ToFloat(t.data<BF16>()[i]) : t.data<float>()[i];
-  }
-  return v;
 }
 
 // max |got − want| / max |want|: the error relative to the tensor's scale.

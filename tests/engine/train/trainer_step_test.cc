@@ -15,16 +15,11 @@
 #include "engine/train/optimizer.h"
 #include "engine/train/trainer.h"
 #include "gtest/gtest.h"
+#include "tests/engine/tensor_test_util.h"
 #include "tests/engine/train/tiny_trainer_config.h"
 
 namespace moetrain {
 namespace {
-
-#define MOETRAIN_ASSERT_OK(expr)          \
-  do {                                    \
-    const absl::Status status_ = (expr);  \
-    ASSERT_TRUE(status_.ok()) << status_; \
-  } while (0)
 
 class Recorder : public TrainObserver {
  public:

@@ -208,9 +208,9 @@ EngineRun RunEngine(const Vec& q, const Vec& k, const Vec& v, const Vec& d_out, 
               Tensor::Empty(DType::kF32, {R, kc}),
               Tensor::Empty(DType::kF32, {R, kc})};
   EXPECT_TRUE(CausalAttentionForward(Cpu(), d.shape(), r.q, r.k, r.v, r.out, r.lse).ok());
-  EXPECT_TRUE(
-      CausalAttentionBackward(Cpu(), d.shape(), r.q, r.k, r.v, r.out, r.lse, r.d_out, r.d_q, r.d_k, r.d_v)
-          .ok());
+  EXPECT_TRUE(CausalAttentionBackward(Cpu(), d.shape(), r.q, r.k, r.v, r.out, r.lse, r.d_out, r.d_q,
+                                      r.d_k, r.d_v)
+                  .ok());
   return r;
 }
 
@@ -495,31 +495,39 @@ TEST(AttentionTest, ErrorsNameTheArgument) {
   Tensor wide = Tensor::Zeros(DType::kF32, {R, 40}), bf16 = Tensor::Zeros(DType::kBF16, {R, 32});
   Tensor lse_swapped = Tensor::Zeros(DType::kF32, {2, 10, 4});
   ASSERT_TRUE(CausalAttentionForward(Cpu(), shape, q, kv, kv, out, lse).ok());
-  ASSERT_TRUE(CausalAttentionBackward(Cpu(), shape, q, kv, kv, out, lse, out, d_q, d_kv, d_kv).ok());
+  ASSERT_TRUE(
+      CausalAttentionBackward(Cpu(), shape, q, kv, kv, out, lse, out, d_q, d_kv, d_kv).ok());
 
   auto expect_error = [](const absl::Status& status, const std::string& needle) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     EXPECT_NE(status.message().find(needle), std::string::npos) << status;
   };
-  expect_error(CausalAttentionForward(Cpu(), shape, wide, kv, kv, out, lse), "q: expected (20, 32) f32");
-  expect_error(CausalAttentionForward(Cpu(), shape, q, q, kv, out, lse), "k: expected (20, 16) f32");
+  expect_error(CausalAttentionForward(Cpu(), shape, wide, kv, kv, out, lse),
+               "q: expected (20, 32) f32");
+  expect_error(CausalAttentionForward(Cpu(), shape, q, q, kv, out, lse),
+               "k: expected (20, 16) f32");
   expect_error(CausalAttentionForward(Cpu(), shape, q, kv, q, out, lse), "v:");
   expect_error(CausalAttentionForward(Cpu(), shape, q, kv, kv, bf16, lse),
                "out: expected (20, 32) f32, got (20, 32) bf16");
   expect_error(CausalAttentionForward(Cpu(), shape, q, kv, kv, out, lse_swapped),
                "lse: expected (2, 4, 10)");
   expect_error(CausalAttentionForward(Cpu(), shape, q, kv, kv, out, TensorView()), "lse:");
-  expect_error(CausalAttentionBackward(Cpu(), shape, q, kv, kv, out, lse_swapped, out, d_q, d_kv, d_kv),
-               "lse:");
+  expect_error(
+      CausalAttentionBackward(Cpu(), shape, q, kv, kv, out, lse_swapped, out, d_q, d_kv, d_kv),
+      "lse:");
   expect_error(CausalAttentionBackward(Cpu(), shape, q, kv, kv, out, lse, wide, d_q, d_kv, d_kv),
                "d_out:");
-  expect_error(CausalAttentionBackward(Cpu(), shape, q, kv, kv, out, lse, out, kv, d_kv, d_kv), "d_q:");
-  expect_error(CausalAttentionBackward(Cpu(), shape, q, kv, kv, out, lse, out, d_q, q, d_kv), "d_k:");
-  expect_error(CausalAttentionBackward(Cpu(), shape, q, kv, kv, out, lse, out, d_q, d_kv, q), "d_v:");
+  expect_error(CausalAttentionBackward(Cpu(), shape, q, kv, kv, out, lse, out, kv, d_kv, d_kv),
+               "d_q:");
+  expect_error(CausalAttentionBackward(Cpu(), shape, q, kv, kv, out, lse, out, d_q, q, d_kv),
+               "d_k:");
+  expect_error(CausalAttentionBackward(Cpu(), shape, q, kv, kv, out, lse, out, d_q, d_kv, q),
+               "d_v:");
   const int64_t strides[] = {40, 1};
   const int64_t dims[] = {R, 32};
   const TensorView strided(wide.data<float>(), DType::kF32, dims, strides);
-  expect_error(CausalAttentionForward(Cpu(), shape, strided, kv, kv, out, lse), "q: must be contiguous");
+  expect_error(CausalAttentionForward(Cpu(), shape, strided, kv, kv, out, lse),
+               "q: must be contiguous");
 
   AttentionShape bad = shape;
   bad.num_kv_heads = 3;

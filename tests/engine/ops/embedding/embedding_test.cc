@@ -30,15 +30,15 @@ TEST(EmbeddingTest, ForwardGathersAndBackwardSumsRepeatedTokens) {
   std::vector<float> table = Normal(rng, v * d, 0.0f, 1.0f);
   std::vector<float> dy = Normal(rng, t * d, 0.0f, 1.0f);
   std::vector<float> d_table0 = Normal(rng, v * d, 0.0f, 1.0f);
-  Tensor table_t = FromFloats(DType::kF32, {v, d}, table), tokens = FromInts(ids);
+  Tensor table_t = MakeTensor(DType::kF32, {v, d}, table), tokens = FromInts(ids);
   Tensor out = Tensor::Empty(DType::kF32, {t, d});
   ASSERT_OK(ops::EmbeddingForward(Cpu(), table_t, tokens, out));
   for (int64_t r = 0; r < t; ++r) {
     for (int64_t i = 0; i < d; ++i) ASSERT_EQ(out.data<float>()[r * d + i], table[ids[r] * d + i]);
   }
 
-  Tensor dy_t = FromFloats(DType::kF32, {t, d}, dy);
-  Tensor d_table = FromFloats(DType::kF32, {v, d}, d_table0);
+  Tensor dy_t = MakeTensor(DType::kF32, {t, d}, dy);
+  Tensor d_table = MakeTensor(DType::kF32, {v, d}, d_table0);
   ASSERT_OK(ops::EmbeddingBackward(Cpu(), tokens, dy_t, d_table));
   std::vector<double> want(d_table0.begin(), d_table0.end());
   for (int64_t r = 0; r < t; ++r) {

@@ -10,10 +10,10 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
-#include "engine/ops/gemm/gemm.h"
-#include "engine/ops/grouped_gemm/grouped_gemm.h"
 #include "engine/core/dtype.h"
 #include "engine/core/tensor.h"
+#include "engine/ops/gemm/gemm.h"
+#include "engine/ops/grouped_gemm/grouped_gemm.h"
 #include "gtest/gtest.h"
 #include "tests/engine/ops/gemm/gemm_test_util.h"
 
@@ -78,11 +78,11 @@ struct DenseConcurrentCase {
       for (int64_t i = 0; i < c.numel(); ++i) c.data<float>()[i] = kNaN;
     }
     return ops::Gemm(Cpu(), {.a = a.tensor,
-                 .b = b.tensor,
-                 .c = c,
-                 .trans_a = trans_a,
-                 .trans_b = trans_b,
-                 .accumulate = accumulate});
+                             .b = b.tensor,
+                             .c = c,
+                             .trans_a = trans_a,
+                             .trans_b = trans_b,
+                             .accumulate = accumulate});
   }
 };
 
@@ -194,9 +194,10 @@ TEST(GemmConcurrencyTest, GroupedCallsOnThreadsMatchCallsAlone) {
                 out.dw_accumulated.numel() * sizeof(float));
     absl::Status status = ops::GroupedGemmForward(Cpu(), p.x.tensor, p.w.tensor, p.offsets, out.y);
     status.Update(ops::GroupedGemmBackwardData(Cpu(), p.dy.tensor, p.w.tensor, p.offsets, out.dx));
-    status.Update(ops::GroupedGemmBackwardWeight(Cpu(), p.dy.tensor, p.x.tensor, p.offsets, out.dw, false));
     status.Update(
-        ops::GroupedGemmBackwardWeight(Cpu(), p.dy.tensor, p.x.tensor, p.offsets, out.dw_accumulated, true));
+        ops::GroupedGemmBackwardWeight(Cpu(), p.dy.tensor, p.x.tensor, p.offsets, out.dw, false));
+    status.Update(ops::GroupedGemmBackwardWeight(Cpu(), p.dy.tensor, p.x.tensor, p.offsets,
+                                                 out.dw_accumulated, true));
     return status;
   };
   const auto fresh_outputs = [](const GroupedProblem& p) {

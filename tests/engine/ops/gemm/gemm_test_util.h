@@ -16,14 +16,14 @@
 #include "absl/status/status.h"
 #include "engine/backend/exec_context.h"
 #include "engine/core/dtype.h"
-#include "engine/ops/gemm/gemm.h"
 #include "engine/core/tensor.h"
+#include "engine/ops/gemm/gemm.h"
 #include "gtest/gtest.h"
+#include "tests/engine/tensor_test_util.h"
 
 namespace moetrain::ops_test::gemm_test {
 
 inline ExecContext Cpu() { return ExecContext::Cpu(); }
-
 
 inline constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
@@ -82,17 +82,7 @@ inline bool SameBits(const Tensor& a, const Tensor& b) {
          std::memcmp(a.data<float>(), b.data<float>(), a.numel() * sizeof(float)) == 0;
 }
 
-inline ::testing::AssertionResult IsInvalidArgument(const absl::Status& status,
-                                                    std::string_view needle) {
-  if (status.code() != absl::StatusCode::kInvalidArgument) {
-    return ::testing::AssertionFailure() << "expected InvalidArgument, got " << status;
-  }
-  if (std::string(status.message()).find(needle) == std::string::npos) {
-    return ::testing::AssertionFailure()
-           << "message does not mention '" << needle << "': " << status;
-  }
-  return ::testing::AssertionSuccess();
-}
+using test_util::IsInvalidArgument;
 
 // c (m, n) = [c0 +] op(a) · op(b); a stored (k, m) when trans_a, b stored (n, k) when trans_b.
 inline std::vector<double> RefGemm(const std::vector<double>& a, const std::vector<double>& b,

@@ -126,7 +126,8 @@ TEST_P(GroupedGemmTest, ForwardMatchesReference) {
 TEST_P(GroupedGemmTest, BackwardDataMatchesReference) {
   GroupedProblem p = Problem(2);
   Tensor dx = Filled({p.rows, p.k}, kNaN);
-  const absl::Status status = ops::GroupedGemmBackwardData(Cpu(), p.dy.tensor, p.w.tensor, p.offsets, dx);
+  const absl::Status status =
+      ops::GroupedGemmBackwardData(Cpu(), p.dy.tensor, p.w.tensor, p.offsets, dx);
   ASSERT_TRUE(status.ok()) << status;
   ExpectBlocksClose(dx, RefGroupedBackwardData(p.dy.values, p.w.values, p.offsets, p.n, p.k),
                     p.offsets, p.k, Tolerance(dtype()));
@@ -136,8 +137,8 @@ TEST_P(GroupedGemmTest, BackwardWeightOverwrites) {
   GroupedProblem p = Problem(3);
   // NaN everywhere: a group without rows must come out exactly zero, not left as it was.
   Tensor dw = Filled({p.groups, p.n, p.k}, kNaN);
-  const absl::Status status =
-      ops::GroupedGemmBackwardWeight(Cpu(), p.dy.tensor, p.x.tensor, p.offsets, dw, /*accumulate=*/false);
+  const absl::Status status = ops::GroupedGemmBackwardWeight(Cpu(), p.dy.tensor, p.x.tensor,
+                                                             p.offsets, dw, /*accumulate=*/false);
   ASSERT_TRUE(status.ok()) << status;
   const std::vector<double> want =
       RefGroupedBackwardWeight(p.dy.values, p.x.values, p.offsets, p.n, p.k, {}, false);
@@ -185,8 +186,10 @@ TEST_P(GroupedGemmTest, IdenticalCallsGiveIdenticalBits) {
   EXPECT_TRUE(SameBits(dx1, dx2)) << "backward data";
 
   Tensor dw1 = Filled({p.groups, p.n, p.k}, kNaN), dw2 = Filled({p.groups, p.n, p.k}, kNaN);
-  ASSERT_TRUE(ops::GroupedGemmBackwardWeight(Cpu(), p.dy.tensor, p.x.tensor, p.offsets, dw1, false).ok());
-  ASSERT_TRUE(ops::GroupedGemmBackwardWeight(Cpu(), p.dy.tensor, p.x.tensor, p.offsets, dw2, false).ok());
+  ASSERT_TRUE(
+      ops::GroupedGemmBackwardWeight(Cpu(), p.dy.tensor, p.x.tensor, p.offsets, dw1, false).ok());
+  ASSERT_TRUE(
+      ops::GroupedGemmBackwardWeight(Cpu(), p.dy.tensor, p.x.tensor, p.offsets, dw2, false).ok());
   EXPECT_TRUE(SameBits(dw1, dw2)) << "backward weight";
 }
 
@@ -259,9 +262,12 @@ TEST(GroupedGemmErrorTest, RejectsBadOffsets) {
   for (const std::vector<int64_t>& offsets : bad) {
     SCOPED_TRACE(::testing::PrintToString(offsets));
     EXPECT_TRUE(IsInvalidArgument(ops::GroupedGemmForward(Cpu(), x, w, offsets, y), "offsets"));
-    EXPECT_TRUE(IsInvalidArgument(ops::GroupedGemmBackwardData(Cpu(), dy, w, offsets, dx), "offsets"));
-    EXPECT_TRUE(IsInvalidArgument(ops::GroupedGemmBackwardWeight(Cpu(), dy, x, offsets, dw, false), "offsets"));
-    EXPECT_TRUE(IsInvalidArgument(ops::GroupedGemmBackwardWeight(Cpu(), dy, x, offsets, dw, true), "offsets"));
+    EXPECT_TRUE(
+        IsInvalidArgument(ops::GroupedGemmBackwardData(Cpu(), dy, w, offsets, dx), "offsets"));
+    EXPECT_TRUE(IsInvalidArgument(ops::GroupedGemmBackwardWeight(Cpu(), dy, x, offsets, dw, false),
+                                  "offsets"));
+    EXPECT_TRUE(IsInvalidArgument(ops::GroupedGemmBackwardWeight(Cpu(), dy, x, offsets, dw, true),
+                                  "offsets"));
   }
 }
 
@@ -281,21 +287,27 @@ TEST(GroupedGemmErrorTest, RejectsBadShapesAndDtypes) {
   Tensor dw_wrong = Filled({groups, n + 1, k}, 0.0f);
   Tensor x_wrong_rows = Filled({rows - 1, k}, 1.0f);
 
-  EXPECT_TRUE(IsInvalidArgument(ops::GroupedGemmForward(Cpu(), x, w_wrong_k, offsets, y), "grouped gemm w"));
-  EXPECT_TRUE(IsInvalidArgument(ops::GroupedGemmForward(Cpu(), x, w_bf16, offsets, y), "grouped gemm w"));
-  EXPECT_TRUE(IsInvalidArgument(ops::GroupedGemmForward(Cpu(), x, w, offsets, y_bf16), "grouped gemm y"));
-  EXPECT_TRUE(IsInvalidArgument(ops::GroupedGemmForward(Cpu(), x, w, offsets, y_wrong), "grouped gemm y"));
-  EXPECT_TRUE(IsInvalidArgument(ops::GroupedGemmForward(Cpu(), TensorView(), w, offsets, y), "grouped gemm x"));
+  EXPECT_TRUE(IsInvalidArgument(ops::GroupedGemmForward(Cpu(), x, w_wrong_k, offsets, y),
+                                "grouped gemm w"));
   EXPECT_TRUE(
-      IsInvalidArgument(ops::GroupedGemmBackwardData(Cpu(), dy, w, offsets, dx_wrong), "grouped gemm dx"));
+      IsInvalidArgument(ops::GroupedGemmForward(Cpu(), x, w_bf16, offsets, y), "grouped gemm w"));
   EXPECT_TRUE(
-      IsInvalidArgument(ops::GroupedGemmBackwardData(Cpu(), dy, w_bf16, offsets, dx), "grouped gemm w"));
-  EXPECT_TRUE(IsInvalidArgument(ops::GroupedGemmBackwardWeight(Cpu(), dy, x, offsets, dw_wrong, false),
-                                "grouped gemm dw"));
-  EXPECT_TRUE(IsInvalidArgument(ops::GroupedGemmBackwardWeight(Cpu(), dy, x_bf16, offsets, dw, false),
+      IsInvalidArgument(ops::GroupedGemmForward(Cpu(), x, w, offsets, y_bf16), "grouped gemm y"));
+  EXPECT_TRUE(
+      IsInvalidArgument(ops::GroupedGemmForward(Cpu(), x, w, offsets, y_wrong), "grouped gemm y"));
+  EXPECT_TRUE(IsInvalidArgument(ops::GroupedGemmForward(Cpu(), TensorView(), w, offsets, y),
                                 "grouped gemm x"));
-  EXPECT_TRUE(IsInvalidArgument(ops::GroupedGemmBackwardWeight(Cpu(), dy, x_wrong_rows, offsets, dw, false),
-                                "grouped gemm x"));
+  EXPECT_TRUE(IsInvalidArgument(ops::GroupedGemmBackwardData(Cpu(), dy, w, offsets, dx_wrong),
+                                "grouped gemm dx"));
+  EXPECT_TRUE(IsInvalidArgument(ops::GroupedGemmBackwardData(Cpu(), dy, w_bf16, offsets, dx),
+                                "grouped gemm w"));
+  EXPECT_TRUE(IsInvalidArgument(
+      ops::GroupedGemmBackwardWeight(Cpu(), dy, x, offsets, dw_wrong, false), "grouped gemm dw"));
+  EXPECT_TRUE(IsInvalidArgument(
+      ops::GroupedGemmBackwardWeight(Cpu(), dy, x_bf16, offsets, dw, false), "grouped gemm x"));
+  EXPECT_TRUE(
+      IsInvalidArgument(ops::GroupedGemmBackwardWeight(Cpu(), dy, x_wrong_rows, offsets, dw, false),
+                        "grouped gemm x"));
 }
 
 // The outputs are written through raw pointers as if contiguous, so a strided view must be
@@ -311,10 +323,12 @@ TEST(GroupedGemmErrorTest, RejectsNonContiguousOutputs) {
   const TensorView y(y_buffer.data<float>(), DType::kF32, {rows, n}, {2 * n, 1});
   const TensorView dx(dx_buffer.data<float>(), DType::kF32, {rows, k}, {2 * k, 1});
   const TensorView dw(dw_buffer.data<float>(), DType::kF32, {groups, n, k}, {2 * n * k, k, 1});
-  EXPECT_TRUE(IsInvalidArgument(ops::GroupedGemmForward(Cpu(), x, w, offsets, y), "grouped gemm y"));
-  EXPECT_TRUE(IsInvalidArgument(ops::GroupedGemmBackwardData(Cpu(), dy, w, offsets, dx), "grouped gemm dx"));
   EXPECT_TRUE(
-      IsInvalidArgument(ops::GroupedGemmBackwardWeight(Cpu(), dy, x, offsets, dw, false), "grouped gemm dw"));
+      IsInvalidArgument(ops::GroupedGemmForward(Cpu(), x, w, offsets, y), "grouped gemm y"));
+  EXPECT_TRUE(IsInvalidArgument(ops::GroupedGemmBackwardData(Cpu(), dy, w, offsets, dx),
+                                "grouped gemm dx"));
+  EXPECT_TRUE(IsInvalidArgument(ops::GroupedGemmBackwardWeight(Cpu(), dy, x, offsets, dw, false),
+                                "grouped gemm dw"));
 }
 
 }  // namespace

@@ -79,7 +79,7 @@ TEST_P(LmHeadLossTest, MatchesFloat64Reference) {
   const double d_loss = 0.25;
   const LossReference ref = CrossEntropyReference(h, w, y, t, d, v, d_loss);
 
-  Tensor h_t = FromFloats(DType::kF32, {t, d}, h), w_t = FromFloats(DType::kF32, {v, d}, w);
+  Tensor h_t = MakeTensor(DType::kF32, {t, d}, h), w_t = MakeTensor(DType::kF32, {v, d}, w);
   Tensor y_t = FromInts(y);
   const ops::LmHeadLossArgs args = {
       .hidden = h_t, .weight = w_t, .targets = y_t, .chunk_tokens = chunk};
@@ -89,7 +89,7 @@ TEST_P(LmHeadLossTest, MatchesFloat64Reference) {
   EXPECT_LT(std::abs(*loss - ref.loss) / ref.loss, 1e-6);
 
   std::vector<float> d_w0 = Normal(rng, v * d, 0.0f, 0.01f);
-  Tensor d_h = Tensor::Empty(DType::kF32, {t, d}), d_w = FromFloats(DType::kF32, {v, d}, d_w0);
+  Tensor d_h = Tensor::Empty(DType::kF32, {t, d}), d_w = MakeTensor(DType::kF32, {v, d}, d_w0);
   loss = ops::LmHeadLossForwardBackward(
       Cpu(), args, {.d_loss = static_cast<float>(d_loss), .d_hidden = d_h, .d_weight = d_w},
       &workspace);
@@ -121,7 +121,7 @@ TEST(LmHeadLossTest, Bf16IsCloseToTheReferenceOnRoundedInputs) {
   std::vector<int32_t> y(t);
   for (int64_t r = 0; r < t; ++r) y[r] = static_cast<int32_t>((r * 7) % v);
   const LossReference ref = CrossEntropyReference(h, w, y, t, d, v, 1.0);
-  Tensor h_t = FromFloats(DType::kBF16, {t, d}, h), w_t = FromFloats(DType::kBF16, {v, d}, w);
+  Tensor h_t = MakeTensor(DType::kBF16, {t, d}, h), w_t = MakeTensor(DType::kBF16, {v, d}, w);
   Tensor y_t = FromInts(y);
   Tensor d_h = Tensor::Empty(DType::kF32, {t, d}), d_w = Tensor::Zeros(DType::kF32, {v, d});
   absl::StatusOr<float> loss = ops::LmHeadLossForwardBackward(
@@ -151,7 +151,7 @@ TEST(LmHeadLossTest, RejectsBadTargetsAndDtypes) {
 TEST(LmHeadLossTest, UniformLogitsGiveLogV) {
   // All-zero weights: every logit is 0, so the loss is log V exactly (up to rounding).
   const int64_t t = 9, d = 4, v = 37;
-  Tensor h = FromFloats(DType::kF32, {t, d}, std::vector<float>(t * d, 1.0f));
+  Tensor h = MakeTensor(DType::kF32, {t, d}, std::vector<float>(t * d, 1.0f));
   Tensor w = Tensor::Zeros(DType::kF32, {v, d});
   Tensor y = FromInts({0, 1, 2, 3, 4, 5, 6, 7, 36});
   absl::StatusOr<float> loss = ops::LmHeadLossForward(

@@ -73,7 +73,7 @@ TEST_P(RmsNormTest, MatchesFloat64Reference) {
   }
   const NormReference ref = RmsNormReference(x, w, dy, t, d, eps);
 
-  Tensor x_t = FromFloats(DType::kF32, {t, d}, x), w_t = FromFloats(DType::kF32, {d}, w);
+  Tensor x_t = MakeTensor(DType::kF32, {t, d}, x), w_t = MakeTensor(DType::kF32, {d}, w);
   Tensor out = Tensor::Empty(act, {t, d}), rstd = Tensor::Empty(DType::kF32, {t});
   ASSERT_OK(ops::RmsNormForward(Cpu(), x_t, w_t, eps, out, rstd));
   EXPECT_LT(RelError(ToDoubles(rstd), ref.rstd), 1e-6);
@@ -82,8 +82,8 @@ TEST_P(RmsNormTest, MatchesFloat64Reference) {
   // Backward adds into d_weight, and into d_x when asked (the residual stream's gradient).
   std::vector<float> d_x0 = Normal(rng, t * d, 0.0f, 1.0f), d_w0 = Normal(rng, d, 0.0f, 1.0f);
   for (bool accumulate : {false, true}) {
-    Tensor dy_t = FromFloats(act, {t, d}, dy);
-    Tensor d_x = FromFloats(DType::kF32, {t, d}, d_x0), d_w = FromFloats(DType::kF32, {d}, d_w0);
+    Tensor dy_t = MakeTensor(act, {t, d}, dy);
+    Tensor d_x = MakeTensor(DType::kF32, {t, d}, d_x0), d_w = MakeTensor(DType::kF32, {d}, d_w0);
     ASSERT_OK(ops::RmsNormBackward(Cpu(), {.x = x_t,
                                            .weight = w_t,
                                            .rstd = rstd,
@@ -111,9 +111,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, RmsNormTest,
 TEST(RmsNormTest, BackwardIsBitReproducible) {
   std::mt19937 rng(3);
   const int64_t t = 777, d = 40;
-  Tensor x = FromFloats(DType::kF32, {t, d}, Normal(rng, t * d, 0.0f, 1.0f));
-  Tensor w = FromFloats(DType::kF32, {d}, Normal(rng, d, 1.0f, 0.1f));
-  Tensor dy = FromFloats(DType::kF32, {t, d}, Normal(rng, t * d, 0.0f, 1.0f));
+  Tensor x = MakeTensor(DType::kF32, {t, d}, Normal(rng, t * d, 0.0f, 1.0f));
+  Tensor w = MakeTensor(DType::kF32, {d}, Normal(rng, d, 1.0f, 0.1f));
+  Tensor dy = MakeTensor(DType::kF32, {t, d}, Normal(rng, t * d, 0.0f, 1.0f));
   Tensor out = Tensor::Empty(DType::kF32, {t, d}), rstd = Tensor::Empty(DType::kF32, {t});
   ASSERT_OK(ops::RmsNormForward(Cpu(), x, w, 1e-6f, out, rstd));
   std::vector<double> first_dx, first_dw;
