@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "client/terminal_text.h"
 #include "engine/model/transformer.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/model_config_json.h"
@@ -14,21 +15,33 @@
 namespace moetrain {
 namespace {
 
+// Exit 2 when a flag names something that is not there or does not fit (a format, a missing
+// checkpoint or file, data the model cannot read): bad usage, as for the other commands. Exit 1
+// when the evaluation itself failed (a damaged checkpoint, a read error).
 int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "moetrain eval: %s\n", std::string(status.message()).c_str());
-  return 1;
+  std::fprintf(stderr, "moetrain eval: %s\n",
+               TerminalSafe(Abbreviate(status.message(), kMaxErrorMessageBytes)).c_str());
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+      return 2;
+    default:
+      return 1;
+  }
 }
 
 }  // namespace
 
 int EvalCheckpoint(const EvalOptions& options) {
   absl::StatusOr<TokenFileFormat> format =
-      options.data_format == "llmc"  ? absl::StatusOr<TokenFileFormat>(TokenFileFormat::kLlmc)
-      : options.data_format == "u16" ? absl::StatusOr<TokenFileFormat>(TokenFileFormat::kU16)
-      : options.data_format == "text"
-          ? absl::StatusOr<TokenFileFormat>(TokenFileFormat::kText)
-          : absl::InvalidArgumentError(absl::StrCat("--data-format = '", options.data_format,
-                                                    "' is not one of llmc, u16, text"));
+      options.data_format == "llmc"   ? absl::StatusOr<TokenFileFormat>(TokenFileFormat::kLlmc)
+      : options.data_format == "u16"  ? absl::StatusOr<TokenFileFormat>(TokenFileFormat::kU16)
+      : options.data_format == "text" ? absl::StatusOr<TokenFileFormat>(TokenFileFormat::kText)
+                                      : absl::InvalidArgumentError(absl::StrCat(
+                                            "--data-format = '", Abbreviate(options.data_format),
+                                            "' is not one of llmc, u16, text"));
   if (!format.ok()) return Fail(format.status());
   absl::StatusOr<LoadedCheckpoint> checkpoint = LoadCheckpoint(options.checkpoint);
   if (!checkpoint.ok()) return Fail(checkpoint.status());

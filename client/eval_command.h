@@ -16,7 +16,9 @@ struct EvalOptions {
   bool json = false;
 };
 
-// Returns the process exit code; prints the result to stdout and errors to stderr.
+// Returns the process exit code: 0 on success; 2 for bad usage (a --data-format that is not one,
+// a checkpoint or data file that is missing or does not fit the model); 1 when the evaluation
+// failed (a damaged checkpoint, a read error). Prints the result to stdout and errors to stderr.
 int EvalCheckpoint(const EvalOptions& options);
 
 }  // namespace moetrain

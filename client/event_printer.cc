@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "client/terminal_text.h"
 #include "moetrain/v1/proto_time.h"
 #include "nlohmann/json.hpp"
 
@@ -157,12 +158,13 @@ void EventPrinter::PrintLine(const std::string& text) {
     absl::FPrintF(options_.out, "%s", kClearLine);
     bar_line_open_ = false;
   }
-  absl::FPrintF(options_.out, "%s\n", text);
+  // Log lines, reasons and paths come from workers and the coordinator.
+  absl::FPrintF(options_.out, "%s\n", TerminalSafe(text));
   std::fflush(options_.out);
 }
 
 void EventPrinter::PrintJson(const std::string& line) {
-  absl::FPrintF(options_.out, "%s\n", line);
+  absl::FPrintF(options_.out, "%s\n", JsonTerminalSafe(line));
   std::fflush(options_.out);
 }
 

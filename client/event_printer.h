@@ -1,7 +1,8 @@
 // Prints a job's events (moetrain.v1.JobEvent) as a person or a script wants them: a progress bar
 // on a terminal, one plain line per event otherwise, or one JSON object per line. Shared by
 // `moetrain logs`, `moetrain submit --follow` and `moetrain run`, so that every command that shows
-// training progress shows it the same way.
+// training progress shows it the same way. Text lines have their control characters escaped
+// (TerminalSafe, client/terminal_text.h); JSON lines escape them as JSON does.
 //
 //   EventPrinter printer({.json = true, .total_steps = spec.train().steps(), .job_label = id});
 //   for (const v1::JobEvent& event : events) printer.Print(event);

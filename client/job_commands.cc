@@ -13,6 +13,7 @@
 #include "client/event_printer.h"
 #include "client/job_follower.h"
 #include "client/job_format.h"
+#include "client/terminal_text.h"
 #include "moetrain/v1/coordinator.grpc.pb.h"
 #include "moetrain/v1/job_spec.h"
 
@@ -57,8 +58,9 @@ class JobClient {
     v1::Job job;
     grpc::ClientContext context;
     Prepare(&context);
-    return Check(stub_->SubmitJob(&context, request, &job),
-                 absl::StrCat("SubmitJob(submission_id '", request.submission_id(), "')"), job);
+    return Check(
+        stub_->SubmitJob(&context, request, &job),
+        absl::StrCat("SubmitJob(submission_id '", Abbreviate(request.submission_id()), "')"), job);
   }
 
   absl::StatusOr<v1::Job> Get(const std::string& job_id) {
@@ -68,7 +70,7 @@ class JobClient {
     grpc::ClientContext context;
     Prepare(&context);
     return Check(stub_->GetJob(&context, request, &job),
-                 absl::StrCat("GetJob(job_id '", job_id, "')"), job);
+                 absl::StrCat("GetJob(job_id '", Abbreviate(job_id), "')"), job);
   }
 
   // Every page, in the coordinator's order (oldest first).
@@ -85,7 +87,7 @@ class JobClient {
           Check(stub_->ListJobs(&context, request, &page),
                 request.page_token().empty()
                     ? std::string("ListJobs")
-                    : absl::StrCat("ListJobs(page_token '", request.page_token(), "')"),
+                    : absl::StrCat("ListJobs(page_token '", Abbreviate(request.page_token()), "')"),
                 page);
       if (!listed.ok()) return listed.status();
       for (v1::Job& job : *listed->mutable_jobs()) jobs.push_back(std::move(job));
@@ -102,7 +104,18 @@ class JobClient {
     grpc::ClientContext context;
     Prepare(&context);
     return Check(stub_->CancelJob(&context, request, &job),
-                 absl::StrCat("CancelJob(job_id '", job_id, "')"), job);
+                 absl::StrCat("CancelJob(job_id '", Abbreviate(job_id), "')"), job);
+  }
+
+  absl::StatusOr<v1::DeleteJobResponse> Delete(const std::string& job_id, bool delete_checkpoints) {
+    v1::DeleteJobRequest request;
+    request.set_job_id(job_id);
+    request.set_delete_checkpoints(delete_checkpoints);
+    v1::DeleteJobResponse response;
+    grpc::ClientContext context;
+    Prepare(&context);
+    return Check(stub_->DeleteJob(&context, request, &response),
+                 absl::StrCat("DeleteJob(job_id '", Abbreviate(job_id), "')"), response);
   }
 
   absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(const std::string& job_id) {
@@ -112,7 +125,7 @@ class JobClient {
     grpc::ClientContext context;
     Prepare(&context);
     return Check(stub_->ListCheckpoints(&context, request, &response),
-                 absl::StrCat("ListCheckpoints(job_id '", job_id, "')"), response);
+                 absl::StrCat("ListCheckpoints(job_id '", Abbreviate(job_id), "')"), response);
   }
 
   absl::StatusOr<v1::ListWorkersResponse> ListWorkers() {
@@ -158,7 +171,9 @@ class JobClient {
 };
 
 int Fail(absl::string_view command, const absl::Status& status) {
-  absl::FPrintF(stderr, "moetrain %s: %s\n", command, status.message());
+  // The message quotes the coordinator and what the user typed: bounded and escaped.
+  absl::FPrintF(stderr, "moetrain %s: %s\n", command,
+                TerminalSafe(Abbreviate(status.message(), kMaxErrorMessageBytes)));
   return ExitCodeFor(status);
 }
 
@@ -166,7 +181,7 @@ int Fail(absl::string_view command, const absl::Status& status) {
 absl::Status PrintJson(const google::protobuf::Message& message) {
   absl::StatusOr<std::string> json = MessageToJson(message);
   if (!json.ok()) return json.status();
-  absl::PrintF("%s\n", *json);
+  absl::PrintF("%s\n", JsonTerminalSafe(*json));
   return absl::OkStatus();
 }
 
@@ -186,7 +201,7 @@ int Follow(absl::string_view command, JobClient& client, const ClientOptions& op
     return Fail(command, client.Explain(result.status(), absl::StrCat("following job ", job.id())));
   }
   if (result->last_state == v1::JOB_STATE_FAILED || result->last_state == v1::JOB_STATE_CANCELLED) {
-    absl::FPrintF(stderr, "moetrain %s: job %s ended %s\n", command, job.id(),
+    absl::FPrintF(stderr, "moetrain %s: job %s ended %s\n", command, TerminalSafe(job.id()),
                   JobStateLabel(result->last_state));
     return kExitJobUnsuccessful;
   }
@@ -225,8 +240,9 @@ absl::StatusOr<absl::Duration> ParseDurationFlag(const std::string& flag, const 
     duration = -absl::InfiniteDuration();
   }
   if (duration <= absl::ZeroDuration() || duration == absl::InfiniteDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        flag, " = '", text, "' is not a positive duration (60s, 1m30s, 500ms, or seconds)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " = '", Abbreviate(text),
+                     "' is not a positive duration (60s, 1m30s, 500ms, or seconds)"));
   }
   return duration;
 }
@@ -253,7 +269,7 @@ int SubmitCommand(const ClientOptions& options, const SubmitArgs& args) {
   if (options.json) {
     if (absl::Status printed = PrintJson(*job); !printed.ok()) return Fail(kCommand, printed);
   } else {
-    absl::PrintF("job %s %s\n", job->id(), JobStateLabel(job->state()));
+    absl::PrintF("job %s %s\n", TerminalSafe(job->id()), JobStateLabel(job->state()));
   }
   std::fflush(stdout);
   if (!args.follow) return kExitOk;
@@ -283,7 +299,7 @@ int JobsCommand(const ClientOptions& options, const std::vector<std::string>& st
     if (!document.ok()) return Fail(kCommand, document.status());
     documents.push_back(*std::move(document));
   }
-  absl::PrintF("{\"jobs\":[%s]}\n", absl::StrJoin(documents, ","));
+  absl::PrintF("{\"jobs\":[%s]}\n", JsonTerminalSafe(absl::StrJoin(documents, ",")));
   return kExitOk;
 }
 
@@ -337,7 +353,31 @@ int CancelCommand(const ClientOptions& options, const std::string& job_id,
     if (absl::Status printed = PrintJson(*job); !printed.ok()) return Fail(kCommand, printed);
     return kExitOk;
   }
-  absl::PrintF("job %s %s\n", job->id(), JobStateLabel(job->state()));
+  absl::PrintF("job %s %s\n", TerminalSafe(job->id()), JobStateLabel(job->state()));
+  return kExitOk;
+}
+
+int DeleteCommand(const ClientOptions& options, const std::string& job_id,
+                  bool delete_checkpoints) {
+  constexpr absl::string_view kCommand = "delete";
+  absl::StatusOr<JobClient> client = JobClient::Create(options);
+  if (!client.ok()) return Fail(kCommand, client.status());
+  absl::StatusOr<v1::DeleteJobResponse> deleted = client->Delete(job_id, delete_checkpoints);
+  if (!deleted.ok()) return Fail(kCommand, deleted.status());
+  if (options.json) {
+    if (absl::Status printed = PrintJson(*deleted); !printed.ok()) return Fail(kCommand, printed);
+    return kExitOk;
+  }
+  if (deleted->checkpoints_deleted()) {
+    absl::PrintF("job %s deleted, and its checkpoints in %s\n", TerminalSafe(job_id),
+                 TerminalSafe(deleted->checkpoint_dir()));
+  } else if (delete_checkpoints) {
+    absl::PrintF("job %s deleted; the coordinator found no checkpoints in %s\n",
+                 TerminalSafe(job_id), TerminalSafe(deleted->checkpoint_dir()));
+  } else {
+    absl::PrintF("job %s deleted; its checkpoints, if any, remain in %s\n", TerminalSafe(job_id),
+                 TerminalSafe(deleted->checkpoint_dir()));
+  }
   return kExitOk;
 }
 

@@ -1,6 +1,6 @@
 // The `moetrain` commands that talk to a coordinator: submit, jobs, describe, logs, cancel,
-// checkpoints, workers. Each returns the process exit code, prints its result to stdout and its
-// errors, one line naming what was wrong and the value, to stderr.
+// delete, checkpoints, workers. Each returns the process exit code, prints its result to stdout and
+// its errors, one line naming what was wrong and the value, to stderr.
 //
 // Exit codes, for every client command:
 //   0  success
@@ -15,6 +15,7 @@
 // --json output, one document per command (the protobuf JSON mapping of coordinator.proto, proto
 // field names, every scalar field present; see MessageToJson in job_format.h):
 //   submit, describe, cancel   the Job
+//   delete                     the DeleteJobResponse {"checkpoint_dir", "checkpoints_deleted"}
 //   jobs                       {"jobs": [Job, ...]} with every page
 //   checkpoints                {"checkpoints": [Checkpoint, ...]}
 //   workers                    {"workers": [WorkerInfo, ...]}
@@ -81,6 +82,9 @@ int DescribeCommand(const ClientOptions& options, const std::string& job_id);
 int LogsCommand(const ClientOptions& options, const LogsArgs& args);
 int CancelCommand(const ClientOptions& options, const std::string& job_id,
                   const std::string& reason);
+// Deletes a final job from the coordinator; its checkpoint files stay unless delete_checkpoints.
+// Prints "job <id> deleted" and where its checkpoints are (or were), or the DeleteJobResponse.
+int DeleteCommand(const ClientOptions& options, const std::string& job_id, bool delete_checkpoints);
 int CheckpointsCommand(const ClientOptions& options, const std::string& job_id);
 int WorkersCommand(const ClientOptions& options);
 

@@ -14,18 +14,23 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "client/event_printer.h"
+#include "client/terminal_text.h"
 #include "moetrain/v1/job_spec.h"
 #include "moetrain/v1/proto_time.h"
 
 namespace moetrain {
 namespace {
 
-// Columns padded to their widest cell, two spaces apart; the last column is not padded.
+// Columns padded to their widest cell, two spaces apart; the last column is not padded. Cells
+// are escaped for the terminal: most hold the coordinator's strings.
 class Table {
  public:
   explicit Table(std::vector<std::string> header) { rows_.push_back(std::move(header)); }
 
-  void AddRow(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  void AddRow(std::vector<std::string> row) {
+    for (std::string& cell : row) cell = TerminalSafe(cell);
+    rows_.push_back(std::move(row));
+  }
 
   std::string Render() const {
     std::vector<size_t> widths(rows_.front().size(), 0);
@@ -53,6 +58,14 @@ std::string FormatTime(const google::protobuf::Timestamp& timestamp, absl::Time 
   if (time == absl::InfinitePast()) return "-";
   return absl::StrCat(absl::FormatTime("%Y-%m-%d %H:%M:%S %Z", time, absl::UTCTimeZone()), " (",
                       FormatAge(time, now), " ago)");
+}
+
+// A time that may lie ahead: "... (in 4s)" then, else as FormatTime.
+std::string FormatComingTime(const google::protobuf::Timestamp& timestamp, absl::Time now) {
+  const absl::Time time = TimeFromProto(timestamp);
+  if (time <= now) return FormatTime(timestamp, now);
+  return absl::StrCat(absl::FormatTime("%Y-%m-%d %H:%M:%S %Z", time, absl::UTCTimeZone()), " (in ",
+                      FormatAge(now, time), ")");
 }
 
 std::string FormatLoss(double loss) { return absl::StrFormat("%.4f", loss); }
@@ -97,7 +110,7 @@ absl::StatusOr<v1::JobState> ParseJobStateName(absl::string_view name) {
       names.push_back(JobStateLabel(static_cast<v1::JobState>(i)));
     }
   }
-  return absl::InvalidArgumentError(absl::StrCat("--state = '", name,
+  return absl::InvalidArgumentError(absl::StrCat("--state = '", Abbreviate(name),
                                                  "' is not a job state; one of ",
                                                  absl::StrJoin(names, ", "), " (any case)"));
 }
@@ -136,6 +149,11 @@ std::string FormatJobDescription(const v1::Job& job, absl::Time now) {
       "State", job.state_reason().empty()
                    ? JobStateLabel(job.state())
                    : absl::StrCat(JobStateLabel(job.state()), " (", job.state_reason(), ")"));
+  // Why a waiting job has not started, and when a restart's backoff ends.
+  if (!job.waiting_reason().empty()) fields.emplace_back("Waiting", job.waiting_reason());
+  if (job.has_next_attempt_time()) {
+    fields.emplace_back("Next attempt", FormatComingTime(job.next_attempt_time(), now));
+  }
   fields.emplace_back("Priority", absl::StrCat(job.priority()));
   fields.emplace_back("Attempt", job.attempt() == 0 ? "none yet" : absl::StrCat(job.attempt()));
   fields.emplace_back("Restarts", absl::StrCat(job.restarts(), " of at most ",
@@ -155,13 +173,14 @@ std::string FormatJobDescription(const v1::Job& job, absl::Time now) {
   for (const auto& [label, value] : fields) width = std::max(width, label.size());
   std::string out;
   for (const auto& [label, value] : fields) {
-    absl::StrAppend(&out, label, ":", std::string(width - label.size() + 2, ' '), value, "\n");
+    absl::StrAppend(&out, label, ":", std::string(width - label.size() + 2, ' '),
+                    TerminalSafe(value), "\n");
   }
   // The spec, indented under its label: still YAML, and clearly apart from the fields above.
   absl::StrAppend(&out, "Spec:\n");
   for (absl::string_view line :
        absl::StrSplit(JobSpecToYaml(job.spec()), '\n', absl::SkipEmpty())) {
-    absl::StrAppend(&out, "  ", line, "\n");
+    absl::StrAppend(&out, "  ", TerminalSafe(line), "\n");
   }
   return out;
 }

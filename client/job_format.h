@@ -1,6 +1,8 @@
 // How the client commands show the coordinator's answers: readable tables and descriptions for
 // people, and the protobuf JSON mapping for scripts. Pure functions of their inputs (the current
-// time is passed in), so tests can compare exact text.
+// time is passed in), so tests can compare exact text. The text forms print every string with its
+// control characters escaped (TerminalSafe, client/terminal_text.h): a job name, a reason or a
+// worker name cannot act on the terminal. The JSON form escapes them as JSON does.
 #ifndef MOETRAIN_CLIENT_JOB_FORMAT_H_
 #define MOETRAIN_CLIENT_JOB_FORMAT_H_
 
@@ -31,8 +33,9 @@ absl::Time TimeFromProto(const google::protobuf::Timestamp& timestamp);
 // LOSS (of the last report), RESTARTS, AGE. "(no jobs)" when empty.
 std::string FormatJobsTable(const std::vector<v1::Job>& jobs, absl::Time now);
 
-// Everything about one job a person needs, one "Label: value" per line (state and reason,
-// attempt and restarts, priority, latest checkpoint, last metrics, times), then the spec as YAML.
+// Everything about one job a person needs, one "Label: value" per line (state and reason, why it
+// waits and when a restart's backoff ends, attempt and restarts, priority, latest checkpoint,
+// last metrics, times), then the spec as YAML.
 std::string FormatJobDescription(const v1::Job& job, absl::Time now);
 
 // STEP, TOKENS, ATTEMPT, AGE, PATH per checkpoint; "(no checkpoints)" when empty.

@@ -2,6 +2,7 @@
 //
 // In this process, on the CPU:
 //   moetrain run SPEC.yaml [--checkpoint-dir DIR] [--steps N] [--resume] [--json]
+//                [--memory-limit SIZE]
 //   moetrain eval --checkpoint DIR/step-XXXXXXXX --data-path FILE --data-format llmc|u16|text
 //                 [--batches N] [--json]
 // Against a coordinator (flags: --coordinator, --token-file, --tls-ca, --tls-cert, --tls-key):
@@ -10,17 +11,20 @@
 //   moetrain describe JOB [--json]
 //   moetrain logs JOB [-f|--follow] [--reconnect-timeout 60s] [--json]
 //   moetrain cancel JOB [--reason TEXT] [--json]
+//   moetrain delete JOB [--delete-checkpoints] [--json]
 //   moetrain checkpoints JOB [--json]
 //   moetrain workers [--json]
 // Exit codes: client/job_commands.h (and the footer below).
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "CLI/CLI.hpp"
-#include "client/job_commands.h"
 #include "client/eval_command.h"
+#include "client/job_commands.h"
 #include "client/run_command.h"
+#include "client/terminal_text.h"
 
 namespace {
 
@@ -35,17 +39,16 @@ constexpr char kExitCodes[] =
     "     than --reconnect-timeout)\n"
     "  4  the coordinator failed the call otherwise (INTERNAL, DATA_LOSS, ...)";
 
-// The flags every coordinator command takes, stored in `options`.
+// The flags every coordinator command takes, stored in `options`. Their environment variables are
+// read by ApplyClientEnvironment, not by CLI11 (see there).
 void AddClientFlags(CLI::App* command, moetrain::ClientOptions* options) {
   moetrain::ConnectOptions& connect = options->connect;
-  command->add_option("--coordinator", connect.address, "the coordinator's gRPC address, host:port")
-      ->envname("MOETRAIN_COORDINATOR")
-      ->capture_default_str();
-  command
-      ->add_option("--token-file", connect.token_file,
-                   "file holding the bearer token the coordinator requires (sent with every call); "
-                   "default: no token")
-      ->envname("MOETRAIN_TOKEN_FILE");
+  command->add_option("--coordinator", connect.address,
+                      "the coordinator's gRPC address, host:port (default: $MOETRAIN_COORDINATOR, "
+                      "else 127.0.0.1:7070)");
+  command->add_option("--token-file", connect.token_file,
+                      "file holding the bearer token the coordinator requires (sent with every "
+                      "call); default: $MOETRAIN_TOKEN_FILE, else no token");
   command->add_option("--tls-ca", connect.tls_ca_file,
                       "PEM CA certificate to verify the coordinator with; given = connect with TLS "
                       "(default: plaintext)");
@@ -54,6 +57,30 @@ void AddClientFlags(CLI::App* command, moetrain::ClientOptions* options) {
                       "--tls-ca and --tls-key");
   command->add_option("--tls-key", connect.tls_key_file, "PEM private key of --tls-cert");
   command->footer(kExitCodes);
+}
+
+// MOETRAIN_COORDINATOR and MOETRAIN_TOKEN_FILE, for the command that ran and where its flag was
+// not given: a flag wins over the environment, which wins over the default. CLI11 2.1's envname()
+// cannot do this: it reads the variables for every subcommand, run or not, and since the commands
+// share one ClientOptions, a command that did not run overwrote the flags of the one that did.
+void ApplyClientEnvironment(CLI::App& app, moetrain::ClientOptions* options) {
+  struct Setting {
+    const char* flag;
+    const char* variable;
+    std::string* value;
+  };
+  const Setting settings[] = {
+      {"--coordinator", "MOETRAIN_COORDINATOR", &options->connect.address},
+      {"--token-file", "MOETRAIN_TOKEN_FILE", &options->connect.token_file},
+  };
+  for (const CLI::App* command : app.get_subcommands()) {
+    for (const Setting& setting : settings) {
+      const CLI::Option* option = command->get_option_no_throw(setting.flag);
+      if (option == nullptr || option->count() > 0) continue;
+      const char* value = std::getenv(setting.variable);
+      if (value != nullptr && value[0] != '\0') *setting.value = value;
+    }
+  }
 }
 
 // "--reconnect-timeout" as a flag of `command`, stored as text and parsed after CLI11 is done.
@@ -70,6 +97,7 @@ void AddReconnectTimeout(CLI::App* command, std::string* text) {
 int main(int argc, char** argv) {
   CLI::App app{"moetrain: train Mixture-of-Experts language models"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", MOETRAIN_VERSION);
   app.footer(kExitCodes);
 
   moetrain::RunOptions run;
@@ -83,6 +111,9 @@ int main(int argc, char** argv) {
   run_cmd->add_flag("--resume", run.resume,
                     "continue from the newest good checkpoint of the job, if there is one");
   run_cmd->add_flag("--json", run.json, "print one JSON object per logged step and a summary");
+  run_cmd->add_option("--memory-limit", run.memory_limit,
+                      "host memory the job may use, e.g. 8GiB (default: the machine's memory); a "
+                      "model whose estimate exceeds it is refused (exit 2)");
 
   moetrain::EvalOptions eval;
   CLI::App* eval_cmd =
@@ -107,7 +138,8 @@ int main(int argc, char** argv) {
       ->required();
   submit_cmd->add_option("--id", submit.submission_id,
                          "submission id that makes the submission idempotent: the same id with the "
-                         "same spec returns the first job, with another spec fails (exit 2); "
+                         "same spec and priority returns the first job, with another spec or "
+                         "priority fails (exit 2); "
                          "default: a fresh random UUID");
   submit_cmd->add_option("--priority", submit.priority,
                          "scheduling priority; higher runs first (default 0, may be negative)");
@@ -162,6 +194,17 @@ int main(int argc, char** argv) {
   cancel_cmd->add_flag("--json", client.json, "print the cancelled Job as one JSON document");
   AddClientFlags(cancel_cmd, &client);
 
+  bool delete_checkpoints = false;
+  CLI::App* delete_cmd = app.add_subcommand(
+      "delete", "delete a SUCCEEDED, FAILED or CANCELLED job, its events and checkpoint records");
+  delete_cmd->add_option("job", job_id, "the job's id")->required();
+  delete_cmd->add_flag("--delete-checkpoints", delete_checkpoints,
+                       "also remove its checkpoint directory <checkpoint root>/<job id> (default: "
+                       "the files stay, and their directory is printed)");
+  delete_cmd->add_flag("--json", client.json,
+                       "print {\"checkpoint_dir\", \"checkpoints_deleted\"} as one JSON document");
+  AddClientFlags(delete_cmd, &client);
+
   CLI::App* checkpoints_cmd = app.add_subcommand(
       "checkpoints", "list a job's good checkpoints still on disk, oldest first");
   checkpoints_cmd->add_option("job", job_id, "the job's id")->required();
@@ -181,6 +224,7 @@ int main(int argc, char** argv) {
     // CLI11 prints the problem (or the help); any usage error is exit code 2.
     return app.exit(error) == 0 ? moetrain::kExitOk : moetrain::kExitUsage;
   }
+  ApplyClientEnvironment(app, &client);
 
   if (run_cmd->parsed()) return moetrain::RunJob(run);
   if (eval_cmd->parsed()) return moetrain::EvalCheckpoint(eval);
@@ -189,7 +233,8 @@ int main(int argc, char** argv) {
     absl::StatusOr<absl::Duration> timeout =
         moetrain::ParseDurationFlag("--reconnect-timeout", text);
     if (!timeout.ok()) {
-      std::fprintf(stderr, "moetrain: %s\n", std::string(timeout.status().message()).c_str());
+      std::fprintf(stderr, "moetrain: %s\n",
+                   moetrain::TerminalSafe(timeout.status().message()).c_str());
       return moetrain::kExitUsage;
     }
     submit.reconnect_timeout = logs.reconnect_timeout = *timeout;
@@ -199,6 +244,7 @@ int main(int argc, char** argv) {
   if (describe_cmd->parsed()) return moetrain::DescribeCommand(client, job_id);
   if (logs_cmd->parsed()) return moetrain::LogsCommand(client, logs);
   if (cancel_cmd->parsed()) return moetrain::CancelCommand(client, job_id, cancel_reason);
+  if (delete_cmd->parsed()) return moetrain::DeleteCommand(client, job_id, delete_checkpoints);
   if (checkpoints_cmd->parsed()) return moetrain::CheckpointsCommand(client, job_id);
   if (workers_cmd->parsed()) return moetrain::WorkersCommand(client);
   return moetrain::kExitUsage;

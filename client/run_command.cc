@@ -16,8 +16,10 @@
 #include "absl/synchronization/mutex.h"
 #include "client/event_printer.h"
 #include "client/job_follower.h"
+#include "client/terminal_text.h"
 #include "engine/core/log.h"
 #include "engine/train/checkpoint.h"
+#include "engine/train/memory_estimate.h"
 #include "moetrain/v1/connect.h"
 #include "moetrain/v1/coordinator.grpc.pb.h"
 #include "moetrain/v1/job_spec.h"
@@ -29,7 +31,9 @@ namespace moetrain {
 namespace {
 
 int Fail(const absl::Status& status, int exit_code) {
-  std::fprintf(stderr, "moetrain: %s\n", std::string(status.message()).c_str());
+  // Reasons and paths in the message come from the spec and the worker: bounded and escaped.
+  std::fprintf(stderr, "moetrain: %s\n",
+               TerminalSafe(Abbreviate(status.message(), kMaxErrorMessageBytes)).c_str());
   return exit_code;
 }
 
@@ -102,20 +106,37 @@ int RunJob(const RunOptions& options) {
                     config->parallel.world_size(), " workers (moetrain submit)")),
                 2);
   }
+  // A model too large for this machine is refused before anything is allocated, with both figures.
+  int64_t memory_limit = 0;
+  if (!options.memory_limit.empty()) {
+    absl::StatusOr<int64_t> limit = ParseByteSize(options.memory_limit, "--memory-limit");
+    if (!limit.ok()) return Fail(limit.status(), 2);
+    memory_limit = *limit;
+  } else if (absl::StatusOr<int64_t> machine = MachineMemoryBytes(); machine.ok()) {
+    memory_limit = *machine;
+  }
+  if (memory_limit > 0) {
+    const absl::Status fits = CheckMemoryEstimate(
+        EstimateTrainingMemory(*config), memory_limit,
+        options.memory_limit.empty() ? "this machine's memory; --memory-limit sets another limit"
+                                     : "--memory-limit");
+    if (!fits.ok()) return Fail(fits, 2);
+  }
   const std::string root = absl::StrCat(checkpoint_dir, "/", spec->name());
   absl::StatusOr<std::vector<int64_t>> existing = ListCheckpointSteps(root);
   if (!existing.ok()) return Fail(existing.status(), 1);
   if (!options.resume && !existing->empty()) {
     // Never train over a job's checkpoints by accident.
-    return Fail(absl::FailedPreconditionError(absl::StrCat(
-                    "job ", spec->name(), " already has checkpoints in ", root, " (newest: step ",
-                    existing->back(), "): pass --resume to continue it, or choose another "
-                    "--checkpoint-dir")),
+    return Fail(absl::FailedPreconditionError(
+                    absl::StrCat("job ", spec->name(), " already has checkpoints in ", root,
+                                 " (newest: step ", existing->back(),
+                                 "): pass --resume to continue it, or choose another "
+                                 "--checkpoint-dir")),
                 2);
   }
 
-  EventPrinter printer({.json = options.json, .total_steps = config->steps,
-                        .job_label = spec->name()});
+  EventPrinter printer(
+      {.json = options.json, .total_steps = config->steps, .job_label = spec->name()});
   if (options.resume && existing->empty()) {
     v1::JobEvent note;
     note.mutable_log_line()->set_text(absl::StrCat("no checkpoint of job ", spec->name(), " in ",
@@ -153,6 +174,7 @@ int RunJob(const RunOptions& options) {
   worker_options.name = "in-process";
   worker_options.version = MOETRAIN_VERSION;
   worker_options.threads = omp_get_max_threads();
+  worker_options.memory_limit_bytes = memory_limit;
   Worker worker(connection, worker_options);
   signals.OnSignal(&worker);
 

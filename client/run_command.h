@@ -15,10 +15,14 @@ struct RunOptions {
   int64_t steps = 0;           // overrides spec.train.steps when > 0
   bool resume = false;
   bool json = false;
+  // Host memory the job may use ("8GiB", "512MiB", bytes); empty = the machine's memory (or its
+  // cgroup's limit when lower). A job whose estimate exceeds it is refused before it starts.
+  std::string memory_limit;
 };
 
 // Returns the process exit code: 0 when the job succeeded or was stopped by SIGINT/SIGTERM (after
-// a checkpoint), 1 when it failed, 2 for a bad spec or a refusal to overwrite checkpoints.
+// a checkpoint), 1 when it failed, 2 for a bad spec, a refusal to overwrite checkpoints, or a model
+// whose memory estimate exceeds the memory limit.
 // Progress goes to stdout, errors to stderr.
 int RunJob(const RunOptions& options);
 

@@ -3,7 +3,8 @@
 //
 // Lifecycle: parse flags → block SIGINT/SIGTERM (before any thread starts) → start (store,
 // reconciliation, listeners) → wait for a signal → drain and stop → exit 0. A start that fails
-// (bad flags, a damaged state file, a port in use) prints why and exits 2 (flags) or 1.
+// (bad flags, a state file that is damaged, not writable or held by another coordinator, a port
+// in use) prints why and exits 2 (flags) or 1.
 #include <signal.h>
 
 #include <cstdio>
@@ -12,9 +13,9 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "engine/core/log.h"
 #include "moetrain/v1/connect.h"
 #include "server/coordinator_server.h"
-#include "engine/core/log.h"
 
 namespace {
 
@@ -36,6 +37,7 @@ int main(int argc, char** argv) {
   std::string token_file, heartbeat_timeout = "10s", grace, metrics_retention = "1h";
 
   CLI::App app{"moetrain-coordinator: accepts MoE training jobs and schedules them onto workers"};
+  app.set_version_flag("--version", MOETRAIN_VERSION);
   app.add_option("--listen", options.listen, "gRPC address, host:port (port 0 = any free port)")
       ->capture_default_str();
   app.add_option("--http-listen", options.http_listen,
@@ -46,6 +48,9 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-dir", options.fleet.checkpoint_dir,
                  "checkpoint root as the workers see it; job J writes to <dir>/J/step-NNNNNNNN")
       ->capture_default_str();
+  app.add_option("--data-root", options.data_roots,
+                 "a directory, as the workers see it, that a spec's data.path must lie in "
+                 "(repeatable; checked at submit); none = not checked");
   app.add_option("--token-file", token_file,
                  "file holding the bearer token every call must carry (workers included)");
   app.add_option("--tls-cert", options.tls_cert_file, "PEM server certificate (enables TLS)");
@@ -63,7 +68,12 @@ int main(int argc, char** argv) {
                  "how long a job's series stay on /metrics after it ends (SUCCEEDED, FAILED, "
                  "CANCELLED), so that Prometheus scrapes its final values")
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    // CLI11 prints the help, the version or the problem; any usage error is exit code 2.
+    return app.exit(error) == 0 ? 0 : 2;
+  }
 
   if (!ParseDurationFlag("--heartbeat-timeout", heartbeat_timeout,
                          &options.fleet.heartbeat_timeout)) {
@@ -82,7 +92,8 @@ int main(int argc, char** argv) {
   if (!token_file.empty()) {
     absl::StatusOr<std::string> token = moetrain::ReadTokenFile(token_file);
     if (!token.ok()) {
-      std::fprintf(stderr, "moetrain-coordinator: %s\n", std::string(token.status().message()).c_str());
+      std::fprintf(stderr, "moetrain-coordinator: %s\n",
+                   std::string(token.status().message()).c_str());
       return 2;
     }
     options.bearer_token = *token;
@@ -110,8 +121,10 @@ int main(int argc, char** argv) {
   const std::string http_host = options.http_listen.substr(0, options.http_listen.rfind(':'));
   moetrain::Log(absl::StrCat(
       "moetrain-coordinator serving: grpc ", host, ":", (*server)->grpc_port(),
-      options.tls_cert_file.empty() ? "" : (options.tls_client_ca_file.empty() ? " (TLS)" : " (mTLS)"),
-      ", http ", options.http_listen.empty() ? "off" : absl::StrCat(http_host, ":", (*server)->http_port()),
+      options.tls_cert_file.empty() ? ""
+                                    : (options.tls_client_ca_file.empty() ? " (TLS)" : " (mTLS)"),
+      ", http ",
+      options.http_listen.empty() ? "off" : absl::StrCat(http_host, ":", (*server)->http_port()),
       ", state ", options.state_db, ", checkpoints ", options.fleet.checkpoint_dir,
       options.bearer_token.empty() ? ", no token" : ", token required"));
 

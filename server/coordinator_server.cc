@@ -109,19 +109,31 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
 
 namespace {
 
-// One coordinator per state file: two would schedule the same jobs twice. A lock on a file beside
-// it, which the kernel releases however the holder dies (kill -9 included).
+// One coordinator per state file: two would schedule the same jobs twice. The lock is a flock on
+// the database file itself, so a coordinator that reaches the same file through a symbolic or a
+// hard link (another name, the same inode) is refused too; the kernel releases it however the
+// holder dies (kill -9 included). flock locks and SQLite's own fcntl locks on the file do not
+// interact on Linux. The descriptor must stay open until the store is closed: closing any
+// descriptor of the file drops every fcntl lock this process holds on it, SQLite's included.
 absl::StatusOr<int> LockStateFile(const std::string& state_db) {
-  const std::string path = state_db + ".lock";
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // Read-only: the lock needs no more, and Store::Open says better why a file it cannot write is
+  // refused. Created here when missing, as SQLite would (an empty file is a new database).
+  const int fd = open(state_db.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("--state-db: cannot create the lock file '", path, "': ", strerror(errno)));
+        absl::StrCat("--state-db = '", state_db, "': cannot open or create it: ", strerror(errno)));
   }
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int lock_errno = errno;
     close(fd);
+    if (lock_errno != EWOULDBLOCK) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--state-db = '", state_db, "': cannot lock it: ", strerror(lock_errno)));
+    }
     return absl::FailedPreconditionError(absl::StrCat(
-        "--state-db = '", state_db, "' is in use by another coordinator (it holds ", path, ")"));
+        "--state-db = '", state_db,
+        "' is in use by another coordinator: another process holds the lock on this database file "
+        "(perhaps under another name: a symbolic or hard link reaches the same file)"));
   }
   return fd;
 }
@@ -144,6 +156,8 @@ absl::Status CoordinatorServer::Build(const CoordinatorServerOptions& options) {
 
   JobServiceOptions job_options;
   job_options.bearer_token = options.bearer_token;
+  job_options.checkpoint_root = options.fleet.checkpoint_dir;
+  job_options.data_roots = options.data_roots;
   job_service_ = std::make_unique<JobService>(coordinator_.get(), fleet_.get(), job_options);
   worker_service_ = std::make_unique<WorkerService>(fleet_.get(), options.bearer_token);
 
@@ -161,6 +175,7 @@ absl::Status CoordinatorServer::Build(const CoordinatorServerOptions& options) {
   builder.RegisterService(job_service_.get());
   builder.RegisterService(worker_service_.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+  creators.push_back(MakeParseErrorInterceptorFactory());
   MOETRAIN_ASSIGN_OR_RETURN(
       creators.emplace_back(),
       MakeRpcMetricsInterceptorFactory(&registry_,

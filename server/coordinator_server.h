@@ -20,6 +20,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -56,6 +57,9 @@ struct CoordinatorServerOptions {
   // Largest request the gRPC server accepts.
   int max_receive_message_bytes = 4 << 20;
   FleetOptions fleet;
+  // Directories a spec's data.path must lie in, as the workers see them (checked at submit, as
+  // far as the text tells; the workers' own --data-root flags decide); empty = not checked.
+  std::vector<std::string> data_roots;
 
   // InvalidArgument naming the option: bad addresses, a key without a certificate (or the other
   // way round), a client CA without both, a non-positive message size; and the fleet's options.
@@ -99,7 +103,8 @@ class CoordinatorServer {
   Readiness::ListenerId health_listener_ = 0;
   int grpc_port_ = 0;
   bool shut_down_ = false;
-  int state_lock_fd_ = -1;  // flock'ed <state_db>.lock: this process owns the state file
+  // The state file, flock'ed: this process owns it. Closed only after the store.
+  int state_lock_fd_ = -1;
 };
 
 }  // namespace moetrain::server

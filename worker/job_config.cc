@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/core/status.h"
 #include "moetrain/v1/job_spec.h"
+#include "moetrain/v1/trainer_support.h"
 
 namespace moetrain {
 namespace {
@@ -53,16 +54,8 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromSpec(const v1::JobSpec& raw_spec,
   MOETRAIN_ASSIGN_OR_RETURN(v1::JobSpec spec, ResolveJobSpec(raw_spec));
   const v1::ModelConfig& model = spec.model();
   const v1::TrainConfig& train = spec.train();
-  if (train.precision() == v1::TrainConfig::FP8) {
-    return absl::UnimplementedError(
-        "train.precision = FP8 is not available on the CPU yet (use FP32 or BF16)");
-  }
+  MOETRAIN_RETURN_IF_ERROR(v1::CheckTrainerSupports(spec));
   const int64_t ranks = spec.resources().workers() * spec.resources().devices_per_worker();
-  if (spec.resources().device() == v1::ResourceConfig::CUDA) {
-    return absl::UnimplementedError(
-        "resources.device = CUDA: this build's trainer runs on the CPU (the CUDA backend has "
-        "kernels but no training loop yet)");
-  }
 
   TrainerConfig c;
   c.job_id = spec.name();

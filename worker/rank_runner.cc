@@ -6,7 +6,9 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <new>
 #include <optional>
+#include <stdexcept>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,8 +17,10 @@
 #include "engine/core/status.h"
 #include "engine/model/transformer.h"
 #include "engine/ops/gemm/gemm.h"
+#include "engine/train/memory_estimate.h"
 #include "moetrain/v1/proto_time.h"
 #include "worker/job_config.h"
+#include "worker/job_paths.h"
 #include "worker/rendezvous_store.h"
 
 namespace moetrain {
@@ -121,7 +125,8 @@ class ReportingObserver : public TrainObserver {
 };
 
 void ReportEnd(const v1::Assignment& assignment, const RankEnvironment& environment,
-               v1::AttemptOutcome outcome, const std::string& message, int64_t step) {
+               v1::AttemptOutcome outcome, const std::string& message, int64_t step,
+               v1::FailureKind failure_kind = v1::FAILURE_KIND_UNSPECIFIED) {
   v1::ReportAttemptEndRequest request;
   request.set_worker_id(environment.worker_id);
   request.set_job_id(assignment.job_id());
@@ -130,7 +135,34 @@ void ReportEnd(const v1::Assignment& assignment, const RankEnvironment& environm
   request.set_outcome(outcome);
   request.set_message(message);
   request.set_step(step);
+  request.set_failure_kind(failure_kind);
   environment.reporter->Enqueue(std::move(request));
+}
+
+// Logs the job's memory estimate (rank 0 also reports it as a log line of the job) and refuses
+// it, ResourceExhausted naming both figures, when it exceeds the worker's --memory-limit: before
+// anything is allocated, so that a model too large for this worker fails the attempt, not the
+// worker.
+absl::Status CheckMemory(const v1::Assignment& assignment, const RankEnvironment& environment,
+                         const TrainerConfig& config) {
+  const MemoryEstimate estimate = EstimateTrainingMemory(config);
+  const int64_t limit = environment.memory_limit_bytes;
+  const std::string line =
+      absl::StrCat("memory estimate: ", estimate.DebugString(),
+                   limit > 0 ? absl::StrCat(" of limit ", FormatBytes(static_cast<double>(limit)))
+                             : std::string());
+  Log(absl::StrCat("job ", assignment.job_id(), " rank ", assignment.rank(), ": ", line));
+  if (assignment.rank() == 0) {
+    v1::ReportLogRequest request;
+    request.set_worker_id(environment.worker_id);
+    request.set_job_id(assignment.job_id());
+    request.set_attempt(assignment.attempt());
+    request.set_rank(assignment.rank());
+    request.add_lines(line);
+    environment.reporter->Enqueue(std::move(request));
+  }
+  if (limit <= 0) return absl::OkStatus();
+  return CheckMemoryEstimate(estimate, limit, "the worker's --memory-limit");
 }
 
 // The gang's world: the ranks meet through the coordinator's rendezvous of this attempt, so a
@@ -160,14 +192,25 @@ absl::StatusOr<v1::AttemptOutcome> Train(const v1::Assignment& assignment,
   MOETRAIN_ASSIGN_OR_RETURN(TrainerConfig config,
                             TrainerConfigFromSpec(assignment.spec(), parent.string()));
   config.job_id = root.filename().string();
+  // Before anything is read or written: the spec's paths stay where the operator allows.
+  MOETRAIN_RETURN_IF_ERROR(
+      CheckJobPaths(assignment.spec(), assignment.checkpoint_dir(),
+                    JobPathPolicy{.checkpoint_root = assignment.checkpoint_root(),
+                                  .data_roots = environment.data_roots}));
   if (assignment.world_size() != config.parallel.world_size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the assignment has ", assignment.world_size(), " ranks but the spec's layout ",
         config.parallel.DebugString(), " has ", config.parallel.world_size()));
   }
-  MOETRAIN_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> world,
-                            WorldCommunicator(assignment, environment));
-  MOETRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(config, world));
+  MOETRAIN_RETURN_IF_ERROR(CheckMemory(assignment, environment, config));
+  absl::StatusOr<std::shared_ptr<Communicator>> world = WorldCommunicator(assignment, environment);
+  if (!world.ok()) {
+    // The gang could not meet (a peer that never came, a fenced rendezvous, this worker's network
+    // setup): another attempt, on other workers maybe, may well meet.
+    return absl::UnavailableError(
+        absl::StrCat("the ranks could not meet: ", world.status().ToString()));
+  }
+  MOETRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(config, *world));
   ReportingObserver observer(assignment, environment, control,
                              TrainingFlopsPerToken(config.model, config.data.seq_len),
                              PeakFlops(config.compute_dtype), trainer->best_possible_loss());
@@ -199,18 +242,41 @@ absl::StatusOr<v1::AttemptOutcome> Train(const v1::Assignment& assignment,
 
 }  // namespace
 
+v1::FailureKind FailureKindOf(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kUnimplemented:
+      return v1::FAILURE_KIND_PERMANENT;
+    default:
+      return v1::FAILURE_KIND_TRANSIENT;
+  }
+}
+
 void RunRank(const v1::Assignment& assignment, const RankEnvironment& environment,
              RankControl* control) {
   omp_set_num_threads(environment.threads);
   int64_t step = 0;
-  absl::StatusOr<v1::AttemptOutcome> outcome = Train(assignment, environment, control, &step);
+  absl::StatusOr<v1::AttemptOutcome> outcome = absl::UnknownError("not run");
+  // An allocation that fails (std::bad_alloc), or any other exception from below, ends this
+  // attempt; the worker process and its other duties carry on.
+  try {
+    outcome = Train(assignment, environment, control, &step);
+  } catch (const std::bad_alloc&) {
+    outcome = absl::ResourceExhaustedError(
+        "out of memory: an allocation failed (std::bad_alloc); the model does not fit in this "
+        "worker's memory");
+  } catch (const std::exception& error) {
+    outcome = absl::InternalError(absl::StrCat("unexpected exception: ", error.what()));
+  }
   step = std::max(step, control->step.load());
   const std::string who = absl::StrCat("job ", assignment.job_id(), " attempt ",
                                        assignment.attempt(), " rank ", assignment.rank());
   if (!outcome.ok()) {
     Log(absl::StrCat(who, " failed at step ", step, ": ", outcome.status().message()));
     ReportEnd(assignment, environment, v1::ATTEMPT_OUTCOME_FAILED,
-              std::string(outcome.status().message()), step);
+              std::string(outcome.status().message()), step, FailureKindOf(outcome.status()));
     return;
   }
   Log(absl::StrCat(who, " ended at step ", step, ": ", v1::AttemptOutcome_Name(*outcome)));

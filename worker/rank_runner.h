@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -37,10 +38,19 @@ struct RankEnvironment {
   Connection connection;
   std::string comm_host;  // see WorkerOptions::comm_host
   absl::Duration comm_timeout = absl::Seconds(60);
+  std::vector<std::string> data_roots;  // see WorkerOptions::data_roots
+  int64_t memory_limit_bytes = 0;       // see WorkerOptions::memory_limit_bytes
 };
 
+// Whether another attempt could succeed where one failed with `status`: PERMANENT for the codes
+// that say the job's spec, data or checkpoint is wrong (InvalidArgument, FailedPrecondition,
+// OutOfRange, Unimplemented), TRANSIENT for every other (a lost peer, a timeout, too little
+// memory on this worker, I/O). A failure to meet the gang is TRANSIENT whatever its code.
+v1::FailureKind FailureKindOf(const absl::Status& status);
+
 // Runs the rank to its end and enqueues its reports, the end report last. Never throws; every
-// failure becomes an ATTEMPT_OUTCOME_FAILED end report whose message names the cause.
+// failure becomes an ATTEMPT_OUTCOME_FAILED end report whose message names the cause and whose
+// failure_kind is FailureKindOf the rank's error.
 void RunRank(const v1::Assignment& assignment, const RankEnvironment& environment,
              RankControl* control);
 

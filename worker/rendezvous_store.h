@@ -17,6 +17,8 @@ namespace moetrain {
 
 class CoordinatorKeyValueStore : public KeyValueStore {
  public:
+  // `connection` carries the worker's id and secret (Connection::worker_id, worker_secret): the
+  // coordinator serves the rendezvous of an attempt only to the workers that hold its ranks.
   CoordinatorKeyValueStore(Connection connection, std::string job_id, int64_t attempt);
 
   // Retries an unreachable coordinator with backoff for up to set_timeout.

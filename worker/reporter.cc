@@ -84,6 +84,12 @@ void Reporter::Enqueue(Report report) {
   changed_.SignalAll();
 }
 
+void Reporter::SetWorkerSecret(const std::string& worker_id, const std::string& secret) {
+  absl::MutexLock lock(&mu_);
+  worker_id_ = worker_id;
+  worker_secret_ = secret;
+}
+
 bool Reporter::Flush(absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   while (!queue_.empty() && !stopping_) {
@@ -93,8 +99,19 @@ bool Reporter::Flush(absl::Time deadline) {
 }
 
 grpc::Status Reporter::Send(const Report& report) {
+  // The credentials of the registration the report was made under.
+  Connection credentials = *connection_;
+  const std::string& worker_id = ReportWorkerId(report);
+  if (credentials.worker_id != worker_id) {
+    credentials.worker_id = worker_id;
+    credentials.worker_secret.clear();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (worker_id == worker_id_) credentials.worker_secret = worker_secret_;
+  }
   grpc::ClientContext context;
-  connection_->Prepare(&context, options_.call_timeout);
+  credentials.Prepare(&context, options_.call_timeout);
   return std::visit(
       [&](const auto& request) -> grpc::Status {
         using T = std::decay_t<decltype(request)>;
@@ -164,7 +181,11 @@ void Reporter::SendLoop() {
         unknown_worker = true;
         collect_ends([&](const Report& queued) { return ReportWorkerId(queued) == worker_id; });
       } else {
-        if (!status.ok()) {
+        // A step report the coordinator already has (a retry whose first answer was lost) has
+        // been delivered: nothing to say.
+        const bool repeat = status.error_code() == grpc::StatusCode::ALREADY_EXISTS &&
+                            std::holds_alternative<v1::ReportStepRequest>(front);
+        if (!status.ok() && !repeat) {
           Log(absl::StrCat("the coordinator refused the ", Describe(front), ": ",
                            status.error_message(), " (dropped)"));
         }

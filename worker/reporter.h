@@ -56,6 +56,10 @@ class Reporter {
   Reporter& operator=(const Reporter&) = delete;
 
   void Enqueue(Report report);
+  // The secret RegisterWorker issued to `worker_id`: reports made under that id carry it (as do
+  // those made under the connection's own worker_id, with its secret). Reports of an earlier
+  // registration go without one (the coordinator answers NOT_FOUND for such ids).
+  void SetWorkerSecret(const std::string& worker_id, const std::string& secret);
   // Waits until the queue is empty or `deadline`; true when empty.
   bool Flush(absl::Time deadline);
   // Stops sending; reports still queued are lost.
@@ -75,6 +79,8 @@ class Reporter {
   absl::Mutex mu_;
   absl::CondVar changed_;
   std::deque<Report> queue_ ABSL_GUARDED_BY(mu_);
+  std::string worker_id_ ABSL_GUARDED_BY(mu_);  // of the latest SetWorkerSecret
+  std::string worker_secret_ ABSL_GUARDED_BY(mu_);
   bool sending_ ABSL_GUARDED_BY(mu_) = false;  // the front report is being sent
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;

@@ -23,6 +23,10 @@ absl::Status WorkerOptions::Validate() const {
   if (device_count < 1) {
     return absl::InvalidArgumentError(absl::StrCat("device count = ", device_count, " is below 1"));
   }
+  if (memory_limit_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--memory-limit = ", memory_limit_bytes, " bytes is negative"));
+  }
   if (threads < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--threads = ", threads, " is below 1"));
   }
@@ -84,7 +88,7 @@ void Worker::Shutdown() {
     StopRequest none = StopRequest::kNone;
     rank->control.stop.compare_exchange_strong(none, StopRequest::kCheckpointAndStop);
   }
-  if (poll_context_ != nullptr) poll_context_->TryCancel();
+  if (call_context_ != nullptr) call_context_->TryCancel();
   changed_.SignalAll();
 }
 
@@ -103,12 +107,24 @@ absl::Status Worker::Register() {
   request.mutable_resources()->set_threads(options_.threads);
   grpc::ClientContext context;
   connection_.Prepare(&context, options_.call_timeout);
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return absl::CancelledError("shutting down");
+    call_context_ = &context;
+  }
   const absl::Time sent = absl::Now();
   v1::RegisterWorkerResponse response;
   const grpc::Status status = stub_->RegisterWorker(&context, request, &response);
+  {
+    absl::MutexLock lock(&mu_);
+    call_context_ = nullptr;
+  }
   if (!status.ok()) return FromGrpcStatus(status);
+  // Before the id is published: every report made under it carries the secret.
+  reporter_->SetWorkerSecret(response.worker_id(), response.worker_secret());
   absl::MutexLock lock(&mu_);
   worker_id_ = response.worker_id();
+  worker_secret_ = response.worker_secret();
   registered_ = true;
   if (response.has_heartbeat_interval()) {
     heartbeat_interval_ = FromProtoDuration(response.heartbeat_interval());
@@ -122,6 +138,13 @@ absl::Status Worker::Register() {
   Log(absl::StrCat("registered as worker ", worker_id_, " (", options_.name, "); heartbeat every ",
                    absl::FormatDuration(heartbeat_interval_)));
   return absl::OkStatus();
+}
+
+Connection Worker::RegisteredConnection() const {
+  Connection registered = connection_;
+  registered.worker_id = worker_id_;
+  registered.worker_secret = worker_secret_;
+  return registered;
 }
 
 absl::Status Worker::Run() {
@@ -139,6 +162,7 @@ absl::Status Worker::Run() {
     grpc::Status status = grpc::Status::OK;
     if (!registered) {
       const absl::Status registration = Register();
+      if (absl::IsCancelled(registration)) continue;  // Shutdown cut the call
       if (!registration.ok() && !absl::IsUnavailable(registration) &&
           !absl::IsDeadlineExceeded(registration)) {
         result = absl::Status(
@@ -190,24 +214,27 @@ absl::Status Worker::Run() {
     changed_.SignalAll();
   }
   heartbeats.join();
+  if (result.ok() && worker_id().empty()) Log("stopped before registering with the coordinator");
   return result;
 }
 
 grpc::Status Worker::Poll() {
   v1::GetAssignmentRequest request;
   grpc::ClientContext context;
+  Connection registered;
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return grpc::Status(grpc::StatusCode::CANCELLED, "shutting down");
     request.set_worker_id(worker_id_);
-    poll_context_ = &context;
+    registered = RegisteredConnection();
+    call_context_ = &context;
   }
   ToProtoDuration(options_.poll_wait, request.mutable_wait_timeout());
-  connection_.Prepare(&context, options_.poll_wait + options_.call_timeout);
+  registered.Prepare(&context, options_.poll_wait + options_.call_timeout);
   v1::GetAssignmentResponse response;
   const grpc::Status status = stub_->GetAssignment(&context, request, &response);
   absl::MutexLock lock(&mu_);
-  poll_context_ = nullptr;
+  call_context_ = nullptr;
   if (!status.ok()) return status;
   for (const v1::AttemptRef& stop : response.cancel()) {
     StopRank(stop.job_id(), stop.attempt(), StopRequest::kStop);
@@ -239,9 +266,11 @@ void Worker::StartRank(const v1::Assignment& assignment) {
   environment.threads = options_.threads;
   environment.reporter = reporter_.get();
   environment.may_write_checkpoints = [this] { return MayWriteCheckpoints(); };
-  environment.connection = connection_;
+  environment.connection = RegisteredConnection();  // the rendezvous calls carry the identity
   environment.comm_host = options_.comm_host;
   environment.comm_timeout = options_.comm_timeout;
+  environment.memory_limit_bytes = options_.memory_limit_bytes;
+  environment.data_roots = options_.data_roots;
   rank->thread = std::thread([this, rank, environment] {
     RunRank(rank->assignment, environment, &rank->control);
     absl::MutexLock lock(&mu_);
@@ -303,6 +332,7 @@ void Worker::HeartbeatLoop() {
   for (;;) {
     v1::HeartbeatRequest request;
     absl::Duration interval;
+    Connection registered;
     {
       absl::MutexLock lock(&mu_);
       while (!stop_heartbeats_ && !heartbeat_now_ && absl::Now() < next) {
@@ -314,6 +344,7 @@ void Worker::HeartbeatLoop() {
       next = absl::Now() + interval;
       if (!registered_) continue;
       request.set_worker_id(worker_id_);
+      registered = RegisteredConnection();
       for (const auto& [key, rank] : ranks_) {
         if (rank->worker_id != worker_id_) continue;
         v1::RunningAttempt* running = request.add_running();
@@ -324,8 +355,8 @@ void Worker::HeartbeatLoop() {
       }
     }
     grpc::ClientContext context;
-    connection_.Prepare(&context,
-                        std::min(options_.call_timeout, std::max(interval, absl::Seconds(1))));
+    registered.Prepare(&context,
+                       std::min(options_.call_timeout, std::max(interval, absl::Seconds(1))));
     const absl::Time sent = absl::Now();
     v1::HeartbeatResponse response;
     const grpc::Status status = stub_->Heartbeat(&context, request, &response);

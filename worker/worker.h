@@ -14,7 +14,9 @@
 //                             given away) and the worker registers again under a new id.
 //   Shutdown (SIGTERM)        the running rank saves a checkpoint at the next step boundary and
 //                             reports STOPPED; Run returns once its reports are delivered (or
-//                             after shutdown_timeout).
+//                             after shutdown_timeout). Before the first registration, or while
+//                             the coordinator is unreachable, Run returns at once (a call in
+//                             flight is cancelled).
 #ifndef MOETRAIN_WORKER_WORKER_H_
 #define MOETRAIN_WORKER_WORKER_H_
 
@@ -24,6 +26,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -56,6 +59,12 @@ struct WorkerOptions {
   // How long a rank waits for its gang: to meet at the rendezvous, and for any one collective.
   // A rank whose peer died fails within it, so the coordinator can restart the gang.
   absl::Duration comm_timeout = absl::Seconds(60);
+  // Directories a job's data.path must resolve under (absolute, or relative to the working
+  // directory); empty = any file the worker can read.
+  std::vector<std::string> data_roots;
+  // Host memory a rank may use: a job whose estimate (engine/train/memory_estimate.h) exceeds it
+  // fails its attempt before allocating anything. 0 = no limit.
+  int64_t memory_limit_bytes = 0;
 
   // InvalidArgument naming the option.
   absl::Status Validate() const;
@@ -90,6 +99,9 @@ class Worker {
 
   // One RegisterWorker call.
   absl::Status Register() ABSL_LOCKS_EXCLUDED(mu_);
+  // connection_ with the current registration's id and secret, which every call but
+  // RegisterWorker carries.
+  Connection RegisteredConnection() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One GetAssignment call and what it brings; the status of the call.
   grpc::Status Poll() ABSL_LOCKS_EXCLUDED(mu_);
   void HeartbeatLoop();
@@ -110,6 +122,7 @@ class Worker {
   absl::Mutex mu_;
   absl::CondVar changed_;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  std::string worker_secret_ ABSL_GUARDED_BY(mu_);  // issued with worker_id_
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
   absl::Duration heartbeat_timeout_ ABSL_GUARDED_BY(mu_) = absl::Seconds(10);
@@ -120,7 +133,8 @@ class Worker {
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   bool heartbeat_now_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_heartbeats_ ABSL_GUARDED_BY(mu_) = false;
-  grpc::ClientContext* poll_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // The GetAssignment or RegisterWorker call in flight, which Shutdown cancels.
+  grpc::ClientContext* call_context_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 }  // namespace moetrain

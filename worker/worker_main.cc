@@ -1,9 +1,10 @@
 // moetrain-worker: runs ranks of training jobs for a coordinator.
 //
-// Lifecycle: parse flags → enter --work-dir → block SIGINT/SIGTERM (before any thread starts) →
-// register and serve → on a signal, the running rank saves a checkpoint at its next step boundary
-// and reports STOPPED (the coordinator resumes the job elsewhere, without counting a restart) →
-// exit 0. Exit 2 for bad flags, 1 when the coordinator refuses the worker (a wrong token).
+// Lifecycle: block SIGINT/SIGTERM (before any thread starts, gRPC's included) → parse flags →
+// make the path flags absolute → enter --work-dir → register and serve → on a signal, the running
+// rank saves a checkpoint at its next step boundary and reports STOPPED (the coordinator resumes
+// the job elsewhere, without counting a restart) → exit 0. Exit 2 for bad flags, 1 when the
+// coordinator refuses the worker (a wrong token).
 #include <signal.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "engine/core/log.h"
+#include "engine/train/memory_estimate.h"
 #include "moetrain/v1/connect.h"
 #include "worker/rendezvous_store.h"
 #include "worker/worker.h"
@@ -67,6 +69,15 @@ const char* Env(const char* name, const char* fallback) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Blocked before any thread starts, so that every thread inherits the mask and only the signal
+  // thread below takes them; a thread that did not block them would let the default action kill
+  // the worker mid-step.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
   moetrain::ConnectOptions connect;
   connect.address = Env("MOETRAIN_COORDINATOR", "127.0.0.1:7070");
   connect.token_file = Env("MOETRAIN_TOKEN_FILE", "");
@@ -103,7 +114,48 @@ int main(int argc, char** argv) {
                  "how long a rank waits for its gang to meet and for one collective; a rank whose "
                  "peer died fails after it")
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("--data-root", options.data_roots,
+                 "a directory a job's data.path must lie in, symbolic links followed "
+                 "(repeatable); none = any file the worker can read");
+  std::string memory_limit;
+  app.add_option("--memory-limit", memory_limit,
+                 "host memory a rank may use, e.g. 8GiB, 512MiB or bytes (default: the machine's "
+                 "memory, or its cgroup's limit when lower); a job whose estimate exceeds it "
+                 "fails before allocating");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    // CLI11 prints the help, the version or the problem; any usage error is exit code 2.
+    return app.exit(error) == 0 ? 0 : 2;
+  }
+  // Made absolute before --work-dir changes the directory they are relative to (the token file
+  // of MOETRAIN_TOKEN_FILE too).
+  for (std::string* path :
+       {&connect.token_file, &connect.tls_ca_file, &connect.tls_cert_file, &connect.tls_key_file}) {
+    std::error_code error;
+    if (!path->empty()) *path = std::filesystem::absolute(*path, error).lexically_normal().string();
+  }
+  if (memory_limit.empty()) {
+    absl::StatusOr<int64_t> machine = moetrain::MachineMemoryBytes();
+    if (machine.ok()) options.memory_limit_bytes = *machine;
+  } else {
+    absl::StatusOr<int64_t> limit = moetrain::ParseByteSize(memory_limit, "--memory-limit");
+    if (!limit.ok()) {
+      std::fprintf(stderr, "moetrain-worker: %s\n", std::string(limit.status().message()).c_str());
+      return 2;
+    }
+    options.memory_limit_bytes = *limit;
+  }
+  // Made absolute before --work-dir changes the directory they are relative to.
+  for (std::string& root : options.data_roots) {
+    std::error_code error;
+    if (!std::filesystem::is_directory(root, error)) {
+      std::fprintf(stderr, "moetrain-worker: --data-root = '%s' is not a directory\n",
+                   root.c_str());
+      return 2;
+    }
+    root = std::filesystem::absolute(root, error).lexically_normal().string();
+  }
 
   if (!absl::ParseDuration(comm_timeout, &options.comm_timeout)) {
     std::fprintf(stderr, "moetrain-worker: --comm-timeout = '%s' is not a duration (e.g. 60s)\n",
@@ -145,23 +197,21 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-
   moetrain::Worker worker(*std::move(connection), options);
   std::thread signals([&] {
     int signal_number = 0;
     sigwait(&stop_signals, &signal_number);
     moetrain::Log(absl::StrCat("received ", strsignal(signal_number),
-                               ": stopping after a checkpoint at the next step boundary"));
+                               ": stopping (a running rank first saves a checkpoint at its next "
+                               "step boundary and hands its job back)"));
     worker.Shutdown();
   });
-  moetrain::Log(absl::StrCat("moetrain-worker ", MOETRAIN_VERSION, " (", options.name, ", ",
-                             devices, ", ", options.threads, " threads, gang address ",
-                             options.comm_host, ") serving coordinator ", connect.address));
+  moetrain::Log(absl::StrCat(
+      "moetrain-worker ", MOETRAIN_VERSION, " (", options.name, ", ", devices, ", ",
+      options.threads, " threads, gang address ", options.comm_host, ", memory limit ",
+      options.memory_limit_bytes > 0 ? moetrain::FormatBytes(options.memory_limit_bytes)
+                                     : std::string("none"),
+      ") serving coordinator ", connect.address));
   const absl::Status status = worker.Run();
   if (!status.ok()) {
     moetrain::Log(std::string(status.message()));

@@ -29,6 +29,8 @@ constexpr char kManifestName[] = "manifest.json";
 constexpr char kConfigName[] = "config.json";
 constexpr char kStepPrefix[] = "step-";
 constexpr char kTmpPrefix[] = ".tmp-";
+// A damaged step directory moved out of the way of a new write of its step (BeginCheckpoint).
+constexpr char kDamagedPrefix[] = ".damaged-";
 constexpr int kMaxRankIndex = 99999;  // five digits in the file names
 // The manifest's own keys, which the trainer's sections may not reuse.
 constexpr const char* kReservedKeys[] = {"format_version", "job_id", "step", "tokens_seen",
@@ -86,11 +88,11 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   return text.str();
 }
 
-// The step directories and .tmp-* leftovers directly under a root.
+// The step directories and the leftovers (.tmp-*, .damaged-*) directly under a root.
 struct RootListing {
   bool root_exists = false;
   std::vector<int64_t> steps;         // ascending
-  std::vector<std::string> tmp_dirs;  // names, sorted
+  std::vector<std::string> tmp_dirs;  // names of the leftovers, sorted
 };
 
 absl::StatusOr<RootListing> ListRoot(const std::string& root) {
@@ -107,7 +109,7 @@ absl::StatusOr<RootListing> ListRoot(const std::string& root) {
     if (ec) return FsError(ec, absl::StrCat("list ", root));
     if (!it->is_directory(ec)) continue;
     const std::string name = it->path().filename().string();
-    if (name.rfind(kTmpPrefix, 0) == 0) {
+    if (name.rfind(kTmpPrefix, 0) == 0 || name.rfind(kDamagedPrefix, 0) == 0) {
       listing.tmp_dirs.push_back(name);
     } else if (const int64_t step = ParseStepDirName(name); step >= 0) {
       listing.steps.push_back(step);
@@ -171,6 +173,8 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& dir, int64_t dir_step) 
     manifest.json = Json::parse(*text);
   } catch (const Json::parse_error& e) {
     return Damaged(absl::StrCat(kManifestName, " is not valid JSON (at byte ", e.byte, ")"));
+  } catch (const Json::exception& e) {  // e.g. a number beyond a double
+    return Damaged(absl::StrCat(kManifestName, " cannot be read: ", e.what()));
   }
   if (!manifest.json.is_object()) return Damaged(absl::StrCat(kManifestName, " is no object"));
   MOETRAIN_ASSIGN_OR_RETURN(const int64_t version,
@@ -295,6 +299,8 @@ absl::StatusOr<LoadedCheckpoint> LoadStep(const std::string& dir,
     loaded.hf_config = Json::parse(config_text);
   } catch (const Json::parse_error& e) {
     return Damaged(absl::StrCat(kConfigName, " is not valid JSON (at byte ", e.byte, ")"));
+  } catch (const Json::exception& e) {  // e.g. a number beyond a double
+    return Damaged(absl::StrCat(kConfigName, " cannot be read: ", e.what()));
   }
   for (const std::string& name : model_names) {
     MOETRAIN_RETURN_IF_ERROR(MergeTensorFile(dir, name, &loaded.model_tensors));
@@ -304,6 +310,17 @@ absl::StatusOr<LoadedCheckpoint> LoadStep(const std::string& dir,
   }
   loaded.manifest = std::move(manifest.json);
   return loaded;
+}
+
+// The whole step directory verified, every listed file hashed: what pruning keeps and what a
+// new write of the step replaces (rather than refusing) when it fails with DataLoss.
+absl::Status VerifyStep(const std::string& dir, int64_t step) {
+  MOETRAIN_ASSIGN_OR_RETURN(const Manifest manifest, ReadManifest(dir, step));
+  MOETRAIN_RETURN_IF_ERROR(CheckFileSizes(dir, manifest));
+  for (const ManifestFile& file : manifest.files) {
+    MOETRAIN_RETURN_IF_ERROR(VerifyListedFile(dir, manifest, file.name));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Prefixed(const absl::Status& status, const std::string& prefix) {
@@ -403,7 +420,8 @@ std::string CheckpointTempDir(const std::string& root, int64_t step, uint64_t no
                                            absl::StrFormat("%016x", nonce)));
 }
 
-absl::StatusOr<std::string> BeginCheckpoint(const std::string& root, int64_t step, uint64_t nonce) {
+absl::StatusOr<std::string> BeginCheckpoint(const std::string& root, int64_t step, uint64_t nonce,
+                                            std::string* moved_aside) {
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step = ", step, " is negative"));
   MOETRAIN_ASSIGN_OR_RETURN(const auto split, SplitRoot(root));
   const fs::path& root_path = split.first;
@@ -414,9 +432,25 @@ absl::StatusOr<std::string> BeginCheckpoint(const std::string& root, int64_t ste
     const fs::path parent = root_path.has_parent_path() ? root_path.parent_path() : fs::path(".");
     MOETRAIN_RETURN_IF_ERROR(SyncDirectory(parent.string()));
   }
-  const std::string final_dir = Join(root_path, CheckpointStepDirName(step));
+  const std::string step_name = CheckpointStepDirName(step);
+  const std::string final_dir = Join(root_path, step_name);
   if (fs::exists(final_dir, ec)) {
-    return absl::AlreadyExistsError(absl::StrCat(final_dir, " already exists"));
+    // A damaged step (which resume passed over) would block this step for good: move it aside,
+    // under a name that pruning removes. A good one, or one this build cannot judge, stays.
+    const absl::Status verified = VerifyStep(final_dir, step);
+    if (verified.code() != absl::StatusCode::kDataLoss) {
+      return absl::AlreadyExistsError(absl::StrCat(final_dir, " already exists"));
+    }
+    const std::string aside =
+        Join(root_path, absl::StrCat(kDamagedPrefix, step_name, "-", RandomSuffix()));
+    if (std::rename(final_dir.c_str(), aside.c_str()) != 0) {
+      return absl::ErrnoToStatus(errno, absl::StrCat("rename damaged ", final_dir, " to ", aside));
+    }
+    MOETRAIN_RETURN_IF_ERROR(SyncDirectory(root_path.string()));
+    if (moved_aside != nullptr) {
+      *moved_aside = absl::StrCat(final_dir, " was damaged (", verified.message(), "): moved to ",
+                                  aside, " to be pruned");
+    }
   }
   const std::string tmp_dir = CheckpointTempDir(root_path.string(), step, nonce);
   if (!fs::create_directory(tmp_dir, ec)) {
@@ -504,12 +538,10 @@ absl::Status PruneCheckpoints(const std::string& root, int keep_last) {
   for (auto it = listing.steps.rbegin(); it != listing.steps.rend(); ++it) {
     const std::string name = CheckpointStepDirName(*it);
     const std::string dir = Join(root, name);
-    if (kept < keep_last) {
-      absl::StatusOr<Manifest> manifest = ReadManifest(dir, *it);
-      if (manifest.ok() && CheckFileSizes(dir, *manifest).ok()) {
-        ++kept;
-        continue;
-      }
+    // Checksums too: a bit-flipped step kept here would take the place of a good older one.
+    if (kept < keep_last && VerifyStep(dir, *it).ok()) {
+      ++kept;
+      continue;
     }
     MOETRAIN_RETURN_IF_ERROR(RemoveStepDir(root, name));
   }
@@ -548,7 +580,9 @@ absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& root, i
   MOETRAIN_ASSIGN_OR_RETURN(const RootListing listing, ListRoot(root));
   std::vector<std::string> warnings;
   for (const std::string& name : listing.tmp_dirs) {
-    warnings.push_back(absl::StrCat(name, ": an unfinished write or removal, ignored"));
+    warnings.push_back(absl::StrCat(name, name.rfind(kDamagedPrefix, 0) == 0
+                                              ? ": a damaged step moved aside, ignored"
+                                              : ": an unfinished write or removal, ignored"));
   }
   if (listing.steps.empty()) {
     return absl::NotFoundError(

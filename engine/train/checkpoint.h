@@ -13,10 +13,12 @@
 // A step is written into `<root>/.tmp-step-00000100-<nonce>`, every file and the directory
 // fsynced, then renamed to `step-00000100` and the root fsynced: after a crash there is either
 // no step directory or a complete one (plus a .tmp-* leftover, which readers ignore and
-// PruneCheckpoints removes). WriteCheckpoint does it all for one writer; the ranks of a sharded
-// checkpoint share the steps: BeginCheckpoint (one rank), WriteCheckpointShard (each rank that
-// holds tensors, into the same temporary directory), CommitCheckpoint (one rank, with every
-// rank's file entries).
+// PruneCheckpoints removes). A step directory that fails verification when its step is written
+// again (resume passed over it) is renamed to `.damaged-step-00000100-<nonce>`, another leftover
+// that readers ignore and PruneCheckpoints removes, so that the new write takes its place.
+// WriteCheckpoint does it all for one writer; the ranks of a sharded checkpoint share the steps:
+// BeginCheckpoint (one rank), WriteCheckpointShard (each rank that holds tensors, into the same
+// temporary directory), CommitCheckpoint (one rank, with every rank's file entries).
 //
 // Format versions: 2 (this build) adds sharded steps; 1 (single-rank) still loads.
 #ifndef MOETRAIN_ENGINE_TRAIN_CHECKPOINT_H_
@@ -78,8 +80,12 @@ uint64_t NewCheckpointNonce();
 // `<root>/.tmp-step-XXXXXXXX-<nonce as 16 hex digits>`: where every rank writes step `step`.
 std::string CheckpointTempDir(const std::string& root, int64_t step, uint64_t nonce);
 // One rank, first: creates `root` when missing and CheckpointTempDir(root, step, nonce); returns
-// the latter. AlreadyExists when the step (or that temporary directory) is there already.
-absl::StatusOr<std::string> BeginCheckpoint(const std::string& root, int64_t step, uint64_t nonce);
+// the latter. A step directory already there is verified (every file hashed): a damaged one
+// (DataLoss) is moved aside as `.damaged-<step dir>-<random>` (and `moved_aside`, when given, says
+// so and why); a good one, or one of another format version, is AlreadyExists, as is an existing
+// temporary directory of that name.
+absl::StatusOr<std::string> BeginCheckpoint(const std::string& root, int64_t step, uint64_t nonce,
+                                            std::string* moved_aside = nullptr);
 // Each rank that holds tensors: writes ModelFileName(contents.rank) and
 // OptimFileName(contents.rank) into `tmp_dir`, fsynced, and returns their entries. Reads only
 // contents.rank and the tensors.
@@ -99,9 +105,10 @@ void AbandonCheckpoint(const std::string& tmp_dir);
 // Lists by name only: LoadCheckpoint says whether one is good.
 absl::StatusOr<std::vector<int64_t>> ListCheckpointSteps(const std::string& root);
 
-// Keeps the newest `keep_last` (>= 1) step directories that look complete (manifest readable,
-// every listed file present with its listed size; checksums are left to loading), removes every
-// other step directory and every .tmp-* leftover. Not to be run while a write is in flight.
+// Keeps the newest `keep_last` (>= 1) step directories that are good (manifest readable, every
+// listed file present with its listed size and sha256: this reads the kept steps' files), removes
+// every other step directory and every .tmp-* and .damaged-* leftover. Not to be run while a
+// write is in flight.
 absl::Status PruneCheckpoints(const std::string& root, int keep_last);
 
 struct LoadedCheckpoint {
@@ -109,8 +116,8 @@ struct LoadedCheckpoint {
   int64_t step = 0;
   int64_t tokens_seen = 0;
   nlohmann::json manifest;  // the whole manifest: the trainer's sections are manifest["rng_state"]…
-  nlohmann::json hf_config;  // config.json
-  std::vector<int> ranks;    // the rank files read
+  nlohmann::json hf_config;                     // config.json
+  std::vector<int> ranks;                       // the rank files read
   std::map<std::string, Tensor> model_tensors;  // of those files together
   std::map<std::string, Tensor> optim_tensors;
   // LoadLatestCheckpoint: why newer steps were passed over, newest first, e.g.
@@ -140,9 +147,9 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& step_dir, int
 absl::StatusOr<nlohmann::json> LoadCheckpointManifest(const std::string& step_dir);
 
 // Loads the newest step under `root` that passes LoadCheckpoint, recording in `warnings` each
-// newer one skipped and each .tmp-* leftover. NotFound when there is no step directory at all;
-// DataLoss (listing every problem) when there are some but none is good, so that a caller does
-// not silently restart from scratch.
+// newer one skipped and each .tmp-* or .damaged-* leftover. NotFound when there is no step
+// directory at all; DataLoss (listing every problem) when there are some but none is good, so that
+// a caller does not silently restart from scratch.
 absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& root, int rank = 0);
 
 }  // namespace moetrain

@@ -274,7 +274,10 @@ absl::Status WriteSafetensors(const std::string& path,
     if (!metadata.empty()) {
       header_text += absl::StrCat("\"", kMetadataKey, "\":", nlohmann::json(metadata).dump());
     }
-    for (const auto& [name, t] : tensors) {
+    // Not a structured binding: clang before 16 (the fuzz build) cannot capture one in a lambda.
+    for (const auto& named : tensors) {
+      const std::string& name = named.first;
+      const TensorView& t = named.second;
       auto error = [&](std::string_view what) {
         return absl::InvalidArgumentError(
             absl::StrCat(path, ": tensor \"", name, "\": ", ToAbsl(what)));
@@ -365,18 +368,25 @@ absl::StatusOr<Entry> ParseEntry(const std::string& name, const nlohmann::json& 
     return absl::InvalidArgumentError(absl::StrCat("shape ", shape->dump(), " has rank ",
                                                    shape->size(), ", more than ", kMaxRank));
   }
-  // Overflow-checked: a corrupt extent must not wrap into a small, plausible size.
+  // Overflow-checked: a corrupt extent must not wrap into a small, plausible size. The nonzero
+  // extents' product must fit in int64 bytes even when another extent is 0: a tensor's strides
+  // are products of its trailing extents, whether it has elements or not.
   uint64_t bytes = DTypeSize(entry.dtype);
+  uint64_t nonzero_bytes = bytes;
   bool overflow = false;
-  bool has_zero_extent = false;
   for (const nlohmann::json& extent : *shape) {
     MOETRAIN_ASSIGN_OR_RETURN(const uint64_t d, NonNegativeInteger(extent, "every extent"));
     entry.shape.push_back(static_cast<int64_t>(d));
-    if (d == 0) has_zero_extent = true;
-    if (d != 0 && bytes > std::numeric_limits<uint64_t>::max() / d) overflow = true;
-    bytes *= d;
+    if (d == 0) {
+      bytes = 0;
+    } else if (nonzero_bytes > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / d) {
+      overflow = true;
+    } else {
+      nonzero_bytes *= d;
+      bytes *= d;
+    }
   }
-  if (overflow && !has_zero_extent) {
+  if (overflow) {
     return absl::InvalidArgumentError(absl::StrCat("shape ", shape->dump(), " is too large"));
   }
 
@@ -461,6 +471,9 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
     header = nlohmann::json::parse(header_text);
   } catch (const nlohmann::json::parse_error& e) {
     return invalid(absl::StrCat("the header is not valid JSON (at byte ", e.byte, ")"));
+  } catch (const nlohmann::json::exception&) {
+    // A number beyond a double's range is out_of_range, thrown apart from parse errors.
+    return invalid("the header is not valid JSON (a number is out of range)");
   }
   if (!header.is_object()) return invalid("the header is not a JSON object");
 

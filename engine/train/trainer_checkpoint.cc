@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/core/log.h"
 #include "engine/core/status.h"
 #include "engine/ops/elementwise/elementwise.h"
 #include "engine/train/checkpoint.h"
@@ -148,7 +149,10 @@ absl::StatusOr<std::string> Trainer::BeginCheckpointOnRanks() {
   absl::Status status;
   if (groups_->rank() == 0) {
     const uint64_t nonce = NewCheckpointNonce();
-    status = BeginCheckpoint(root, step_, nonce).status();
+    // Only rank 0 may move a damaged step directory aside, before any rank writes into the root.
+    std::string moved_aside;
+    status = BeginCheckpoint(root, step_, nonce, &moved_aside).status();
+    if (!moved_aside.empty()) Log(moved_aside);
     begun[0] = static_cast<int64_t>(nonce);
     begun[1] = status.ok();
   }

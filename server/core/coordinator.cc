@@ -9,8 +9,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "engine/core/status.h"
 #include "moetrain/v1/job_spec.h"
+#include "server/core/limits.h"
 
 namespace moetrain::server {
 namespace {
@@ -44,12 +46,28 @@ absl::Status ValidateSubmissionId(absl::string_view submission_id) {
                                                    " characters, more than ",
                                                    kMaxSubmissionIdLength));
   }
-  for (char c : submission_id) {
+  for (size_t i = 0; i < submission_id.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(submission_id[i]);
     if (c < 0x20 || c > 0x7e) {
-      return absl::InvalidArgumentError("submission_id holds a non-printable character");
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "submission_id holds byte 0x%02x at offset %d; it must be printable ASCII (0x20-0x7e)", c,
+          i));
     }
   }
   return absl::OkStatus();
+}
+
+// The paths of a spec, which the store keeps with the job and every listing carries.
+absl::Status ValidateSpecPath(absl::string_view field, absl::string_view value) {
+  if (value.size() <= kMaxPathBytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " has ", value.size(), " bytes, more than ", kMaxPathBytes));
+}
+
+// Log lines are cut (and marked) rather than refused: a worker reports each line once.
+std::string BoundedPayload(absl::string_view kind, absl::string_view payload) {
+  if (kind == kLogEventKind) return TruncateWithMarker(payload, kMaxLogLineBytes);
+  return std::string(payload);
 }
 
 }  // namespace
@@ -75,6 +93,8 @@ absl::StatusOr<JobRecord> Coordinator::Submit(absl::string_view submission_id,
                                               const v1::JobSpec& spec, int32_t priority) {
   MOETRAIN_RETURN_IF_ERROR(ValidateSubmissionId(submission_id));
   MOETRAIN_RETURN_IF_ERROR(ValidateJobNameForPath(spec.name()));
+  MOETRAIN_RETURN_IF_ERROR(ValidateSpecPath("data.path", spec.data().path()));
+  MOETRAIN_RETURN_IF_ERROR(ValidateSpecPath("checkpoint.dir", spec.checkpoint().dir()));
   MOETRAIN_ASSIGN_OR_RETURN(v1::JobSpec resolved, ResolveJobSpec(spec));
 
   NewJob job;
@@ -121,6 +141,10 @@ absl::StatusOr<JobPage> Coordinator::List(const ListOptions& options) {
 }
 
 absl::StatusOr<JobRecord> Coordinator::Cancel(absl::string_view job_id, absl::string_view reason) {
+  if (reason.size() > kMaxReasonBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reason has ", reason.size(), " bytes, more than ", kMaxReasonBytes));
+  }
   const std::string why = reason.empty() ? "cancelled" : std::string(reason);
   for (int attempt = 0; attempt < kCancelTries; ++attempt) {
     MOETRAIN_ASSIGN_OR_RETURN(JobRecord job, store_->GetJob(job_id));
@@ -195,13 +219,16 @@ absl::StatusOr<JobRecord> Coordinator::Transition(absl::string_view job_id, JobS
 
 absl::StatusOr<int64_t> Coordinator::AppendEvent(absl::string_view job_id, absl::string_view kind,
                                                  absl::string_view payload) {
-  absl::StatusOr<int64_t> sequence = store_->AppendEvent(job_id, kind, payload);
+  absl::StatusOr<int64_t> sequence =
+      store_->AppendEvent(job_id, kind, BoundedPayload(kind, payload));
   if (sequence.ok()) NotifyAppended();
   return sequence;
 }
 
 absl::Status Coordinator::AppendEvents(const std::vector<NewEvent>& events) {
-  absl::Status status = store_->AppendEvents(events);
+  std::vector<NewEvent> bounded = events;
+  for (NewEvent& event : bounded) event.payload = BoundedPayload(event.kind, event.payload);
+  absl::Status status = store_->AppendEvents(bounded);
   if (status.ok()) NotifyAppended();
   return status;
 }

@@ -71,8 +71,9 @@ class Coordinator {
   Coordinator& operator=(const Coordinator&) = delete;
 
   // Resolves (defaults + validation) and stores the spec as a PENDING job. InvalidArgument naming
-  // the field for a bad spec or submission id; nothing is stored then. The same submission id
-  // with the same resolved spec returns the first job; with another spec, AlreadyExists.
+  // the field for a bad spec or submission id, or a path over kMaxPathBytes; nothing is stored
+  // then. The same submission id with the same resolved spec and priority returns the first job;
+  // with another spec or priority, AlreadyExists.
   // Then calls the submitted listener (SetSubmittedListener).
   absl::StatusOr<JobRecord> Submit(absl::string_view submission_id, const v1::JobSpec& spec,
                                    int32_t priority);
@@ -84,7 +85,8 @@ class Coordinator {
   absl::StatusOr<JobPage> List(const ListOptions& options);
 
   // PENDING, SCHEDULED, RUNNING or RESTARTING → CANCELLED, recording `reason` ("cancelled" when
-  // empty). FailedPrecondition for a job already in a final state.
+  // empty). FailedPrecondition for a job already in a final state; InvalidArgument for a reason
+  // over kMaxReasonBytes (limits.h).
   absl::StatusOr<JobRecord> Cancel(absl::string_view job_id, absl::string_view reason);
 
   // Delivers the job's events with sequence >= from_sequence, the recorded ones first, then new
@@ -100,6 +102,7 @@ class Coordinator {
   absl::StatusOr<JobRecord> Transition(absl::string_view job_id, JobState from, JobState to,
                                        absl::string_view reason,
                                        const TransitionOptions& options = {});
+  // Log lines (kLogEventKind) over kMaxLogLineBytes are cut and marked (limits.h).
   absl::StatusOr<int64_t> AppendEvent(absl::string_view job_id, absl::string_view kind,
                                       absl::string_view payload);
   absl::Status AppendEvents(const std::vector<NewEvent>& events);

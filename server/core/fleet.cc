@@ -6,30 +6,21 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "engine/core/status.h"
-#include "server/core/fleet_internal.h"
 #include "engine/core/log.h"
+#include "engine/core/status.h"
 #include "moetrain/v1/proto_time.h"
+#include "server/core/fleet_internal.h"
+#include "server/core/worker_secret.h"
 
 namespace moetrain::server {
 namespace {
 
 constexpr size_t kMaxNameBytes = 256;
 constexpr size_t kMaxVersionBytes = 64;
-constexpr size_t kMaxKeyBytes = 256;
-constexpr size_t kMaxValueBytes = 1 << 20;
 constexpr int kMaxLogLines = 1000;
 constexpr size_t kMaxLogLineBytes = 16 << 10;
 // How often a long poll asks whether its caller went away.
 constexpr absl::Duration kCancelCheck = absl::Milliseconds(200);
-
-absl::Status CheckKey(absl::string_view key) {
-  if (key.empty() || key.size() > kMaxKeyBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("key has ", key.size(), " bytes; a key has 1 to ", kMaxKeyBytes));
-  }
-  return absl::OkStatus();
-}
 
 v1::WorkerState ToProto(WorkerState state) {
   switch (state) {
@@ -141,6 +132,7 @@ absl::StatusOr<Fleet::AttemptEntry*> Fleet::FindAttempt(absl::string_view worker
 
 WorkerState Fleet::StateOf(const WorkerEntry& worker) const {
   if (worker.lost) return WorkerState::kLost;
+  if (worker.draining && !worker.slot.has_value()) return WorkerState::kDraining;
   return worker.slot.has_value() ? WorkerState::kBusy : WorkerState::kIdle;
 }
 
@@ -167,12 +159,14 @@ absl::StatusOr<v1::RegisterWorkerResponse> Fleet::Register(
     return absl::InvalidArgumentError(
         absl::StrCat("resources.device = ", resources.device(), " is not a known device kind"));
   }
+  MOETRAIN_ASSIGN_OR_RETURN(std::string secret, NewWorkerSecret());
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("the coordinator is shutting down");
   auto worker = std::make_unique<WorkerEntry>();
   do {
     worker->id = RandomId("w-");
   } while (workers_.count(worker->id) != 0);
+  worker->secret_sha256 = WorkerSecretDigest(secret);
   worker->name = request.name().empty() ? worker->id : request.name();
   worker->version = request.version();
   worker->resources = resources;
@@ -184,6 +178,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Fleet::Register(
                    worker->version, ") registered"));
   v1::RegisterWorkerResponse response;
   response.set_worker_id(worker->id);
+  response.set_worker_secret(std::move(secret));
   ToProtoDuration(options_.heartbeat_interval, response.mutable_heartbeat_interval());
   ToProtoDuration(options_.heartbeat_timeout, response.mutable_heartbeat_timeout());
   workers_.emplace(worker->id, std::move(worker));
@@ -195,13 +190,33 @@ absl::Status Fleet::PersistWorker(const WorkerEntry& worker) {
   WorkerRecord record;
   record.id = worker.id;
   record.name = worker.name;
-  v1::RegisterWorkerRequest registration;  // the resources and version, as registered
-  *registration.mutable_resources() = worker.resources;
-  registration.set_version(worker.version);
-  registration.set_name(worker.name);
-  record.resources = registration.SerializeAsString();
+  v1::StoredWorker stored;  // the resources and version, as registered, and the secret's digest
+  *stored.mutable_resources() = worker.resources;
+  stored.set_version(worker.version);
+  stored.set_name(worker.name);
+  stored.set_secret_sha256(worker.secret_sha256);
+  record.resources = stored.SerializeAsString();
   record.state = worker.lost ? WorkerState::kLost : WorkerState::kIdle;
   return store_->UpsertWorker(record);
+}
+
+absl::Status Fleet::Authenticate(absl::string_view worker_id, absl::string_view secret) {
+  absl::MutexLock lock(&mu_);
+  MOETRAIN_ASSIGN_OR_RETURN(WorkerEntry * worker, FindWorker(worker_id));
+  if (worker->secret_sha256.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        "worker ", worker_id, " registered before workers had secrets: register again"));
+  }
+  if (secret.empty()) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("the call carries no secret of worker ", worker_id,
+                     " (the worker_secret its RegisterWorker returned)"));
+  }
+  if (!WorkerSecretMatches(worker->secret_sha256, secret)) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("the secret is not the one issued to worker ", worker_id));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Fleet::Heartbeat(const v1::HeartbeatRequest& request) {
@@ -237,9 +252,8 @@ absl::StatusOr<v1::HeartbeatResponse> Fleet::Heartbeat(const v1::HeartbeatReques
 
 absl::StatusOr<v1::GetAssignmentResponse> Fleet::GetAssignment(
     const v1::GetAssignmentRequest& request, const std::function<bool()>& is_cancelled) {
-  const absl::Duration wait =
-      std::clamp(FromProtoDuration(request.wait_timeout()), absl::ZeroDuration(),
-                 options_.max_assignment_wait);
+  const absl::Duration wait = std::clamp(FromProtoDuration(request.wait_timeout()),
+                                         absl::ZeroDuration(), options_.max_assignment_wait);
   const absl::Time deadline = absl::Now() + wait;
   // A delivered assignment is sent again only if its rank has not shown up after this long
   // (the first response may have been lost).
@@ -292,16 +306,30 @@ absl::Status Fleet::MarkStarted(AttemptEntry& attempt, int member) {
 
 absl::Status Fleet::ReportStep(const v1::ReportStepRequest& request) {
   absl::MutexLock lock(&mu_);
-  MOETRAIN_ASSIGN_OR_RETURN(AttemptEntry * attempt,
-                            FindAttempt(request.worker_id(), request.job_id(), request.attempt(),
-                                        request.rank()));
-  MOETRAIN_RETURN_IF_ERROR(MarkStarted(*attempt, attempt->MemberOf(request.rank())));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      AttemptEntry * attempt,
+      FindAttempt(request.worker_id(), request.job_id(), request.attempt(), request.rank()));
   const v1::StepMetrics& metrics = request.metrics();
+  // A step outside the job's range would freeze its progress (every real report after it would
+  // look like a repeat).
+  if (metrics.step() < 1 || metrics.step() > attempt->total_steps) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics.step = ", metrics.step(), " is outside [1, train.steps = ", attempt->total_steps,
+        "] of job ", request.job_id()));
+  }
   // Rank 0 speaks for the job; the others' reports only show that they are alive.
-  if (request.rank() != 0 || metrics.step() <= attempt->last_step) return absl::OkStatus();
-  MOETRAIN_RETURN_IF_ERROR(coordinator_->RecordStepMetrics(request.job_id(), attempt->attempt, metrics).status());
+  if (request.rank() == 0 && metrics.step() <= attempt->last_step) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "metrics.step = ", metrics.step(), " is not after step ", attempt->last_step,
+        ", already reported by attempt ", attempt->attempt, " of job ", request.job_id()));
+  }
+  MOETRAIN_RETURN_IF_ERROR(MarkStarted(*attempt, attempt->MemberOf(request.rank())));
+  if (request.rank() != 0) return absl::OkStatus();
+  MOETRAIN_RETURN_IF_ERROR(
+      coordinator_->RecordStepMetrics(request.job_id(), attempt->attempt, metrics).status());
   attempt->last_step = metrics.step();
-  const int64_t new_tokens = std::max<int64_t>(0, metrics.tokens_seen() - attempt->last_tokens_seen);
+  const int64_t new_tokens =
+      std::max<int64_t>(0, metrics.tokens_seen() - attempt->last_tokens_seen);
   attempt->last_tokens_seen = std::max(attempt->last_tokens_seen, metrics.tokens_seen());
   if (metrics_ != nullptr) metrics_->OnStep(request.job_id(), metrics, new_tokens);
   return absl::OkStatus();
@@ -313,9 +341,9 @@ absl::Status Fleet::ReportLog(const v1::ReportLogRequest& request) {
         absl::StrCat(request.lines_size(), " lines in one call; at most ", kMaxLogLines));
   }
   absl::MutexLock lock(&mu_);
-  MOETRAIN_ASSIGN_OR_RETURN(AttemptEntry * attempt,
-                            FindAttempt(request.worker_id(), request.job_id(), request.attempt(),
-                                        request.rank()));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      AttemptEntry * attempt,
+      FindAttempt(request.worker_id(), request.job_id(), request.attempt(), request.rank()));
   MOETRAIN_RETURN_IF_ERROR(MarkStarted(*attempt, attempt->MemberOf(request.rank())));
   const std::string prefix =
       attempt->world_size() > 1 ? absl::StrCat("[rank ", request.rank(), "] ") : "";
@@ -331,9 +359,9 @@ absl::Status Fleet::ReportLog(const v1::ReportLogRequest& request) {
 
 absl::Status Fleet::ReportCheckpoint(const v1::ReportCheckpointRequest& request) {
   absl::MutexLock lock(&mu_);
-  MOETRAIN_ASSIGN_OR_RETURN(AttemptEntry * attempt,
-                            FindAttempt(request.worker_id(), request.job_id(), request.attempt(),
-                                        request.rank()));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      AttemptEntry * attempt,
+      FindAttempt(request.worker_id(), request.job_id(), request.attempt(), request.rank()));
   const int32_t member = attempt->MemberOf(request.rank());
   MOETRAIN_RETURN_IF_ERROR(MarkStarted(*attempt, member));
   const Slot& slot = *workers_.at(request.worker_id())->slot;
@@ -373,10 +401,9 @@ absl::Status Fleet::ReportAttemptEnd(const v1::ReportAttemptEndRequest& request)
   MOETRAIN_ASSIGN_OR_RETURN(WorkerEntry * worker, FindWorker(request.worker_id()));
   if (!worker->slot.has_value() || !worker->slot->Is(request.job_id(), request.attempt()) ||
       worker->slot->assignment.rank() != request.rank()) {
-    return absl::FailedPreconditionError(absl::StrCat("worker ", request.worker_id(),
-                                                      " holds no rank ", request.rank(),
-                                                      " of attempt ", request.attempt(),
-                                                      " of job ", request.job_id()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", request.worker_id(), " holds no rank ", request.rank(),
+                     " of attempt ", request.attempt(), " of job ", request.job_id()));
   }
   auto it = attempts_.find(request.job_id());
   if (it == attempts_.end() || it->second->attempt != request.attempt()) {
@@ -401,19 +428,21 @@ absl::Status Fleet::ReportAttemptEnd(const v1::ReportAttemptEndRequest& request)
     }
     case v1::ATTEMPT_OUTCOME_FAILED:
       ReleaseSlot(*worker);
-      return EndAttemptUnsuccessfully(attempt, "failed",
-                                      absl::StrCat(who, " failed: ", request.message()),
-                                      /*count_restart=*/true);
+      return EndAttemptUnsuccessfully(
+          attempt, "failed", absl::StrCat(who, " failed: ", request.message()),
+          request.failure_kind() == v1::FAILURE_KIND_PERMANENT ? Failure::kPermanent
+                                                               : Failure::kTransient);
     case v1::ATTEMPT_OUTCOME_CANCELLED:
     case v1::ATTEMPT_OUTCOME_STOPPED:
       // Nobody told this rank to stop (that would have ended the attempt already): its worker
-      // is shutting down, after a checkpoint.
+      // is shutting down, after a checkpoint. The job goes to another worker, not back to it.
+      worker->draining = true;
       ReleaseSlot(*worker);
       return EndAttemptUnsuccessfully(
           attempt, "stopped",
           absl::StrCat(who, " stopped at step ", request.step(),
                        request.message().empty() ? "" : absl::StrCat(": ", request.message())),
-          /*count_restart=*/false);
+          Failure::kNone);
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("outcome = ", request.outcome(), " is not a known attempt outcome"));
@@ -441,55 +470,6 @@ void Fleet::OrderStop(const AttemptEntry& attempt) {
   changed_.SignalAll();
 }
 
-absl::Status Fleet::KvSet(absl::string_view job_id, int64_t attempt, absl::string_view key,
-                          absl::string_view value) {
-  MOETRAIN_RETURN_IF_ERROR(CheckKey(key));
-  if (value.size() > kMaxValueBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("value has ", value.size(), " bytes, more than ", kMaxValueBytes));
-  }
-  absl::MutexLock lock(&mu_);
-  MOETRAIN_ASSIGN_OR_RETURN(AttemptEntry * entry, FindCurrentAttempt(job_id, attempt));
-  entry->kv.insert_or_assign(std::string(key), std::string(value));
-  changed_.SignalAll();
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::optional<std::string>> Fleet::KvGet(absl::string_view job_id, int64_t attempt,
-                                                        absl::string_view key) {
-  MOETRAIN_RETURN_IF_ERROR(CheckKey(key));
-  absl::MutexLock lock(&mu_);
-  MOETRAIN_ASSIGN_OR_RETURN(AttemptEntry * entry, FindCurrentAttempt(job_id, attempt));
-  auto it = entry->kv.find(key);
-  if (it == entry->kv.end()) return std::optional<std::string>();
-  return std::optional<std::string>(it->second);
-}
-
-absl::StatusOr<std::string> Fleet::KvWait(absl::string_view job_id, int64_t attempt,
-                                          absl::string_view key, absl::Duration timeout,
-                                          const std::function<bool()>& is_cancelled) {
-  MOETRAIN_RETURN_IF_ERROR(CheckKey(key));
-  const absl::Time deadline =
-      timeout > absl::ZeroDuration() ? absl::Now() + timeout : absl::InfiniteFuture();
-  absl::MutexLock lock(&mu_);
-  for (;;) {
-    // Looked up on every round: the attempt may end while this call waits.
-    MOETRAIN_ASSIGN_OR_RETURN(AttemptEntry * entry, FindCurrentAttempt(job_id, attempt));
-    auto it = entry->kv.find(key);
-    if (it != entry->kv.end()) return it->second;
-    const absl::Time now = absl::Now();
-    if (now >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("key '", key, "' of attempt ", attempt,
-                                                      " of job ", job_id, " was not set within ",
-                                                      absl::FormatDuration(timeout)));
-    }
-    if (is_cancelled && is_cancelled()) {
-      return absl::CancelledError("the caller stopped waiting");
-    }
-    changed_.WaitWithDeadline(&mu_, std::min(deadline, now + kCancelCheck));
-  }
-}
-
 absl::StatusOr<JobRecord> Fleet::Cancel(absl::string_view job_id, absl::string_view reason) {
   absl::MutexLock lock(&mu_);
   MOETRAIN_ASSIGN_OR_RETURN(JobRecord job, coordinator_->Cancel(job_id, reason));
@@ -505,6 +485,7 @@ absl::StatusOr<JobRecord> Fleet::Cancel(absl::string_view job_id, absl::string_v
     attempts_.erase(it);
   }
   waiting_reasons_.erase(std::string(job_id));
+  stored_waiting_.erase(std::string(job_id));
   Log(absl::StrCat("job ", job_id, " cancelled: ", job.state_reason));
   return job;
 }
@@ -547,6 +528,7 @@ absl::StatusOr<JobRecord> Fleet::TransitionJob(absl::string_view job_id, JobStat
                                                absl::string_view reason,
                                                const TransitionOptions& options) {
   absl::StatusOr<JobRecord> moved = coordinator_->Transition(job_id, from, to, reason, options);
+  if (moved.ok()) stored_waiting_.erase(std::string(job_id));  // the transition emptied it
   if (moved.ok() && metrics_ != nullptr) metrics_->OnJobState(job_id, to);
   if (moved.ok() && IsFinal(to)) ScheduleRetirement(job_id);
   return moved;

@@ -8,11 +8,13 @@
 //   GetAssignment     delivers a worker's slot; Heartbeat and reports show the rank started; once
 //                     every rank has, the job goes RUNNING
 //   ReportStep/Log/Checkpoint   events, metrics; a checkpoint is good once every rank reported it
-//   ReportAttemptEnd  SUCCEEDED from every rank → job SUCCEEDED. FAILED from one rank, a worker
-//                     lost (no heartbeat for heartbeat_timeout) or a rank that never starts →
-//                     the attempt fails: RESTARTING (from the latest good checkpoint) while
-//                     restarts are left, else FAILED; the other ranks are told to stop. STOPPED
-//                     (the worker's SIGTERM) → RESTARTING without counting a restart.
+//   ReportAttemptEnd  SUCCEEDED from every rank → job SUCCEEDED. FAILED (transient) from one
+//                     rank, a worker lost (no heartbeat for heartbeat_timeout) or a rank that
+//                     never starts → the attempt fails: RESTARTING (from the latest good
+//                     checkpoint, after the restart backoff) while restarts are left, else FAILED;
+//                     the other ranks are told to stop. FAILED (permanent: the spec, its data or
+//                     its checkpoint is wrong) → FAILED at once. STOPPED (the worker's SIGTERM) →
+//                     RESTARTING at once, without counting a restart.
 //   Cancel            job → CANCELLED, its ranks are told to stop.
 // A worker stays BUSY until its rank reports its end (or the worker is lost), so a gang never
 // shares a worker with a rank that is still winding down.
@@ -81,13 +83,30 @@ struct FleetOptions {
   // so that /metrics does not grow with every job ever run. An hour is many scrapes of the final
   // values, and as long as the longest window of the alert rules (restarts over 1h).
   absl::Duration metrics_retention = absl::Hours(1);
+  // The restart backoff: a job whose attempt failed (and counted a restart) waits this long
+  // before its next attempt after its first restart, twice as long after its second, and so on,
+  // up to restart_backoff_max. Kept in the store, so a coordinator restart does not cut it short.
+  absl::Duration restart_backoff_initial = absl::Seconds(1);
+  absl::Duration restart_backoff_max = absl::Minutes(5);
+  // Bounds of the rendezvous: keys of one attempt, bytes (keys and values) of one attempt, and
+  // bytes of all attempts together. KvSet past any is ResourceExhausted.
+  int64_t kv_max_keys_per_attempt = 1024;
+  int64_t kv_max_bytes_per_attempt = int64_t{64} << 20;
+  int64_t kv_max_bytes_total = int64_t{256} << 20;
   // Root of every job's checkpoint directory, as the workers see it.
   std::string checkpoint_dir = "checkpoints";
   CheckpointNaming checkpoint_naming = CheckpointNaming::kJobId;
 
   // InvalidArgument naming the field: non-positive durations, heartbeat_interval not below
-  // heartbeat_timeout, an empty checkpoint_dir.
+  // heartbeat_timeout, restart_backoff_initial above restart_backoff_max, an empty
+  // checkpoint_dir.
   absl::Status Validate() const;
+};
+
+// What Fleet::Delete did with the job's files.
+struct DeletedJob {
+  std::string checkpoint_dir;  // <checkpoint root>/<job id>, as the workers see it
+  bool checkpoints_deleted = false;
 };
 
 class Fleet {
@@ -108,7 +127,13 @@ class Fleet {
   void Wake();
 
   // WorkerService. Requests are validated here (ids, ranges); errors as described above.
+  // Register issues the worker's id and secret; the coordinator keeps the secret's SHA-256 only.
   absl::StatusOr<v1::RegisterWorkerResponse> Register(const v1::RegisterWorkerRequest& request);
+  // Whether `secret` is the one issued to `worker_id`, compared in constant time: NotFound for a
+  // worker that is unknown or lost (it registers again), Unauthenticated for a missing or wrong
+  // secret. The transport asks this before every call of a worker but Register; the calls below
+  // trust the worker_id they are given.
+  absl::Status Authenticate(absl::string_view worker_id, absl::string_view secret);
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
   // Waits up to min(request.wait_timeout, max_assignment_wait); `is_cancelled` is asked at least
   // every 200 ms (the client went away).
@@ -119,19 +144,29 @@ class Fleet {
   absl::Status ReportCheckpoint(const v1::ReportCheckpointRequest& request);
   absl::Status ReportAttemptEnd(const v1::ReportAttemptEndRequest& request);
 
-  // The rendezvous of the job's current attempt: FailedPrecondition for any other attempt, and
-  // for a waiter whose attempt ends. KvWait: DeadlineExceeded after `timeout` (zero = until
-  // `is_cancelled` says so or the fleet stops).
-  absl::Status KvSet(absl::string_view job_id, int64_t attempt, absl::string_view key,
-                     absl::string_view value);
-  absl::StatusOr<std::optional<std::string>> KvGet(absl::string_view job_id, int64_t attempt,
+  // The rendezvous of the job's current attempt, for `worker_id`, which must hold a rank of it
+  // (else PermissionDenied): FailedPrecondition for any other attempt, and for a waiter whose
+  // attempt ends. KvSet: ResourceExhausted past the kv_max_* options. KvWait: DeadlineExceeded
+  // after `timeout` (zero = until `is_cancelled` says so or the fleet stops). The keys go with
+  // their attempt, however it ends.
+  absl::Status KvSet(absl::string_view worker_id, absl::string_view job_id, int64_t attempt,
+                     absl::string_view key, absl::string_view value);
+  absl::StatusOr<std::optional<std::string>> KvGet(absl::string_view worker_id,
+                                                   absl::string_view job_id, int64_t attempt,
                                                    absl::string_view key);
-  absl::StatusOr<std::string> KvWait(absl::string_view job_id, int64_t attempt,
-                                     absl::string_view key, absl::Duration timeout,
+  absl::StatusOr<std::string> KvWait(absl::string_view worker_id, absl::string_view job_id,
+                                     int64_t attempt, absl::string_view key, absl::Duration timeout,
                                      const std::function<bool()>& is_cancelled);
+  // Bytes of keys and values the rendezvous of all live attempts hold.
+  int64_t KvBytes();
 
   // JobService: cancels through the Coordinator and tells the job's ranks to stop.
   absl::StatusOr<JobRecord> Cancel(absl::string_view job_id, absl::string_view reason);
+  // JobService (fleet_delete.cc): removes a final job from the store (Store::DeleteJob) and its
+  // metric series at once; with `delete_checkpoints`, first its checkpoint directory
+  // <root>/<job id>, never following a symbolic link (FailedPrecondition, nothing deleted).
+  // Unavailable while a rank of the job is still stopping on a worker.
+  absl::StatusOr<DeletedJob> Delete(absl::string_view job_id, bool delete_checkpoints);
   // Every known worker, by id.
   std::vector<v1::WorkerInfo> ListWorkers();
   // Known workers by state (zeros included), for metrics.
@@ -141,6 +176,13 @@ class Fleet {
   struct Slot;
   struct WorkerEntry;
   struct AttemptEntry;
+  // How an attempt that did not succeed bears on its job.
+  enum class Failure {
+    kNone,       // stopped by its worker, or cut short by a coordinator restart: restart at once,
+                 // not counted against restart.max_restarts
+    kTransient,  // the attempt broke: restart after the backoff, counted, while restarts are left
+    kPermanent,  // no attempt of this spec can succeed: FAILED at once
+  };
 
   Fleet(Store* store, Coordinator* coordinator, ServiceMetrics* metrics, FleetOptions options);
   absl::Status Reload();
@@ -155,11 +197,13 @@ class Fleet {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status StartAttempt(const JobRecord& job, const std::vector<std::string>& workers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The attempt is over without success: records it, moves the job on (RESTARTING or FAILED),
-  // tells its other ranks to stop and forgets it.
+  // The attempt is over without success: records it, moves the job on (RESTARTING or FAILED, as
+  // `failure` says), tells its other ranks to stop and forgets it.
   absl::Status EndAttemptUnsuccessfully(AttemptEntry& attempt, absl::string_view outcome,
-                                        const std::string& reason, bool count_restart)
+                                        const std::string& reason, Failure failure)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The wait before the next attempt of a job that has counted `restarts` restarts (>= 1).
+  absl::Duration RestartBackoff(int64_t restarts) const;
   // Every member reported success: the job SUCCEEDED at `step`.
   absl::Status FinishAttempt(AttemptEntry& attempt, int64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -182,6 +226,13 @@ class Fleet {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<AttemptEntry*> FindCurrentAttempt(absl::string_view job_id, int64_t attempt)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The attempt a rendezvous call is about: the job's current one, with a rank on `worker_id`.
+  absl::StatusOr<AttemptEntry*> FindKvAttempt(absl::string_view worker_id, absl::string_view job_id,
+                                              int64_t attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t KvBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands the heap pages of freed rendezvous values back to the system once enough were freed
+  // (the allocator keeps them otherwise). Run by the control loop.
+  void TrimFreedKvMemory() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   WorkerState StateOf(const WorkerEntry& worker) const;
   std::string CheckpointRoot(const JobRecord& job, const v1::JobSpec& spec) const;
   // Wakes the control loop for a scheduling pass soon.
@@ -210,11 +261,20 @@ class Fleet {
   std::map<std::string, std::unique_ptr<AttemptEntry>, std::less<>> attempts_ ABSL_GUARDED_BY(mu_);
   // Why each job that cannot start waits, as last announced (announced again only on change).
   std::map<std::string, std::string, std::less<>> waiting_reasons_ ABSL_GUARDED_BY(mu_);
+  // Why each waiting job waits, as in its job row's waiting_reason (written only on change).
+  // Every transition of a job empties that column, and so drops the job from here.
+  std::map<std::string, std::string, std::less<>> stored_waiting_ ABSL_GUARDED_BY(mu_);
+  // Reasons decided under the lock, for ControlPass to write once it is released.
+  std::vector<std::pair<std::string, std::string>> unwritten_waiting_ ABSL_GUARDED_BY(mu_);
+  // The earliest end of a restart backoff the last scheduling pass saw: a pass is due then.
+  absl::Time backoff_ends_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   // (when it ended, job id) of the jobs whose metric series are still to be retired, oldest
   // first. Only jobs that end in this process: after a restart, Reload makes series for live
   // jobs only. A final job gets no reports (they need its attempt, gone with its end), so
   // nothing makes its series again once retired.
   std::deque<std::pair<absl::Time, std::string>> ended_jobs_ ABSL_GUARDED_BY(mu_);
+  // The most rendezvous bytes held since the heap was last trimmed (TrimFreedKvMemory).
+  int64_t kv_bytes_peak_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time grace_until_ ABSL_GUARDED_BY(mu_);
   // Attempts reloaded at start whose ranks must show up before grace_until_.
   bool reconciling_ ABSL_GUARDED_BY(mu_) = false;

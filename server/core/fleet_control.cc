@@ -7,10 +7,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/core/log.h"
 #include "engine/core/status.h"
 #include "server/core/fleet.h"
 #include "server/core/fleet_internal.h"
-#include "engine/core/log.h"
 #include "server/core/scheduler.h"
 
 namespace moetrain::server {
@@ -63,13 +63,29 @@ absl::Status FleetOptions::Validate() const {
     }
   }
   if (reconcile_grace < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "reconcile_grace = ", absl::FormatDuration(reconcile_grace), " is negative"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("reconcile_grace = ", absl::FormatDuration(reconcile_grace), " is negative"));
+  }
+  if (restart_backoff_initial <= absl::ZeroDuration() ||
+      restart_backoff_initial > restart_backoff_max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("restart_backoff_initial = ", absl::FormatDuration(restart_backoff_initial),
+                     " must be positive and at most restart_backoff_max = ",
+                     absl::FormatDuration(restart_backoff_max)));
   }
   if (heartbeat_interval >= heartbeat_timeout) {
     return absl::InvalidArgumentError(absl::StrCat(
         "heartbeat_interval = ", absl::FormatDuration(heartbeat_interval),
         " must be below heartbeat_timeout = ", absl::FormatDuration(heartbeat_timeout)));
+  }
+  const std::pair<const char*, int64_t> kv_limits[] = {
+      {"kv_max_keys_per_attempt", kv_max_keys_per_attempt},
+      {"kv_max_bytes_per_attempt", kv_max_bytes_per_attempt},
+      {"kv_max_bytes_total", kv_max_bytes_total}};
+  for (const auto& [name, value] : kv_limits) {
+    if (value <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " = ", value, " must be positive"));
+    }
   }
   if (checkpoint_dir.empty()) return absl::InvalidArgumentError("checkpoint_dir is empty");
   return absl::OkStatus();
@@ -78,9 +94,8 @@ absl::Status FleetOptions::Validate() const {
 std::string Fleet::CheckpointRoot(const JobRecord& job, const v1::JobSpec& spec) const {
   const std::string& root =
       spec.checkpoint().dir().empty() ? options_.checkpoint_dir : spec.checkpoint().dir();
-  return absl::StrCat(root, "/",
-                      options_.checkpoint_naming == CheckpointNaming::kJobName ? spec.name()
-                                                                                : job.id);
+  return absl::StrCat(
+      root, "/", options_.checkpoint_naming == CheckpointNaming::kJobName ? spec.name() : job.id);
 }
 
 absl::Status Fleet::Reload() {
@@ -89,7 +104,7 @@ absl::Status Fleet::Reload() {
   MOETRAIN_ASSIGN_OR_RETURN(std::vector<WorkerRecord> workers, store_->ListWorkers());
   for (const WorkerRecord& record : workers) {
     auto worker = std::make_unique<WorkerEntry>();
-    v1::RegisterWorkerRequest registration;
+    v1::StoredWorker registration;
     if (!registration.ParseFromString(record.resources)) {
       return absl::DataLossError(
           absl::StrCat("store: worker ", record.id, ": its resources do not parse"));
@@ -98,6 +113,7 @@ absl::Status Fleet::Reload() {
     worker->name = record.name;
     worker->version = registration.version();
     worker->resources = registration.resources();
+    worker->secret_sha256 = registration.secret_sha256();
     worker->lost = record.state == WorkerState::kLost;
     worker->reloaded = !worker->lost;
     // Everyone gets a fresh heartbeat_timeout to show up: the coordinator was away, not them.
@@ -120,6 +136,7 @@ absl::Status Fleet::Reload() {
     attempt->attempt = record.attempt;
     attempt->devices_per_worker = static_cast<int32_t>(spec.resources().devices_per_worker());
     attempt->max_restarts = spec.restart().max_restarts();
+    attempt->total_steps = spec.train().steps();
     attempt->workers = record.workers;
     attempt->started.assign(record.workers.size(), false);
     attempt->succeeded.assign(record.workers.size(), false);
@@ -143,6 +160,7 @@ absl::Status Fleet::Reload() {
       *assignment.mutable_spec() = spec;
       if (checkpoint.ok()) assignment.set_resume_checkpoint(checkpoint->path);
       assignment.set_checkpoint_dir(CheckpointRoot(job, spec));
+      assignment.set_checkpoint_root(options_.checkpoint_dir);
       slot.assigned_at = now;
       slot.delivered = true;
       slot.delivered_at = now;
@@ -174,6 +192,7 @@ absl::Status Fleet::Reload() {
   MOETRAIN_ASSIGN_OR_RETURN(std::vector<JobRecord> waiting,
                             JobsIn(*store_, {JobState::kPending, JobState::kRestarting}));
   for (const JobRecord& job : waiting) {
+    if (!job.waiting_reason.empty()) stored_waiting_[job.id] = job.waiting_reason;
     MOETRAIN_ASSIGN_OR_RETURN(std::optional<EventRecord> last, store_->LastEvent(job.id));
     if (last.has_value() && last->kind == kLogEventKind &&
         absl::StartsWith(last->payload, kWaitingPrefix)) {
@@ -186,7 +205,8 @@ absl::Status Fleet::Reload() {
   if (!workers_.empty()) reconciling_ = true;
   if (!attempts_.empty()) {
     Log(absl::StrCat("reloaded ", workers_.size(), " workers and ", attempts_.size(),
-                     " attempts in flight; waiting ", absl::FormatDuration(options_.reconcile_grace),
+                     " attempts in flight; waiting ",
+                     absl::FormatDuration(options_.reconcile_grace),
                      " for their workers to report"));
   }
   return absl::OkStatus();
@@ -210,15 +230,21 @@ void Fleet::ControlLoop() {
 
 void Fleet::ControlPass() {
   std::vector<NewEvent> announcements;
+  std::vector<std::pair<std::string, std::string>> waiting;
   {
     absl::MutexLock lock(&mu_);
     ControlPassLocked(&announcements);
+    waiting.swap(unwritten_waiting_);
   }
   // Outside the lock, in one commit: with many jobs waiting, one write per job under the lock
   // held every submit and report behind a row of fsyncs.
   if (!announcements.empty()) {
     LogIfError(coordinator_->AppendEvents(announcements), "recording why jobs wait");
   }
+  // Then the job rows. Only the control thread writes these, so no later pass's reasons can
+  // overtake them; a job that moved on meanwhile keeps the empty reason its transition left (the
+  // store checks).
+  if (!waiting.empty()) LogIfError(store_->SetWaitingReasons(waiting), "recording why jobs wait");
 }
 
 void Fleet::ControlPassLocked(std::vector<NewEvent>* announcements) {
@@ -226,6 +252,11 @@ void Fleet::ControlPassLocked(std::vector<NewEvent>* announcements) {
   if (wake_.exchange(false)) schedule_requested_ = true;
   const absl::Time now = absl::Now();
   RetireEndedJobs(now);
+  TrimFreedKvMemory();
+  if (now >= backoff_ends_) {
+    backoff_ends_ = absl::InfiniteFuture();
+    schedule_requested_ = true;
+  }
 
   for (auto it = workers_.begin(); it != workers_.end();) {
     WorkerEntry& worker = *it->second;
@@ -234,10 +265,10 @@ void Fleet::ControlPassLocked(std::vector<NewEvent>* announcements) {
         worker.reloaded ? std::max(options_.heartbeat_timeout, options_.reconcile_grace)
                         : options_.heartbeat_timeout;
     if (!worker.lost && silence > allowed) {
-      LogIfError(MarkLost(worker, absl::StrCat("worker ", worker.id, " (", worker.name,
-                                               ") sent no heartbeat for ",
-                                               absl::FormatDuration(absl::Trunc(
-                                                   silence, absl::Milliseconds(100))))),
+      LogIfError(MarkLost(worker,
+                          absl::StrCat(
+                              "worker ", worker.id, " (", worker.name, ") sent no heartbeat for ",
+                              absl::FormatDuration(absl::Trunc(silence, absl::Milliseconds(100))))),
                  absl::StrCat("marking worker ", worker.id, " lost"));
     } else if (worker.lost && silence > options_.forget_lost_after) {
       absl::Status deleted = store_->DeleteWorker(worker.id);
@@ -252,9 +283,8 @@ void Fleet::ControlPassLocked(std::vector<NewEvent>* announcements) {
 
   if (reconciling_ && now < grace_until_) {
     // Everyone known is back and every reloaded rank has reported: no need to wait longer.
-    const bool workers_back = std::none_of(workers_.begin(), workers_.end(), [](const auto& entry) {
-      return entry.second->reloaded;
-    });
+    const bool workers_back = std::none_of(
+        workers_.begin(), workers_.end(), [](const auto& entry) { return entry.second->reloaded; });
     const bool ranks_back = std::all_of(attempts_.begin(), attempts_.end(), [](const auto& entry) {
       return std::find(entry.second->started.begin(), entry.second->started.end(), false) ==
              entry.second->started.end();
@@ -273,14 +303,14 @@ void Fleet::ControlPassLocked(std::vector<NewEvent>* announcements) {
       auto missing = std::find(attempt.started.begin(), attempt.started.end(), false);
       if (missing == attempt.started.end()) continue;
       const size_t member = missing - attempt.started.begin();
-      LogIfError(EndAttemptUnsuccessfully(
-                     attempt, "stopped",
-                     absl::StrCat("the coordinator restarted and rank ",
-                                  member * attempt.devices_per_worker, " (worker ",
-                                  attempt.workers[member], ") did not report within ",
-                                  absl::FormatDuration(options_.reconcile_grace)),
-                     /*count_restart=*/false),
-                 absl::StrCat("restarting job ", job_id));
+      LogIfError(
+          EndAttemptUnsuccessfully(attempt, "stopped",
+                                   absl::StrCat("the coordinator restarted and rank ",
+                                                member * attempt.devices_per_worker, " (worker ",
+                                                attempt.workers[member], ") did not report within ",
+                                                absl::FormatDuration(options_.reconcile_grace)),
+                                   Failure::kNone),
+          absl::StrCat("restarting job ", job_id));
     }
   } else if (!reconciling_) {
     // A rank that was handed out but never showed up: its worker cannot run it.
@@ -291,17 +321,17 @@ void Fleet::ControlPassLocked(std::vector<NewEvent>* announcements) {
       if (slot.started || slot.stopping || now - slot.assigned_at <= options_.heartbeat_timeout) {
         continue;
       }
-      stuck.emplace_back(slot.assignment.job_id(),
-                         absl::StrCat("rank ", slot.assignment.rank(), " was assigned to worker ",
-                                      id, " (", worker->name, ") ",
-                                      absl::FormatDuration(absl::Trunc(now - slot.assigned_at,
-                                                                       absl::Seconds(1))),
-                                      " ago and never started"));
+      stuck.emplace_back(
+          slot.assignment.job_id(),
+          absl::StrCat("rank ", slot.assignment.rank(), " was assigned to worker ", id, " (",
+                       worker->name, ") ",
+                       absl::FormatDuration(absl::Trunc(now - slot.assigned_at, absl::Seconds(1))),
+                       " ago and never started"));
     }
     for (const auto& [job_id, why] : stuck) {
       auto it = attempts_.find(job_id);
       if (it == attempts_.end()) continue;
-      LogIfError(EndAttemptUnsuccessfully(*it->second, "failed", why, /*count_restart=*/true),
+      LogIfError(EndAttemptUnsuccessfully(*it->second, "failed", why, Failure::kTransient),
                  absl::StrCat("failing job ", job_id));
     }
   }
@@ -316,17 +346,30 @@ absl::Status Fleet::SchedulePass(std::vector<NewEvent>* announcements) {
   MOETRAIN_ASSIGN_OR_RETURN(std::vector<JobRecord> waiting,
                             JobsIn(*store_, {JobState::kPending, JobState::kRestarting}));
   if (waiting.empty()) return absl::OkStatus();
+  const absl::Time now = absl::Now();
   std::vector<PendingJob> jobs;
   std::map<std::string, const JobRecord*> by_id;
+  // Why each job waits, for its job row (written when it changed).
+  std::vector<UnschedulableJob> reasons;
+  backoff_ends_ = absl::InfiniteFuture();
   for (const JobRecord& job : waiting) {
+    if (job.next_attempt_at.has_value() && *job.next_attempt_at > now) {
+      // Still backing off after a failed attempt: not a candidate, and holds no worker.
+      backoff_ends_ = std::min(backoff_ends_, *job.next_attempt_at);
+      reasons.push_back(
+          {job.id, absl::StrCat("restart backoff after a failed attempt: the next one starts at ",
+                                absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", *job.next_attempt_at,
+                                                 absl::UTCTimeZone()))});
+      continue;
+    }
     MOETRAIN_ASSIGN_OR_RETURN(v1::JobSpec spec, ParseSpec(job));
     PendingJob& pending = jobs.emplace_back();
     pending.job_id = job.id;
     pending.priority = job.priority;
     pending.submit_sequence = static_cast<int64_t>(jobs.size());  // JobsIn is in submission order
     pending.workers_needed = static_cast<int32_t>(spec.resources().workers());
-    pending.device_kind =
-        spec.resources().device() == v1::ResourceConfig::CUDA ? DeviceKind::kCuda : DeviceKind::kCpu;
+    pending.device_kind = spec.resources().device() == v1::ResourceConfig::CUDA ? DeviceKind::kCuda
+                                                                                : DeviceKind::kCpu;
     pending.devices_per_worker = static_cast<int32_t>(spec.resources().devices_per_worker());
     by_id[job.id] = &job;
   }
@@ -342,10 +385,18 @@ absl::Status Fleet::SchedulePass(std::vector<NewEvent>* announcements) {
   }
   MOETRAIN_ASSIGN_OR_RETURN(ScheduleDecision decision, Schedule(jobs, workers));
   for (const UnschedulableJob& job : decision.unschedulable) {
+    reasons.push_back(job);
     std::string& announced = waiting_reasons_[job.job_id];
     if (announced == job.reason) continue;
     announcements->push_back({job.job_id, kLogEventKind, absl::StrCat(kWaitingPrefix, job.reason)});
     announced = job.reason;
+  }
+  reasons.insert(reasons.end(), decision.waiting.begin(), decision.waiting.end());
+  for (const UnschedulableJob& job : reasons) {
+    std::string& stored = stored_waiting_[job.job_id];
+    if (stored == job.reason) continue;
+    stored = job.reason;
+    unwritten_waiting_.emplace_back(job.job_id, job.reason);
   }
   for (const Assignment& assignment : decision.assignments) {
     absl::Status started = StartAttempt(*by_id.at(assignment.job_id), assignment.worker_ids);
@@ -374,6 +425,7 @@ absl::Status Fleet::StartAttempt(const JobRecord& job, const std::vector<std::st
   attempt->attempt = number;
   attempt->devices_per_worker = static_cast<int32_t>(spec.resources().devices_per_worker());
   attempt->max_restarts = spec.restart().max_restarts();
+  attempt->total_steps = spec.train().steps();
   attempt->workers = workers;
   attempt->started.assign(workers.size(), false);
   attempt->succeeded.assign(workers.size(), false);
@@ -389,6 +441,7 @@ absl::Status Fleet::StartAttempt(const JobRecord& job, const std::vector<std::st
     *assignment.mutable_spec() = spec;
     if (checkpoint.ok()) assignment.set_resume_checkpoint(checkpoint->path);
     assignment.set_checkpoint_dir(CheckpointRoot(job, spec));
+    assignment.set_checkpoint_root(options_.checkpoint_dir);
     slot.assigned_at = now;
   }
   Log(absl::StrCat("job ", job.id, " (", job.name, "): attempt ", number, " on ",
@@ -425,23 +478,41 @@ absl::Status Fleet::FinishAttempt(AttemptEntry& attempt, int64_t step) {
   return absl::OkStatus();
 }
 
+absl::Duration Fleet::RestartBackoff(int64_t restarts) const {
+  absl::Duration backoff = options_.restart_backoff_initial;
+  for (int64_t i = 1; i < restarts && backoff < options_.restart_backoff_max; ++i) backoff *= 2;
+  return std::min(backoff, options_.restart_backoff_max);
+}
+
 absl::Status Fleet::EndAttemptUnsuccessfully(AttemptEntry& attempt, absl::string_view outcome,
-                                             const std::string& reason, bool count_restart) {
+                                             const std::string& reason, Failure failure) {
   const std::string job_id = attempt.job_id;
   MOETRAIN_RETURN_IF_ERROR(store_->EndAttempt(job_id, attempt.attempt, outcome));
+  const bool count_restart = failure == Failure::kTransient;
   auto move_on = [&]() -> absl::Status {
     MOETRAIN_ASSIGN_OR_RETURN(JobRecord job, store_->GetJob(job_id));
-    if (count_restart && job.restarts >= attempt.max_restarts) {
-      const std::string why = absl::StrCat(reason, "; no restarts left (restart.max_restarts = ",
-                                           attempt.max_restarts, ")");
+    if (failure == Failure::kPermanent || (count_restart && job.restarts >= attempt.max_restarts)) {
+      const std::string why =
+          failure == Failure::kPermanent
+              ? absl::StrCat(reason, "; not restarted: this job cannot run as specified")
+              : absl::StrCat(reason,
+                             "; no restarts left (restart.max_restarts = ", attempt.max_restarts,
+                             ")");
       Log(absl::StrCat("job ", job_id, " failed: ", why));
       return TransitionJob(job_id, job.state, JobState::kFailed, why).status();
     }
-    Log(absl::StrCat("job ", job_id, " restarting: ", reason));
     TransitionOptions options;
     options.count_restart = count_restart;
+    std::string why = reason;
+    if (count_restart) {
+      const absl::Duration backoff = RestartBackoff(job.restarts + 1);
+      options.next_attempt_at = absl::Now() + backoff;
+      absl::StrAppend(&why, "; restart ", job.restarts + 1, " of ", attempt.max_restarts, " in ",
+                      absl::FormatDuration(backoff));
+    }
+    Log(absl::StrCat("job ", job_id, " restarting: ", why));
     MOETRAIN_RETURN_IF_ERROR(
-        TransitionJob(job_id, job.state, JobState::kRestarting, reason, options).status());
+        TransitionJob(job_id, job.state, JobState::kRestarting, why, options).status());
     if (count_restart && metrics_ != nullptr) metrics_->OnRestart(job_id);
     return absl::OkStatus();
   };
@@ -463,7 +534,7 @@ absl::Status Fleet::MarkLost(WorkerEntry& worker, const std::string& why) {
   if (worker.slot.has_value()) {
     auto it = attempts_.find(worker.slot->assignment.job_id());
     if (it != attempts_.end() && it->second->attempt == worker.slot->assignment.attempt()) {
-      status = EndAttemptUnsuccessfully(*it->second, "failed", why, /*count_restart=*/true);
+      status = EndAttemptUnsuccessfully(*it->second, "failed", why, Failure::kTransient);
     }
     worker.slot.reset();
   }

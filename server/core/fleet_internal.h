@@ -22,8 +22,8 @@ struct Fleet::Slot {
   absl::Time assigned_at;
   bool delivered = false;  // a poll returned it (it may be sent again until the rank starts)
   absl::Time delivered_at;
-  bool started = false;   // seen in a heartbeat or a report
-  bool stopping = false;  // told to stop; the worker stays busy until the rank is gone
+  bool started = false;    // seen in a heartbeat or a report
+  bool stopping = false;   // told to stop; the worker stays busy until the rank is gone
   bool stop_sent = false;  // the stop order went out on a poll (heartbeats repeat it anyway)
 
   bool Is(absl::string_view job_id, int64_t attempt) const {
@@ -36,12 +36,16 @@ struct Fleet::WorkerEntry {
   std::string name;
   std::string version;
   v1::WorkerResources resources;
+  // SHA-256 of the secret issued at registration; empty for a worker stored before secrets.
+  std::string secret_sha256;
   bool lost = false;
   // Known from the store after a coordinator restart, not heard from since: it has the longer of
   // heartbeat_timeout and reconcile_grace to reconnect (its channel backs off while we were away).
   bool reloaded = false;
   absl::Time last_heartbeat;  // for a lost worker: when it was declared lost
   std::optional<Slot> slot;
+  // It stopped a rank on its own (SIGTERM): it is shutting down, so no new rank goes to it.
+  bool draining = false;
 };
 
 // The live attempt of a SCHEDULED or RUNNING job. Gang members are indexed 0..n-1; member i
@@ -51,16 +55,18 @@ struct Fleet::AttemptEntry {
   int32_t attempt = 0;
   int32_t devices_per_worker = 1;
   int64_t max_restarts = 0;
+  int64_t total_steps = 0;           // spec.train.steps: the last step a report may name
   std::vector<std::string> workers;  // by member
   std::vector<bool> started;         // by member
   std::vector<bool> succeeded;       // by member
-  // Reports at or below last_step are repeats (a retried call) and are dropped.
+  // Rank 0's newest accepted step report; one at or below it is refused (a retried call).
   int64_t last_step = 0;
   // tokens_seen at the newest report (or of the checkpoint the attempt resumed from), to turn
   // the cumulative count into increments for moetrain_train_tokens_total.
   int64_t last_tokens_seen = 0;
   std::map<int64_t, std::set<int32_t>> checkpoint_members;  // step → members that reported it
   std::map<std::string, std::string, std::less<>> kv;       // the rendezvous
+  int64_t kv_bytes = 0;                                     // of its keys and values
 
   int32_t world_size() const { return static_cast<int32_t>(workers.size()) * devices_per_worker; }
   // The member running `rank`, or -1 when the rank is out of range.

@@ -67,6 +67,20 @@ std::string UnschedulableReason(const PendingJob& job, int registered) {
   return reason;
 }
 
+// Names the workers as UnschedulableReason does; the counts say nothing about which are free, so
+// the reason stays the same while the fleet does.
+std::string WaitingReason(const PendingJob& job, int registered) {
+  std::string reason =
+      absl::StrCat("waiting for ", job.workers_needed, " ", DeviceKindName(job.device_kind),
+                   job.workers_needed == 1 ? " worker" : " workers");
+  if (job.devices_per_worker > 1) {
+    absl::StrAppend(&reason, " with at least ", job.devices_per_worker, " devices each");
+  }
+  absl::StrAppend(&reason, job.workers_needed == 1 ? " to be free, " : " to be free at once, ",
+                  registered, " registered");
+  return reason;
+}
+
 }  // namespace
 
 absl::string_view DeviceKindName(DeviceKind kind) {
@@ -129,6 +143,7 @@ absl::StatusOr<ScheduleDecision> Schedule(const std::vector<PendingJob>& jobs,
       decision.assignments.push_back(std::move(assignment));
       continue;
     }
+    decision.waiting.push_back({job->job_id, WaitingReason(*job, registered)});
     // The head: fewer than workers_needed are free, so it holds all of them (rule 5).
     if (!head_reserved) {
       head_reserved = true;

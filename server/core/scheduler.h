@@ -13,6 +13,9 @@
 //     (IDLE, BUSY or DRAINING all count) can never start as the fleet stands. It is reported in
 //     ScheduleDecision::unschedulable with a reason ("needs 4 CPU workers, 2 registered"), takes
 //     no workers and reserves none, so it cannot block the queue behind it.
+//  4b. Waiting. A job that could start on the fleet but not now (too few of its workers are free,
+//     or they are held for the head) is reported in ScheduleDecision::waiting with a reason
+//     ("waiting for 2 CPU workers to be free at once, 3 registered").
 //  5. No starvation (backfill). The first job in order that could fit the fleet but cannot start
 //     now is the head: it reserves the free matching workers it would use. Every later job may
 //     start only on free workers that are not reserved. Since the head reserves every free
@@ -70,10 +73,11 @@ struct UnschedulableJob {
 struct ScheduleDecision {
   std::vector<Assignment> assignments;          // in scheduling order (rule 1)
   std::vector<UnschedulableJob> unschedulable;  // in scheduling order (rule 1)
+  std::vector<UnschedulableJob> waiting;        // rule 4b, in scheduling order (rule 1)
 };
 
-// Decides which of `jobs` start now on `workers` (rules above). Jobs neither assigned nor
-// unschedulable stay pending and wait. InvalidArgument, naming the job or worker and the value,
+// Decides which of `jobs` start now on `workers` (rules above). Every job is in exactly one of
+// assignments, unschedulable and waiting. InvalidArgument, naming the job or worker and the value,
 // for an empty or repeated job or worker id, a repeated submit_sequence, workers_needed < 1,
 // devices_per_worker < 0 or device_count < 0.
 absl::StatusOr<ScheduleDecision> Schedule(const std::vector<PendingJob>& jobs,

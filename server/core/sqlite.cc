@@ -19,6 +19,13 @@ absl::Status SqliteStatus(int code, absl::string_view path, absl::string_view wh
       return absl::DataLossError(message);
     case SQLITE_FULL:
       return absl::ResourceExhaustedError(message);
+    case SQLITE_READONLY:
+    case SQLITE_CANTOPEN:
+    case SQLITE_PERM:
+      // Permissions or a read-only mount: nothing a retry fixes, the operator must.
+      return absl::FailedPreconditionError(
+          absl::StrCat(message, "; the coordinator must be able to write ", path, " and to create ",
+                       path, "-wal and ", path, "-shm beside it"));
     default:
       return absl::InternalError(message);
   }

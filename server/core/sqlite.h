@@ -27,7 +27,9 @@ struct Blob {
 };
 
 // SQLITE_BUSY / SQLITE_LOCKED → Unavailable (retry), SQLITE_CORRUPT / SQLITE_NOTADB → DataLoss,
-// SQLITE_FULL → ResourceExhausted, anything else → Internal. The message names the database file.
+// SQLITE_FULL → ResourceExhausted, SQLITE_READONLY / SQLITE_CANTOPEN / SQLITE_PERM →
+// FailedPrecondition (fix the permissions), anything else → Internal. The message names the
+// database file.
 absl::Status SqliteStatus(int code, absl::string_view path, absl::string_view what,
                           absl::string_view detail);
 

@@ -1,5 +1,5 @@
-// Store operations: jobs and transitions, events, attempts, checkpoints, workers. Open and the
-// schema live in store_schema.cc.
+// Store operations: jobs and transitions, and their events. Attempts, checkpoints and workers
+// live in store_attempts.cc, deletion in store_delete.cc, Open and the schema in store_schema.cc.
 #include "server/core/store.h"
 
 #include <openssl/evp.h>
@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "engine/core/status.h"
+#include "server/core/limits.h"
 #include "server/core/sqlite.h"
 
 namespace moetrain::server {
@@ -22,11 +23,13 @@ constexpr int kDefaultPageSize = 100;
 constexpr int kMaxEventsPerRead = 10000;
 constexpr int kJobIdTries = 8;
 constexpr size_t kMaxSubmissionIdBytes = 1024;
+// Job names are at most 128 characters (ValidateJobSpec); longer ones are older rows.
+constexpr size_t kMaxListedNameBytes = 256;
 
 constexpr char kJobColumns[] =
     "id, submission_id, name, spec, spec_sha256, priority, state, state_reason, created_us, "
     "updated_us, attempt, restarts, latest_checkpoint_step, created_seq, last_step_metrics, "
-    "last_step_attempt";
+    "last_step_attempt, waiting_reason, next_attempt_us";
 
 int64_t Micros(absl::Time time) { return absl::ToUnixMicros(time); }
 absl::Time FromMicros(int64_t micros) { return absl::FromUnixMicros(micros); }
@@ -67,7 +70,18 @@ absl::StatusOr<JobRecord> JobFromRow(const sqlite::Statement& row, absl::string_
   job.latest_checkpoint_step = row.OptionalInt(12);
   job.last_step_metrics = row.Text(14);
   job.last_step_attempt = static_cast<int32_t>(row.Int(15));
+  job.waiting_reason = row.Text(16);
+  if (std::optional<int64_t> next = row.OptionalInt(17); next.has_value()) {
+    job.next_attempt_at = FromMicros(*next);
+  }
   return job;
+}
+
+// A job's share of a listing: its strings, and a generous allowance for the fixed fields and
+// the encoding.
+size_t ListedBytes(const JobRecord& job) {
+  return 512 + job.id.size() + job.submission_id.size() + job.name.size() + job.spec.size() +
+         job.state_reason.size() + job.last_step_metrics.size();
 }
 
 absl::Status NoSuchJob(absl::string_view job_id) {
@@ -139,7 +153,7 @@ absl::StatusOr<JobRecord> Store::CreateJob(const NewJob& job) {
     if (!job.submission_id.empty()) {
       MOETRAIN_ASSIGN_OR_RETURN(
           sqlite::Statement existing,
-          db_->Query("SELECT id, spec_sha256 FROM jobs WHERE submission_id = ?",
+          db_->Query("SELECT id, spec_sha256, priority FROM jobs WHERE submission_id = ?",
                      job.submission_id));
       MOETRAIN_ASSIGN_OR_RETURN(bool found, existing.Step());
       if (found) {
@@ -148,6 +162,11 @@ absl::StatusOr<JobRecord> Store::CreateJob(const NewJob& job) {
           return absl::AlreadyExistsError(absl::StrCat("submission_id '", job.submission_id,
                                                        "' already names job ", id,
                                                        ", with a different spec"));
+        }
+        if (existing.Int(2) != job.priority) {
+          return absl::AlreadyExistsError(
+              absl::StrCat("submission_id '", job.submission_id, "' already names job ", id,
+                           ", with priority ", existing.Int(2), " (not ", job.priority, ")"));
         }
         MOETRAIN_ASSIGN_OR_RETURN(result, ReadJob(*db_, id));
         return absl::OkStatus();
@@ -197,6 +216,7 @@ absl::StatusOr<JobRecord> Store::GetJob(absl::string_view job_id) {
 
 absl::StatusOr<JobPage> Store::ListJobs(const ListJobsOptions& options) {
   int page_size = options.page_size == 0 ? kDefaultPageSize : options.page_size;
+  const size_t max_bytes = options.max_bytes == 0 ? kMaxListPageBytes : options.max_bytes;
   if (page_size < 1 || page_size > kMaxPageSize) {
     return absl::InvalidArgumentError(
         absl::StrCat("page_size = ", options.page_size, " is outside 0..", kMaxPageSize));
@@ -218,11 +238,12 @@ absl::StatusOr<JobPage> Store::ListJobs(const ListJobsOptions& options) {
   sqlite::Database& db = *reader_;
   absl::StatusOr<sqlite::Statement> stmt =
       db.Query(absl::StrCat("SELECT ", kJobColumns, " FROM jobs WHERE created_seq > ?1", filter,
-                              " ORDER BY created_seq LIMIT ?2"),
-                 after, page_size + 1);
+                            " ORDER BY created_seq LIMIT ?2"),
+               after, page_size + 1);
   if (!stmt.ok()) return stmt.status();
   JobPage page;
   int64_t last_seq = 0;
+  size_t page_bytes = 0;
   for (;;) {
     MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt->Step());
     if (!row) break;
@@ -231,6 +252,16 @@ absl::StatusOr<JobPage> Store::ListJobs(const ListJobsOptions& options) {
       break;
     }
     MOETRAIN_ASSIGN_OR_RETURN(JobRecord job, JobFromRow(*stmt, path_));
+    // Rows stored before the caps may hold longer strings than any write now can.
+    job.state_reason = TruncateWithMarker(job.state_reason, kMaxReasonBytes);
+    job.name = TruncateWithMarker(job.name, kMaxListedNameBytes);
+    // A page holds at least one job, so that every job can be listed.
+    const size_t bytes = ListedBytes(job);
+    if (!page.jobs.empty() && page_bytes + bytes > max_bytes) {
+      page.next_page_token = absl::StrCat(last_seq);
+      break;
+    }
+    page_bytes += bytes;
     page.jobs.push_back(std::move(job));
     last_seq = stmt->Int(13);
   }
@@ -246,6 +277,8 @@ absl::StatusOr<JobRecord> Store::TransitionJob(absl::string_view job_id, JobStat
                                                       " -> ", JobStateName(to),
                                                       " is not a legal transition"));
   }
+  // A failure message that a worker reported once is kept, cut short, rather than refused.
+  const std::string bounded_reason = TruncateWithMarker(reason, kMaxReasonBytes);
   JobRecord result;
   MOETRAIN_RETURN_IF_ERROR(Write([&]() -> absl::Status {
     MOETRAIN_ASSIGN_OR_RETURN(JobRecord current, ReadJob(*db_, job_id));
@@ -254,19 +287,35 @@ absl::StatusOr<JobRecord> Store::TransitionJob(absl::string_view job_id, JobStat
           "job ", job_id, " is ", JobStateName(current.state), ", not ", JobStateName(from)));
     }
     const absl::Time now = env_->Now();
+    std::optional<int64_t> next_attempt_us;
+    if (options.next_attempt_at.has_value()) next_attempt_us = Micros(*options.next_attempt_at);
     MOETRAIN_RETURN_IF_ERROR(db_->Execute(
-        "UPDATE jobs SET state = ?1, state_reason = ?2, updated_us = ?3, restarts = restarts + ?4 "
-        "WHERE id = ?5",
-        JobStateName(to), reason, Micros(now),
-        to == JobState::kRestarting && options.count_restart ? 1 : 0, job_id));
+        "UPDATE jobs SET state = ?1, state_reason = ?2, updated_us = ?3, restarts = restarts + ?4, "
+        "waiting_reason = '', next_attempt_us = ?6 WHERE id = ?5",
+        JobStateName(to), bounded_reason, Micros(now),
+        to == JobState::kRestarting && options.count_restart ? 1 : 0, job_id, next_attempt_us));
     MOETRAIN_RETURN_IF_ERROR(AppendEventLocked(job_id, kStateChangeEventKind,
-                                               EncodeStateChange({from, to, std::string(reason)}),
-                                               now)
+                                               EncodeStateChange({from, to, bounded_reason}), now)
                                  .status());
     MOETRAIN_ASSIGN_OR_RETURN(result, ReadJob(*db_, job_id));
     return absl::OkStatus();
   }));
   return result;
+}
+
+absl::Status Store::SetWaitingReasons(
+    const std::vector<std::pair<std::string, std::string>>& reasons) {
+  if (reasons.empty()) return absl::OkStatus();
+  return Write([&]() -> absl::Status {
+    const int64_t now = Micros(env_->Now());
+    for (const auto& [job_id, reason] : reasons) {
+      MOETRAIN_RETURN_IF_ERROR(
+          db_->Execute("UPDATE jobs SET waiting_reason = ?1, updated_us = ?2 WHERE id = ?3 AND "
+                       "state IN ('PENDING', 'RESTARTING') AND waiting_reason != ?1",
+                       reason, now, job_id));
+    }
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<std::map<JobState, int64_t>> Store::CountJobsByState() {
@@ -380,8 +429,8 @@ absl::StatusOr<std::vector<EventRecord>> Store::ReadEvents(absl::string_view job
   MOETRAIN_ASSIGN_OR_RETURN(
       sqlite::Statement stmt,
       db.Query("SELECT sequence, kind, payload, time_us FROM events WHERE job_id = ?1 AND "
-                 "sequence >= ?2 ORDER BY sequence LIMIT ?3",
-                 job_id, from_sequence, limit));
+               "sequence >= ?2 ORDER BY sequence LIMIT ?3",
+               job_id, from_sequence, limit));
   std::vector<EventRecord> events;
   for (;;) {
     MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
@@ -389,214 +438,6 @@ absl::StatusOr<std::vector<EventRecord>> Store::ReadEvents(absl::string_view job
     events.push_back({stmt.Int(0), stmt.Text(1), stmt.Text(2), FromMicros(stmt.Int(3))});
   }
   return events;
-}
-
-absl::StatusOr<int32_t> Store::StartAttempt(absl::string_view job_id,
-                                            const std::vector<std::string>& workers) {
-  MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
-  if (workers.empty()) return absl::InvalidArgumentError("an attempt needs at least one worker");
-  for (const std::string& worker : workers) MOETRAIN_RETURN_IF_ERROR(ValidateWorkerId(worker));
-  int32_t attempt = 0;
-  MOETRAIN_RETURN_IF_ERROR(Write([&]() -> absl::Status {
-    MOETRAIN_ASSIGN_OR_RETURN(JobRecord job, ReadJob(*db_, job_id));
-    MOETRAIN_ASSIGN_OR_RETURN(
-        sqlite::Statement open,
-        db_->Query("SELECT attempt FROM attempts WHERE job_id = ? AND ended_us IS NULL", job_id));
-    MOETRAIN_ASSIGN_OR_RETURN(bool running, open.Step());
-    if (running) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job ", job_id, ": attempt ", open.Int(0), " has not ended"));
-    }
-    attempt = job.attempt + 1;
-    const int64_t now = Micros(env_->Now());
-    MOETRAIN_RETURN_IF_ERROR(db_->Execute(
-        "INSERT INTO attempts (job_id, attempt, workers, started_us) VALUES (?, ?, ?, ?)", job_id,
-        attempt, absl::StrJoin(workers, ","), now));
-    return db_->Execute("UPDATE jobs SET attempt = ?, updated_us = ? WHERE id = ?", attempt, now,
-                        job_id);
-  }));
-  return attempt;
-}
-
-absl::Status Store::EndAttempt(absl::string_view job_id, int32_t attempt,
-                               absl::string_view outcome) {
-  MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
-  if (outcome.empty()) return absl::InvalidArgumentError("attempt outcome is empty");
-  return Write([&]() -> absl::Status {
-    MOETRAIN_RETURN_IF_ERROR(RequireJob(*db_, job_id));
-    MOETRAIN_ASSIGN_OR_RETURN(
-        sqlite::Statement stmt,
-        db_->Query("SELECT ended_us FROM attempts WHERE job_id = ? AND attempt = ?", job_id,
-                   attempt));
-    MOETRAIN_ASSIGN_OR_RETURN(bool found, stmt.Step());
-    if (!found) {
-      return absl::NotFoundError(absl::StrCat("job ", job_id, " has no attempt ", attempt));
-    }
-    if (!stmt.IsNull(0)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job ", job_id, ": attempt ", attempt, " already ended"));
-    }
-    return db_->Execute(
-        "UPDATE attempts SET ended_us = ?, outcome = ? WHERE job_id = ? AND attempt = ?",
-        Micros(env_->Now()), outcome, job_id, attempt);
-  });
-}
-
-absl::StatusOr<std::vector<AttemptRecord>> Store::ListAttempts(absl::string_view job_id) {
-  MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
-  absl::MutexLock lock(&read_mu_);
-  sqlite::Database& db = *reader_;
-  MOETRAIN_RETURN_IF_ERROR(RequireJob(db, job_id));
-  MOETRAIN_ASSIGN_OR_RETURN(
-      sqlite::Statement stmt,
-      db.Query("SELECT attempt, workers, started_us, ended_us, outcome FROM attempts "
-                 "WHERE job_id = ? ORDER BY attempt",
-                 job_id));
-  std::vector<AttemptRecord> attempts;
-  for (;;) {
-    MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
-    if (!row) break;
-    AttemptRecord& attempt = attempts.emplace_back();
-    attempt.attempt = static_cast<int32_t>(stmt.Int(0));
-    attempt.workers = absl::StrSplit(stmt.Text(1), ',', absl::SkipEmpty());
-    attempt.started_at = FromMicros(stmt.Int(2));
-    if (!stmt.IsNull(3)) attempt.ended_at = FromMicros(stmt.Int(3));
-    attempt.outcome = stmt.Text(4);
-  }
-  return attempts;
-}
-
-absl::StatusOr<std::vector<std::pair<std::string, AttemptRecord>>> Store::ListOpenAttempts() {
-  absl::MutexLock lock(&read_mu_);
-  sqlite::Database& db = *reader_;
-  MOETRAIN_ASSIGN_OR_RETURN(
-      sqlite::Statement stmt,
-      db.Prepare("SELECT a.job_id, a.attempt, a.workers, a.started_us FROM attempts a "
-                   "JOIN jobs j ON j.id = a.job_id WHERE a.ended_us IS NULL "
-                   "ORDER BY j.created_seq, a.attempt"));
-  std::vector<std::pair<std::string, AttemptRecord>> open;
-  for (;;) {
-    MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
-    if (!row) break;
-    AttemptRecord attempt;
-    attempt.attempt = static_cast<int32_t>(stmt.Int(1));
-    attempt.workers = absl::StrSplit(stmt.Text(2), ',', absl::SkipEmpty());
-    attempt.started_at = FromMicros(stmt.Int(3));
-    open.emplace_back(stmt.Text(0), std::move(attempt));
-  }
-  return open;
-}
-
-absl::Status Store::RecordCheckpoint(absl::string_view job_id, const CheckpointRecord& checkpoint) {
-  MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
-  if (checkpoint.step < 0 || checkpoint.tokens_seen < 0 || checkpoint.path.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint step = ", checkpoint.step, ", tokens_seen = ", checkpoint.tokens_seen,
-        ", path = '", checkpoint.path, "': need step, tokens_seen >= 0 and a path"));
-  }
-  return Write([&]() -> absl::Status {
-    MOETRAIN_RETURN_IF_ERROR(RequireJob(*db_, job_id));
-    const int64_t now = Micros(env_->Now());
-    MOETRAIN_RETURN_IF_ERROR(db_->Execute(
-        "INSERT INTO checkpoints (job_id, step, path, tokens_seen, time_us, attempt) "
-        "VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (job_id, step) DO UPDATE SET "
-        "path = excluded.path, tokens_seen = excluded.tokens_seen, time_us = excluded.time_us, "
-        "attempt = excluded.attempt",
-        job_id, checkpoint.step, checkpoint.path, checkpoint.tokens_seen, now,
-        checkpoint.attempt));
-    return db_->Execute(
-        "UPDATE jobs SET latest_checkpoint_step = MAX(IFNULL(latest_checkpoint_step, -1), ?1), "
-        "updated_us = ?2 WHERE id = ?3",
-        checkpoint.step, now, job_id);
-  });
-}
-
-absl::StatusOr<std::vector<CheckpointRecord>> Store::ListCheckpoints(absl::string_view job_id) {
-  MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
-  absl::MutexLock lock(&read_mu_);
-  sqlite::Database& db = *reader_;
-  MOETRAIN_RETURN_IF_ERROR(RequireJob(db, job_id));
-  MOETRAIN_ASSIGN_OR_RETURN(
-      sqlite::Statement stmt,
-      db.Query("SELECT step, path, tokens_seen, time_us, attempt FROM checkpoints "
-                 "WHERE job_id = ? ORDER BY step",
-                 job_id));
-  std::vector<CheckpointRecord> checkpoints;
-  for (;;) {
-    MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
-    if (!row) break;
-    checkpoints.push_back({stmt.Int(0), stmt.Text(1), stmt.Int(2), FromMicros(stmt.Int(3)),
-                           static_cast<int32_t>(stmt.Int(4))});
-  }
-  return checkpoints;
-}
-
-absl::StatusOr<CheckpointRecord> Store::LatestCheckpoint(absl::string_view job_id) {
-  MOETRAIN_ASSIGN_OR_RETURN(std::vector<CheckpointRecord> all, ListCheckpoints(job_id));
-  if (all.empty()) return absl::NotFoundError(absl::StrCat("job ", job_id, " has no checkpoint"));
-  return all.back();
-}
-
-absl::Status Store::UpsertWorker(const WorkerRecord& worker) {
-  MOETRAIN_RETURN_IF_ERROR(ValidateWorkerId(worker.id));
-  return Write([&]() -> absl::Status {
-    return db_->Execute(
-        "INSERT INTO workers (id, name, resources, state, last_heartbeat_us) "
-        "VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (id) DO UPDATE SET name = excluded.name, "
-        "resources = excluded.resources, state = excluded.state, "
-        "last_heartbeat_us = excluded.last_heartbeat_us",
-        worker.id, worker.name, sqlite::Blob{worker.resources}, WorkerStateName(worker.state),
-        Micros(env_->Now()));
-  });
-}
-
-absl::StatusOr<std::vector<WorkerRecord>> Store::ListWorkers() {
-  absl::MutexLock lock(&read_mu_);
-  sqlite::Database& db = *reader_;
-  MOETRAIN_ASSIGN_OR_RETURN(
-      sqlite::Statement stmt,
-      db.Prepare(
-          "SELECT id, name, resources, state, last_heartbeat_us FROM workers ORDER BY id"));
-  std::vector<WorkerRecord> workers;
-  for (;;) {
-    MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
-    if (!row) break;
-    WorkerRecord& worker = workers.emplace_back();
-    worker.id = stmt.Text(0);
-    worker.name = stmt.Text(1);
-    worker.resources = stmt.Text(2);
-    absl::StatusOr<WorkerState> state = ParseWorkerState(stmt.Text(3));
-    if (!state.ok()) {
-      return absl::DataLossError(
-          absl::StrCat("store ", path_, ": worker ", worker.id, ": ", state.status().message()));
-    }
-    worker.state = *state;
-    worker.last_heartbeat = FromMicros(stmt.Int(4));
-  }
-  return workers;
-}
-
-absl::Status Store::SetWorkerState(absl::string_view worker_id, WorkerState state) {
-  MOETRAIN_RETURN_IF_ERROR(ValidateWorkerId(worker_id));
-  return Write([&]() -> absl::Status {
-    MOETRAIN_RETURN_IF_ERROR(db_->Execute("UPDATE workers SET state = ? WHERE id = ?",
-                                          WorkerStateName(state), worker_id));
-    if (db_->Changes() == 0) {
-      return absl::NotFoundError(absl::StrCat("worker ", worker_id, " not found"));
-    }
-    return absl::OkStatus();
-  });
-}
-
-absl::Status Store::DeleteWorker(absl::string_view worker_id) {
-  MOETRAIN_RETURN_IF_ERROR(ValidateWorkerId(worker_id));
-  return Write([&]() -> absl::Status {
-    MOETRAIN_RETURN_IF_ERROR(db_->Execute("DELETE FROM workers WHERE id = ?", worker_id));
-    if (db_->Changes() == 0) {
-      return absl::NotFoundError(absl::StrCat("worker ", worker_id, " not found"));
-    }
-    return absl::OkStatus();
-  });
 }
 
 }  // namespace moetrain::server

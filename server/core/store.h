@@ -8,7 +8,8 @@
 // FailedPrecondition (the state is not what the call needs: stale `from`, illegal transition,
 // attempt already ended), AlreadyExists (submission id reused with another spec), Unavailable
 // (the file stayed locked past the busy timeout: retry), DataLoss (the file is corrupt: the store
-// never writes over it), Internal (anything else SQLite reports).
+// never writes over it), FailedPrecondition too when the file or its directory is not writable,
+// Internal (anything else SQLite reports).
 #ifndef MOETRAIN_SERVER_CORE_STORE_H_
 #define MOETRAIN_SERVER_CORE_STORE_H_
 
@@ -38,7 +39,8 @@ class Database;
 // The first event of every job, appended by CreateJob in the job's own transaction; the payload is
 // the reason text. It stands for the change from no state to PENDING.
 inline constexpr char kSubmittedEventKind[] = "submitted";
-// Appended by RecordStepMetrics; the payload is the caller's (a serialized moetrain.v1.StepMetrics).
+// Appended by RecordStepMetrics; the payload is the caller's (a serialized
+// moetrain.v1.StepMetrics).
 inline constexpr char kStepMetricsEventKind[] = "step_metrics";
 
 // What the store needs from the world, so tests can pin time and force id collisions.
@@ -86,12 +88,22 @@ struct JobRecord {
   std::optional<int64_t> latest_checkpoint_step;
   std::string last_step_metrics;  // payload of the newest RecordStepMetrics; empty before one
   int32_t last_step_attempt = 0;  // the attempt that reported it
+  // Why a PENDING or RESTARTING job has not started (SetWaitingReasons); every transition clears
+  // it.
+  std::string waiting_reason;
+  // RESTARTING after a failed attempt: its next attempt starts no earlier (the restart backoff).
+  // Set by the transition into RESTARTING (TransitionOptions), cleared by every other one.
+  std::optional<absl::Time> next_attempt_at;
 };
 
 struct ListJobsOptions {
   std::vector<JobState> states;  // only jobs in one of these states; empty = every state
   int page_size = 100;           // 1..1000; 0 means the default
-  std::string page_token;         // empty for the first page
+  std::string page_token;        // empty for the first page
+  // The page ends before the job that would take it past this many bytes (estimated from the
+  // stored sizes; kMaxListPageBytes when 0), but always holds one job. Strings of rows stored
+  // before the size limits are cut short in the listing (limits.h).
+  size_t max_bytes = 0;
 };
 
 struct JobPage {
@@ -132,6 +144,8 @@ struct TransitionOptions {
   // Whether entering RESTARTING counts against the job's restarts. Not for an attempt its worker
   // stopped in good order (SIGTERM) or one that a coordinator restart cut short.
   bool count_restart = true;
+  // Becomes the job's next_attempt_at (unset = at once).
+  std::optional<absl::Time> next_attempt_at;
 };
 
 struct WorkerRecord {
@@ -153,11 +167,13 @@ struct StoreOptions {
 
 class Store {
  public:
-  static constexpr int kSchemaVersion = 2;
+  static constexpr int kSchemaVersion = 3;
 
   // Opens or creates the store at `path` and migrates its schema to kSchemaVersion.
   // DataLoss (naming the file) when the file is not a database or is damaged; the file is left
-  // as it was. FailedPrecondition when it was written by a newer schema or is another program's.
+  // as it was. FailedPrecondition when it was written by a newer schema or is another program's,
+  // or when this process cannot write it (a read-only file, directory or mount): one write
+  // transaction at open tells, rather than the first real write.
   static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& path,
                                                      const StoreOptions& options = {});
   ~Store();
@@ -165,18 +181,28 @@ class Store {
   Store& operator=(const Store&) = delete;
 
   // Creates a PENDING job and its kSubmittedEventKind event, atomically. A repeated non-empty
-  // submission_id returns the existing job when its spec hash matches, and AlreadyExists when it
-  // does not; nothing is written then.
+  // submission_id returns the existing job when its spec hash and priority match, and
+  // AlreadyExists when they do not; nothing is written then.
   absl::StatusOr<JobRecord> CreateJob(const NewJob& job);
   absl::StatusOr<JobRecord> GetJob(absl::string_view job_id);
   // In creation order, one page at a time.
   absl::StatusOr<JobPage> ListJobs(const ListJobsOptions& options);
   // Moves the job from `from` to `to` and appends a state-change event, atomically.
   // FailedPrecondition when the job is not in `from` or the transition is illegal; nothing
-  // changes then. Returns the updated job.
+  // changes then. A reason over kMaxReasonBytes is cut and marked (limits.h). Returns the
+  // updated job.
   absl::StatusOr<JobRecord> TransitionJob(absl::string_view job_id, JobState from, JobState to,
                                           absl::string_view reason,
                                           const TransitionOptions& options = {});
+  // Records why jobs wait, (job id, reason) each, in one commit. Only jobs still PENDING or
+  // RESTARTING take their reason (one that moved on meanwhile keeps the empty one its transition
+  // left); unknown ids are skipped.
+  absl::Status SetWaitingReasons(const std::vector<std::pair<std::string, std::string>>& reasons);
+  // Removes a job in a final state (SUCCEEDED, FAILED, CANCELLED) with its events, attempts and
+  // checkpoint records, atomically (store_delete.cc). NotFound for an
+  // unknown job, FailedPrecondition naming the state of one that is not final. Files are the
+  // caller's business.
+  absl::Status DeleteJob(absl::string_view job_id);
   // Every state with its number of jobs (zeros included), for metrics.
   absl::StatusOr<std::map<JobState, int64_t>> CountJobsByState();
 
@@ -207,7 +233,7 @@ class Store {
   absl::StatusOr<std::vector<std::pair<std::string, AttemptRecord>>> ListOpenAttempts();
 
   // Records (or, for a step already recorded, replaces) a checkpoint and raises the job's
-  // latest_checkpoint_step.
+  // latest_checkpoint_step. InvalidArgument for a path over kMaxPathBytes.
   absl::Status RecordCheckpoint(absl::string_view job_id, const CheckpointRecord& checkpoint);
   absl::StatusOr<std::vector<CheckpointRecord>> ListCheckpoints(absl::string_view job_id);
   // NotFound when the job has none.

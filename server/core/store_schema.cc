@@ -80,6 +80,13 @@ ALTER TABLE jobs ADD COLUMN last_step_metrics BLOB NOT NULL DEFAULT x'';
 ALTER TABLE jobs ADD COLUMN last_step_attempt INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE checkpoints ADD COLUMN attempt INTEGER NOT NULL DEFAULT 0;
 )sql",
+    // 2 → 3: why a waiting job has not started (the scheduler's reason, or its restart backoff),
+    // and when a job RESTARTING after a failed attempt may start its next one (the backoff, kept
+    // across coordinator restarts). NULL = at once.
+    R"sql(
+ALTER TABLE jobs ADD COLUMN waiting_reason TEXT NOT NULL DEFAULT '';
+ALTER TABLE jobs ADD COLUMN next_attempt_us INTEGER;
+)sql",
 };
 
 class DefaultEnv : public StoreEnv {
@@ -150,6 +157,16 @@ absl::Status Migrate(sqlite::Database& db) {
     return db.Execute("INSERT INTO schema_version (version) VALUES (?)",
                       int64_t{Store::kSchemaVersion});
   });
+}
+
+// A file this process may read but not write (a read-only file, directory or mount) opens and
+// reads fine, and would then fail every write: one real write transaction at open tells.
+absl::Status CheckWritable(sqlite::Database& db) {
+  absl::Status written =
+      db.Transaction([&] { return db.Exec("UPDATE schema_version SET version = version"); });
+  if (written.ok() || written.code() != absl::StatusCode::kFailedPrecondition) return written;
+  return absl::FailedPreconditionError(
+      absl::StrCat("store ", db.path(), " is not writable: ", written.message()));
 }
 
 }  // namespace
@@ -226,6 +243,7 @@ absl::Status Store::Initialize(const StoreOptions& options) {
   // FULL: each commit fsyncs the WAL, so a transition that returned OK survives a crash.
   MOETRAIN_RETURN_IF_ERROR(db.Exec("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON"));
   MOETRAIN_RETURN_IF_ERROR(Migrate(db));
+  MOETRAIN_RETURN_IF_ERROR(CheckWritable(db));
   absl::MutexLock read_lock(&read_mu_);
   MOETRAIN_ASSIGN_OR_RETURN(reader_, sqlite::Database::Open(path_, options.busy_timeout));
   return reader_->Exec("PRAGMA query_only = ON");

@@ -4,10 +4,13 @@
 #include <google/protobuf/unknown_field_set.h>
 
 #include <algorithm>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "server/core/limits.h"
 
 namespace moetrain::server {
 namespace {
@@ -44,7 +47,11 @@ absl::Status CheckFields(const google::protobuf::Message& message, const std::st
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  // An error may quote what the caller sent (a 100 KB job id); gRPC carries the message in a
+  // trailer, which the client refuses past its metadata limit, so the caller would see
+  // RESOURCE_EXHAUSTED instead of the real answer.
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      TruncateWithMarker(status.message(), kMaxErrorMessageBytes));
 }
 
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
@@ -86,6 +93,52 @@ grpc::Status Admit(const grpc::ServerContext& context, absl::string_view token,
   grpc::Status auth = Authenticate(context, token);
   if (!auth.ok()) return auth;
   return ToGrpcStatus(CheckNoUnknownFields(request));
+}
+
+namespace {
+
+// Sees the request arrive (POST_RECV_MESSAGE gives no message when it did not parse) and, for
+// such a call, rewrites the status the handler machinery sends.
+class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit ParseErrorInterceptor(const char* method) : method_(method != nullptr ? method : "") {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    using grpc::experimental::InterceptionHookPoints;
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_MESSAGE) &&
+        methods->GetRecvMessage() == nullptr) {
+      unparsed_ = true;
+    }
+    if (unparsed_ && methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS) &&
+        methods->GetSendStatus().error_code() == grpc::StatusCode::INTERNAL) {
+      const grpc::Status sent = methods->GetSendStatus();
+      methods->ModifySendStatus(grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrCat("the request to ", method_, " does not parse as its protobuf message",
+                       sent.error_message().empty() ? "" : ": ", sent.error_message())));
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string method_;
+  bool unparsed_ = false;
+};
+
+class ParseErrorInterceptorFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new ParseErrorInterceptor(info->method());
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
+MakeParseErrorInterceptorFactory() {
+  return std::make_unique<ParseErrorInterceptorFactory>();
 }
 
 }  // namespace moetrain::server

@@ -1,11 +1,13 @@
 // What both gRPC services share: status conversion, the bearer-token check, and the refusal of
-// requests that carry fields this build does not know.
+// requests that do not parse or carry fields this build does not know.
 #ifndef MOETRAIN_SERVER_GRPC_GRPC_UTIL_H_
 #define MOETRAIN_SERVER_GRPC_GRPC_UTIL_H_
 
 #include <google/protobuf/message.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/server_interceptor.h>
 
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -34,6 +36,13 @@ absl::Status CheckNoUnknownFields(const google::protobuf::Message& message);
 // Authenticate, then CheckNoUnknownFields: the first thing every handler does.
 grpc::Status Admit(const grpc::ServerContext& context, absl::string_view token,
                    const google::protobuf::Message& request);
+
+// A server interceptor that answers a request whose bytes do not parse as its message with
+// INVALID_ARGUMENT naming the method, where gRPC itself sends INTERNAL with an empty message.
+// First among the server's interceptor creators:
+//   creators.push_back(MakeParseErrorInterceptorFactory());
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
+MakeParseErrorInterceptorFactory();
 
 }  // namespace moetrain::server
 

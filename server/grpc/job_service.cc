@@ -1,12 +1,16 @@
 #include "server/grpc/job_service.h"
 
 #include <cstdint>
+#include <filesystem>
+#include <limits>
 #include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "moetrain/v1/proto_time.h"
+#include "moetrain/v1/trainer_support.h"
 
 namespace moetrain::server {
 namespace {
@@ -53,6 +57,57 @@ std::optional<JobState> FromProto(int state) {
   }
 }
 
+// Whether `path` lies under `root` as far as their text tells (the coordinator does not see the
+// workers' file systems): kUnknown when one is relative and the other absolute, since a relative
+// path resolves against each worker's --work-dir. The workers check again, links followed.
+enum class Containment { kInside, kOutside, kUnknown };
+
+std::filesystem::path NormalPath(const std::string& text) {
+  std::filesystem::path path = std::filesystem::path(text).lexically_normal();
+  if (!path.has_filename() && path.has_relative_path()) path = path.parent_path();  // "a/" -> "a"
+  return path;
+}
+
+Containment LexicallyUnder(const std::string& path, const std::string& root) {
+  const std::filesystem::path normal_path = NormalPath(path), normal_root = NormalPath(root);
+  if (normal_path.is_absolute() != normal_root.is_absolute()) return Containment::kUnknown;
+  const std::filesystem::path relative = normal_path.lexically_relative(normal_root);
+  return !relative.empty() && *relative.begin() != ".." ? Containment::kInside
+                                                        : Containment::kOutside;
+}
+
+// The spec's paths against the roots this coordinator was started with: InvalidArgument naming
+// the field, its value and the root(s) when the text alone shows the path outside.
+absl::Status CheckSpecPaths(const v1::JobSpec& spec, const JobServiceOptions& options) {
+  const std::string& dir = spec.checkpoint().dir();
+  if (!dir.empty() && !options.checkpoint_root.empty()) {
+    const Containment where = LexicallyUnder(dir, options.checkpoint_root);
+    // A relative dir climbing out with ".." leaves the directory it is relative to, whatever
+    // that is, unless the root itself climbs the same way (moetrain run --checkpoint-dir ../x).
+    const bool climbs = !NormalPath(dir).empty() && *NormalPath(dir).begin() == "..";
+    if (where == Containment::kOutside || (where == Containment::kUnknown && climbs)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("checkpoint.dir = '", dir.substr(0, 256),
+                       "' is outside the coordinator's checkpoint root '", options.checkpoint_root,
+                       "': leave it empty, or name a directory under the root"));
+    }
+  }
+  const std::string& data = spec.data().path();
+  if (!data.empty() && !options.data_roots.empty()) {
+    bool maybe_inside = false;
+    for (const std::string& root : options.data_roots) {
+      maybe_inside = maybe_inside || LexicallyUnder(data, root) != Containment::kOutside;
+    }
+    if (!maybe_inside) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.path = '", data.substr(0, 256),
+                       "' is outside every --data-root of the coordinator ('",
+                       absl::StrJoin(options.data_roots, "', '"), "')"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 void SetStateChange(JobState from, JobState to, const std::string& reason, v1::JobEvent* event) {
   v1::StateChange* change = event->mutable_state_change();
   change->set_from(ToProto(from));
@@ -83,6 +138,10 @@ absl::Status ToProto(const JobRecord& record, v1::Job* job) {
       !job->mutable_last_metrics()->ParseFromString(record.last_step_metrics)) {
     return absl::DataLossError(
         absl::StrCat("job ", record.id, ": stored step metrics do not parse"));
+  }
+  job->set_waiting_reason(record.waiting_reason);
+  if (record.next_attempt_at.has_value()) {
+    ToProtoTimestamp(*record.next_attempt_at, job->mutable_next_attempt_time());
   }
   return absl::OkStatus();
 }
@@ -119,6 +178,14 @@ grpc::Status JobService::SubmitJob(grpc::ServerContext* context,
                                    const v1::SubmitJobRequest* request, v1::Job* response) {
   if (grpc::Status admitted = Admit(*context, options_.bearer_token, *request); !admitted.ok()) {
     return admitted;
+  }
+  // A job no worker of this version can train would fail on every worker it is given to.
+  if (absl::Status supported = v1::CheckTrainerSupports(request->spec()); !supported.ok()) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat(supported.message(), "; this coordinator refuses the job")));
+  }
+  if (absl::Status paths = CheckSpecPaths(request->spec(), options_); !paths.ok()) {
+    return ToGrpcStatus(paths);
   }
   absl::StatusOr<JobRecord> job =
       coordinator_->Submit(request->submission_id(), request->spec(), request->priority());
@@ -171,6 +238,20 @@ grpc::Status JobService::CancelJob(grpc::ServerContext* context,
   return ToGrpcStatus(ToProto(*job, response));
 }
 
+grpc::Status JobService::DeleteJob(grpc::ServerContext* context,
+                                   const v1::DeleteJobRequest* request,
+                                   v1::DeleteJobResponse* response) {
+  if (grpc::Status admitted = Admit(*context, options_.bearer_token, *request); !admitted.ok()) {
+    return admitted;
+  }
+  absl::StatusOr<DeletedJob> deleted =
+      fleet_->Delete(request->job_id(), request->delete_checkpoints());
+  if (!deleted.ok()) return ToGrpcStatus(deleted.status());
+  response->set_checkpoint_dir(deleted->checkpoint_dir);
+  response->set_checkpoints_deleted(deleted->checkpoints_deleted);
+  return grpc::Status::OK;
+}
+
 grpc::Status JobService::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                                   grpc::ServerWriter<v1::JobEvent>* writer) {
   if (grpc::Status admitted = Admit(*context, options_.bearer_token, *request); !admitted.ok()) {
@@ -181,7 +262,10 @@ grpc::Status JobService::WatchJob(grpc::ServerContext* context, const v1::WatchJ
                         absl::StrCat("from_sequence = ", request->from_sequence(), " is negative"));
   }
   WatchOptions options;
-  options.from_sequence = request->from_sequence() + 1;
+  // Store sequences are the wire's plus one; the largest wire sequence has no event after it.
+  options.from_sequence = request->from_sequence() == std::numeric_limits<int64_t>::max()
+                              ? request->from_sequence()
+                              : request->from_sequence() + 1;
   options.is_cancelled = [context] { return context->IsCancelled(); };
   options.cancel_check_interval = options_.watch_cancel_check_interval;
   options.no_wait = request->no_wait();

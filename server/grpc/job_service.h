@@ -1,13 +1,14 @@
 // moetrain.v1.JobService over the coordinator core: converts messages to core calls (Coordinator
-// for jobs and events, Fleet for cancellation and workers) and absl::Status to grpc::Status (same
-// code, message kept). Decides nothing itself beyond admission: the bearer token when one is
-// configured, and no fields unknown to this build.
+// for jobs and events, Fleet for cancellation, deletion and workers) and absl::Status to
+// grpc::Status (same code, message kept). Decides nothing itself beyond admission: the bearer token
+// when one is configured, and no fields unknown to this build.
 #ifndef MOETRAIN_SERVER_GRPC_JOB_SERVICE_H_
 #define MOETRAIN_SERVER_GRPC_JOB_SERVICE_H_
 
 #include <grpcpp/grpcpp.h>
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -21,6 +22,11 @@ namespace moetrain::server {
 struct JobServiceOptions {
   // Empty = no authentication.
   std::string bearer_token;
+  // The fleet's checkpoint root and the operator's data roots, as the workers see them: a spec
+  // whose checkpoint.dir or data.path is visibly outside them is refused at submit
+  // (INVALID_ARGUMENT). Empty = not checked.
+  std::string checkpoint_root;
+  std::vector<std::string> data_roots;
   // How often a blocked WatchJob notices that its client went away.
   absl::Duration watch_cancel_check_interval = absl::Milliseconds(200);
 };
@@ -43,6 +49,8 @@ class JobService final : public v1::JobService::Service {
                         v1::ListJobsResponse* response) override;
   grpc::Status CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
                          v1::Job* response) override;
+  grpc::Status DeleteJob(grpc::ServerContext* context, const v1::DeleteJobRequest* request,
+                         v1::DeleteJobResponse* response) override;
   grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                         grpc::ServerWriter<v1::JobEvent>* writer) override;
   grpc::Status ListCheckpoints(grpc::ServerContext* context,

@@ -1,5 +1,6 @@
 // moetrain.v1.WorkerService over the Fleet: converts messages and statuses, admits calls (the
-// bearer token when one is configured, no unknown fields), and passes the rest on. The fleet
+// bearer token when one is configured, no unknown fields, and the worker's secret on every call
+// but RegisterWorker), and passes the rest on. The fleet
 // decides everything else: fencing, validation, what each report means.
 #ifndef MOETRAIN_SERVER_GRPC_WORKER_SERVICE_H_
 #define MOETRAIN_SERVER_GRPC_WORKER_SERVICE_H_
@@ -43,6 +44,13 @@ class WorkerService final : public v1::WorkerService::Service {
                       v1::KvWaitResponse* response) override;
 
  private:
+  // Admit (token, unknown fields), then the worker's credentials: `named_worker_id` is the
+  // request's worker_id, null for a request that names none (the rendezvous), whose worker the
+  // metadata names. Sets `worker_id` to the caller's, once proved.
+  grpc::Status AdmitWorker(const grpc::ServerContext& context,
+                           const google::protobuf::Message& request,
+                           const std::string* named_worker_id, std::string* worker_id);
+
   Fleet* const fleet_;
   const std::string bearer_token_;
 };

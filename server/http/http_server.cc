@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 
 #include <chrono>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -48,6 +49,19 @@ absl::Status HttpServerOptions::Validate() const {
   }
   if (registry == nullptr) return absl::InvalidArgumentError("http.registry is null");
   if (readiness == nullptr) return absl::InvalidArgumentError("http.readiness is null");
+  if (max_request_body_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "http.max_request_body_bytes = ", max_request_body_bytes, " must be positive"));
+  }
+  if (threads < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("http.threads = ", threads, " must be positive"));
+  }
+  if (read_timeout <= absl::ZeroDuration() || write_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "http.read_timeout = ", absl::FormatDuration(read_timeout),
+        " and http.write_timeout = ", absl::FormatDuration(write_timeout), " must be positive"));
+  }
   for (size_t i = 0; i < handlers.size(); ++i) {
     if (handlers[i] == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("http.handlers[", i, "] is null"));
@@ -114,6 +128,45 @@ absl::Status HttpServer::Start() {
   auto server = std::make_unique<httplib::Server>();
   server->set_socket_options(ReuseAddressOnly);
   server->set_keep_alive_timeout(kKeepAliveTimeoutSeconds);
+  // cpp-httplib's defaults leave bodies unbounded and serve 8 connections at once, so that a few
+  // clients sending a header line a second stall every probe (docs/service.md, "Security and
+  // limits").
+  server->set_payload_max_length(static_cast<size_t>(options_.max_request_body_bytes));
+  server->set_read_timeout(absl::ToChronoMicroseconds(options_.read_timeout));
+  server->set_write_timeout(absl::ToChronoMicroseconds(options_.write_timeout));
+  const size_t threads = static_cast<size_t>(options_.threads);
+  server->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  // Answers cpp-httplib gives itself (413 for a large body, 414, 400) are counted here; every
+  // answer of this server's own has a body and is counted where it is made.
+  const httplib::Server::Handler count_library_errors = [this](const httplib::Request&,
+                                                               httplib::Response& response) {
+    if (!response.body.empty()) return;
+    absl::StatusOr<Counter*> counter =
+        metrics_->requests->WithLabels({kOtherPath, absl::StrCat(response.status)});
+    if (counter.ok()) (*counter)->Increment();
+  };
+  server->set_error_handler(count_library_errors);
+  // A chunked body (or one with no length at all) is read to its end, past the payload limit:
+  // refused before it is read. No route reads a body.
+  server->set_pre_routing_handler(
+      [this](const httplib::Request& request, httplib::Response& response) {
+        const bool body_expected = request.method == "POST" || request.method == "PUT" ||
+                                   request.method == "PATCH" || request.method == "DELETE" ||
+                                   request.method == "PRI";
+        if (!request.has_header("Transfer-Encoding") &&
+            (!body_expected || request.has_header("Content-Length"))) {
+          return httplib::Server::HandlerResponse::Unhandled;
+        }
+        absl::StatusOr<Counter*> counter = metrics_->requests->WithLabels({kOtherPath, "411"});
+        if (counter.ok()) (*counter)->Increment();
+        response.status = 411;
+        // The unread body would otherwise be parsed as the next request on this connection.
+        response.set_header("Connection", "close");
+        response.set_content("a request body needs a Content-Length (at most " +
+                                 std::to_string(options_.max_request_body_bytes) + " bytes)\n",
+                             kTextContentType);
+        return httplib::Server::HandlerResponse::Handled;
+      });
   // One catch-all route per method, so that every request, 404s included, is answered and
   // counted in one place before its response is written.
   const httplib::Server::Handler handler = [this](const httplib::Request& request,

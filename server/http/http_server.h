@@ -6,6 +6,7 @@
 //   GET /readyz    200 while SERVING, else 503 with the state and its reason
 //   a handler's    whatever the first handler whose Route claims the path answers
 //   anything else  404 (405 for another method on one of the paths above)
+//   a request body over max_request_body_bytes: 413; a body without a Content-Length: 411
 //
 //   MOETRAIN_ASSIGN_OR_RETURN(std::unique_ptr<HttpServer> http,
 //       HttpServer::Create({.host = "0.0.0.0", .port = 9090, .handlers = {&page, &api},
@@ -21,6 +22,7 @@
 #define MOETRAIN_SERVER_HTTP_HTTP_SERVER_H_
 
 #include <atomic>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -34,6 +36,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "server/core/readiness.h"
 #include "server/http/metrics.h"
 
@@ -82,8 +85,20 @@ struct HttpServerOptions {
   MetricsRegistry* registry = nullptr;  // not owned
   Readiness* readiness = nullptr;       // not owned
 
-  // InvalidArgument for an empty host, a port outside [0, 65535] or a missing registry or
-  // readiness.
+  // What one client can make the server hold; nobody needs a token to send a request. No route
+  // reads a body: a larger one is answered 413 and discarded as it arrives, never buffered; a
+  // chunked request, or a POST, PUT, PATCH or DELETE without a Content-Length (which cpp-httplib
+  // would read to the end of the connection), is answered 411 and its body never read.
+  int64_t max_request_body_bytes = 8 << 10;
+  // Connections served at once; more wait for a thread. A slow client holds a thread until it
+  // finishes its request or is silent for read_timeout, so this many slow clients must be open
+  // before /healthz waits.
+  int threads = 64;
+  absl::Duration read_timeout = absl::Seconds(5);   // silence while a request is read
+  absl::Duration write_timeout = absl::Seconds(5);  // stall while an answer is written
+
+  // InvalidArgument for an empty host, a port outside [0, 65535], a missing registry or
+  // readiness, or a limit that is not positive.
   absl::Status Validate() const;
 };
 

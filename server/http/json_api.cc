@@ -320,6 +320,10 @@ Json JobSummary(const JobRecord& record, const v1::Job& job, const std::optional
       {"submission_id", record.submission_id},
       {"state", std::string(JobStateName(record.state))},
       {"state_reason", record.state_reason},
+      {"waiting_reason", record.waiting_reason},
+      {"next_attempt_time", record.next_attempt_at.has_value()
+                                ? Json(TimeText(*record.next_attempt_at))
+                                : Json(nullptr)},
       {"priority", record.priority},
       {"attempt", record.attempt},
       {"restarts", record.restarts},

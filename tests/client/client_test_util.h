@@ -5,7 +5,10 @@
 #ifndef MOETRAIN_TESTS_CLIENT_CLIENT_TEST_UTIL_H_
 #define MOETRAIN_TESTS_CLIENT_CLIENT_TEST_UTIL_H_
 
+#include <netinet/in.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -29,8 +32,8 @@
 #include "moetrain/v1/worker.grpc.pb.h"
 #include "server/coordinator_server.h"
 #include "tests/integration/child_process.h"
-#include "tests/server/coordinator_server/loopback_coordinator.h"
 #include "tests/integration/tiny_spec.h"
+#include "tests/server/coordinator_server/loopback_coordinator.h"
 
 namespace moetrain::testutil {
 
@@ -40,6 +43,22 @@ inline constexpr std::chrono::seconds kCommandTimeout{60};
 
 inline bool Contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
+}
+
+// "127.0.0.1:PORT" where nothing listens: a port bound once by the kernel's choice, then released.
+inline std::string DeadAddress() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address = {};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    port = ntohs(address.sin_port);
+  }
+  close(fd);
+  return absl::StrCat("127.0.0.1:", port);
 }
 
 inline void WriteTextFile(const std::filesystem::path& path, const std::string& contents) {
@@ -81,8 +100,9 @@ inline v1::StepMetrics TestStepMetrics(int64_t step) {
 // background thread, and reports what the test tells it to, through the real WorkerService.
 class TestWorker {
  public:
-  static absl::StatusOr<std::unique_ptr<TestWorker>> Register(const std::string& address,
-                                                              const std::string& token_file) {
+  static absl::StatusOr<std::unique_ptr<TestWorker>> Register(
+      const std::string& address, const std::string& token_file,
+      const std::string& name = "test-worker") {
     ConnectOptions options;
     options.address = address;
     options.token_file = token_file;
@@ -90,7 +110,7 @@ class TestWorker {
     if (!connection.ok()) return connection.status();
     std::unique_ptr<TestWorker> worker(new TestWorker(*std::move(connection)));
     v1::RegisterWorkerRequest request;
-    request.set_name("test-worker");
+    request.set_name(name);
     request.mutable_resources()->set_device(v1::ResourceConfig::CPU);
     request.mutable_resources()->set_device_count(1);
     request.mutable_resources()->set_threads(1);
@@ -102,6 +122,8 @@ class TestWorker {
         FromGrpcStatus(worker->stub_->RegisterWorker(&context, request, &response));
     if (!status.ok()) return status;
     worker->id_ = response.worker_id();
+    worker->connection_.worker_id = response.worker_id();
+    worker->connection_.worker_secret = response.worker_secret();
     return worker;
   }
 
@@ -163,6 +185,19 @@ class TestWorker {
     connection_.Prepare(&context, absl::Seconds(10));
     last_step_ = step;
     return FromGrpcStatus(stub_->ReportStep(&context, request, &response));
+  }
+
+  absl::Status ReportLog(const std::vector<std::string>& lines) {
+    v1::ReportLogRequest request;
+    request.set_worker_id(id_);
+    request.set_job_id(assignment_.job_id());
+    request.set_attempt(assignment_.attempt());
+    request.set_rank(assignment_.rank());
+    for (const std::string& line : lines) request.add_lines(line);
+    v1::ReportLogResponse response;
+    grpc::ClientContext context;
+    connection_.Prepare(&context, absl::Seconds(10));
+    return FromGrpcStatus(stub_->ReportLog(&context, request, &response));
   }
 
   // Creates the step directory (the coordinator lists only checkpoints still on disk), then
@@ -298,9 +333,9 @@ class ClientTest : public ::testing::Test {
 
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
 
-  std::unique_ptr<TestWorker> RegisterWorker() {
+  std::unique_ptr<TestWorker> RegisterWorker(const std::string& name = "test-worker") {
     absl::StatusOr<std::unique_ptr<TestWorker>> worker =
-        TestWorker::Register(address(), token_file_);
+        TestWorker::Register(address(), token_file_, name);
     EXPECT_TRUE(worker.ok()) << worker.status();
     return worker.ok() ? *std::move(worker) : nullptr;
   }

@@ -105,6 +105,30 @@ TEST(JobFormatTest, DescriptionHasStateAttemptsCheckpointMetricsAndSpec) {
   EXPECT_NE(fresh.find("Last metrics:       none yet\n"), std::string::npos) << fresh;
 }
 
+TEST(JobFormatTest, DescriptionSaysWhyAJobWaitsAndWhenItsBackoffEnds) {
+  v1::Job pending = TestJob("job-w", "gang", v1::JOB_STATE_PENDING);
+  pending.set_waiting_reason("needs 4 CPU workers, 1 registered");
+  const std::string waiting = FormatJobDescription(pending, kNow);
+  EXPECT_NE(waiting.find("Waiting:            needs 4 CPU workers, 1 registered\n"),
+            std::string::npos)
+      << waiting;
+  EXPECT_EQ(waiting.find("Next attempt:"), std::string::npos) << waiting;
+
+  v1::Job restarting = TestJob("job-r", "flaky", v1::JOB_STATE_RESTARTING);
+  SetTime(kNow + absl::Seconds(4), restarting.mutable_next_attempt_time());
+  const std::string backing_off = FormatJobDescription(restarting, kNow);
+  EXPECT_NE(backing_off.find("Next attempt:       2023-11-14 22:13:24 UTC (in 4s)\n"),
+            std::string::npos)
+      << backing_off;
+  // Once it has passed, it reads as a time ago.
+  EXPECT_NE(FormatJobDescription(restarting, kNow + absl::Seconds(10))
+                .find("Next attempt:       2023-11-14 22:13:24 UTC (6s ago)\n"),
+            std::string::npos);
+  EXPECT_EQ(
+      FormatJobDescription(TestJob("job-n", "t", v1::JOB_STATE_RUNNING), kNow).find("Waiting:"),
+      std::string::npos);
+}
+
 TEST(JobFormatTest, CheckpointsAndWorkersTables) {
   v1::ListCheckpointsResponse checkpoints;
   v1::Checkpoint* checkpoint = checkpoints.add_checkpoints();

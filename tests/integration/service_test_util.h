@@ -104,6 +104,7 @@ class Daemon {
 
   std::string Log() const { return ReadWholeFile(log_); }
   bool running() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
 
   void Kill() {
     if (pid_ <= 0) return;

@@ -275,7 +275,8 @@ TEST(JobSpecParseTest, YamlSyntaxErrorsGiveLineAndColumn) {
               testing::AllOf(HasSubstr("YAML syntax error"), HasSubstr("(line 4, column")));
   EXPECT_THAT(YamlError("name: x\nmodel: b: c\n"),
               HasSubstr("YAML syntax error: illegal map value (line 2, column 9)"));
-  EXPECT_THAT(YamlError("name: a\n---\nname: b\n"), HasSubstr("expected one YAML document, got 2"));
+  EXPECT_THAT(YamlError("name: a\n---\nname: b\n"),
+              HasSubstr("expected one YAML document, got more"));
 }
 
 TEST(JobSpecParseTest, DuplicateKeysAreErrors) {
@@ -500,7 +501,8 @@ TEST(JobSpecDefaultsTest, DerivedValuesFollowWhatIsSet) {
   EXPECT_EQ(spec.parallel().data_parallel(), 2);
   EXPECT_EQ(spec.train().micro_batch_size(), 8);
   spec = Resolved(
-      "name: x\nresources: {workers: 4}\nparallel: {expert_parallel: 2}\ntrain: {batch_size: 16}\n");
+      "name: x\nresources: {workers: 4}\nparallel: {expert_parallel: 2}\ntrain: {batch_size: "
+      "16}\n");
   EXPECT_EQ(spec.parallel().data_parallel(), 2);
   EXPECT_EQ(spec.train().micro_batch_size(), 4);
 }

@@ -57,6 +57,8 @@ class RendezvousStoreTest : public worker_test::CoordinatorFixture {
     EXPECT_TRUE(connection.ok()) << connection.status();
     if (!connection.ok()) return connection_;
     connection->token = token;
+    connection->worker_id = connection_.worker_id;  // the running attempt's worker
+    connection->worker_secret = connection_.worker_secret;
     return *std::move(connection);
   }
 
@@ -190,6 +192,41 @@ TEST_F(RendezvousStoreTest, WrongTokenIsUnauthenticated) {
     ASSERT_FALSE(value.ok());
     EXPECT_TRUE(absl::IsUnauthenticated(value.status())) << value.status();
   }
+}
+
+TEST_F(RendezvousStoreTest, ACallerThatIsNotARankOfTheAttemptIsRefused) {
+  // Without the worker's secret: UNAUTHENTICATED, not retried.
+  Connection anonymous = NewConnection();
+  anonymous.worker_secret.clear();
+  CoordinatorKeyValueStore forged(anonymous, job_id_, attempt_);
+  absl::Status set = forged.Set("rank-0", "x");
+  EXPECT_TRUE(absl::IsUnauthenticated(set)) << set;
+  absl::StatusOr<std::string> value = forged.Get("rank-0", kPatience);
+  EXPECT_TRUE(absl::IsUnauthenticated(value.status())) << value.status();
+
+  // A registered worker, proved, that holds no rank of the attempt: PERMISSION_DENIED.
+  v1::RegisterWorkerRequest registration;
+  registration.set_name("bystander");
+  registration.mutable_resources()->set_device(v1::ResourceConfig::CPU);
+  registration.mutable_resources()->set_device_count(1);
+  registration.mutable_resources()->set_threads(1);
+  v1::RegisterWorkerResponse registered;
+  grpc::ClientContext context;
+  NewConnection().Prepare(&context, absl::Seconds(10));
+  ASSERT_TRUE(workers_->RegisterWorker(&context, registration, &registered).ok());
+  Connection bystander = NewConnection();
+  bystander.worker_id = registered.worker_id();
+  bystander.worker_secret = registered.worker_secret();
+  CoordinatorKeyValueStore other(bystander, job_id_, attempt_);
+  set = other.Set("rank-0", "x");
+  EXPECT_TRUE(absl::IsPermissionDenied(set)) << set;
+  value = other.Get("rank-0", kPatience);
+  EXPECT_TRUE(absl::IsPermissionDenied(value.status())) << value.status();
+
+  // Nothing of theirs reached the rendezvous.
+  const std::shared_ptr<CoordinatorKeyValueStore> own = NewStore();
+  value = own->Get("rank-0", absl::ZeroDuration());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(value.status())) << value.status();
 }
 
 TEST_F(RendezvousStoreTest, TwoGlooRanksMeetThroughTheCoordinatorAndAllReduce) {

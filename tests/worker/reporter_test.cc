@@ -274,6 +274,24 @@ TEST_F(ReporterTest, RefusedReportsAreDroppedAndAnEndReportStillResolvesItsAttem
   EXPECT_THAT(told.unknown_workers(), IsEmpty());
 }
 
+// A step report the coordinator already has (ALREADY_EXISTS: a retry whose first answer was lost)
+// counts as delivered: the rank is not fenced, and the reports behind it go on.
+TEST_F(ReporterTest, RepeatedStepReportIsDroppedAndTheRankGoesOn) {
+  ASSERT_NO_FATAL_FAILURE(StartRunningJob());
+  Told told;
+  Reporter reporter(&connection_, told.Options());
+  reporter.Enqueue(Step(2));
+  reporter.Enqueue(Step(2));
+  reporter.Enqueue(Step(1));
+  reporter.Enqueue(Log("after"));
+  reporter.Enqueue(Step(3));
+  ASSERT_TRUE(reporter.Flush(absl::Now() + kPatience));
+  EXPECT_THAT(Reported(), ElementsAre("step 2", "log after", "step 3"));
+  EXPECT_THAT(told.fenced(), IsEmpty());
+  EXPECT_THAT(told.unknown_workers(), IsEmpty());
+  EXPECT_EQ(GetJob().state(), v1::JOB_STATE_RUNNING);
+}
+
 TEST_F(ReporterTest, KeepsReportsWhileTheCoordinatorIsAwayAndDeliversThemAfterItsRestart) {
   ASSERT_NO_FATAL_FAILURE(StartRunningJob());
   Told told;

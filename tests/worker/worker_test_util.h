@@ -110,6 +110,9 @@ class CoordinatorFixture : public ::testing::Test {
         workers_->RegisterWorker(&register_context, registration, &registered);
     ASSERT_TRUE(status.ok()) << status.error_message();
     worker_id_ = registered.worker_id();
+    // Every later call of this worker (and of the stores and reporters on connection_) proves it.
+    connection_.worker_id = worker_id_;
+    connection_.worker_secret = registered.worker_secret();
 
     absl::StatusOr<v1::JobSpec> spec =
         ParseJobSpecYaml(absl::StrCat("name: ", name_, "\ntrain:\n  steps: 20\n"));

@@ -38,6 +38,8 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
 
 void Connection::Prepare(grpc::ClientContext* context, absl::Duration timeout) const {
   if (!token.empty()) context->AddMetadata("authorization", absl::StrCat("Bearer ", token));
+  if (!worker_id.empty()) context->AddMetadata(kWorkerIdMetadata, worker_id);
+  if (!worker_secret.empty()) context->AddMetadata(kWorkerSecretMetadata, worker_secret);
   if (timeout != absl::InfiniteDuration()) {
     context->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
   }

@@ -35,12 +35,19 @@ struct ConnectOptions {
 // is empty or holds more than one line or non-printable characters.
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 
+// The gRPC metadata that carries a worker's identity on WorkerService calls (see worker.proto).
+inline constexpr char kWorkerIdMetadata[] = "x-moetrain-worker-id";
+inline constexpr char kWorkerSecretMetadata[] = "x-moetrain-worker-secret";
+
 struct Connection {
   std::shared_ptr<grpc::Channel> channel;
   std::string token;  // empty = none
+  // A registered worker's identity, from RegisterWorker; empty = none (the CLI, a registration).
+  std::string worker_id;
+  std::string worker_secret;
 
-  // Sets the authorization metadata (when there is a token) and a deadline `timeout` from now
-  // (none when infinite).
+  // Sets the authorization metadata (when there is a token), the worker's id and secret (when
+  // set) and a deadline `timeout` from now (none when infinite).
   void Prepare(grpc::ClientContext* context, absl::Duration timeout) const;
 };
 

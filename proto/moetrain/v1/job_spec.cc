@@ -1,8 +1,11 @@
+// Parsing a job spec (job_spec.h) from YAML or JSON text, checked against the schema. Printing is
+// in job_spec_print.cc, defaults and validation in job_spec_validate.cc.
 #include "moetrain/v1/job_spec.h"
 
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/message.h>
 #include <google/protobuf/util/json_util.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -26,24 +29,25 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "moetrain/v1/job_spec_internal.h"
 
 namespace moetrain {
 namespace {
 
 using google::protobuf::Descriptor;
 using google::protobuf::EnumDescriptor;
-using google::protobuf::EnumValueDescriptor;
 using google::protobuf::FieldDescriptor;
-using google::protobuf::Message;
-using google::protobuf::Reflection;
+using job_spec_internal::EnumNames;
+using job_spec_internal::Join;
+using job_spec_internal::Quoted;
+using job_spec_internal::Shown;
 using OrderedJson = nlohmann::ordered_json;
 
 // Deeper than any spec can legitimately be; stops runaway recursion on hostile input.
 constexpr int kMaxDepth = 64;
 
-// Bounds that keep workers × devices_per_worker far from overflowing.
-constexpr int64_t kMaxWorkers = int64_t{1} << 20;
-constexpr int64_t kMaxDevicesPerWorker = 1024;
+// Far larger than any spec (a full one is a few KiB); bounds the parser's work.
+constexpr size_t kMaxSpecBytes = size_t{1} << 20;
 
 // ---------------------------------------------------------------------------------------------
 // A document tree that both YAML and JSON become, so one schema-guided walk checks both. Scalars
@@ -85,10 +89,7 @@ std::string Describe(const Node& node) {
     case Node::Kind::kScalar:
       break;
   }
-  constexpr size_t kMaxShown = 60;
-  if (node.text.size() > kMaxShown)
-    return absl::StrCat("'", node.text.substr(0, kMaxShown), "...'");
-  return absl::StrCat("'", node.text, "'");
+  return Quoted(node.text, "'");
 }
 
 // --- YAML -> Node ----------------------------------------------------------------------------
@@ -137,15 +138,62 @@ absl::StatusOr<Node> FromYaml(const YAML::Node& yaml, int depth) {
   return node;
 }
 
+// Finds the first anchor or alias of a YAML text without building anything. yaml-cpp shares an
+// aliased node, so loading stays linear, but every walk of the loaded tree visits each alias in
+// full: nine levels of nine aliases are 9^9 values from 500 bytes. A job spec has no use for
+// them, so they are refused.
+class AnchorFinder : public YAML::EventHandler {
+ public:
+  // The first anchor ("&name") or alias, with its location; empty when there is none.
+  const std::string& found() const { return found_; }
+  // Documents started so far.
+  int documents() const { return documents_; }
+
+  void OnAnchor(const YAML::Mark& mark, const std::string& name) override {
+    Found(absl::StrCat("&", Shown(name)), mark);
+  }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t /*anchor*/) override {
+    Found("an alias", mark);
+  }
+  void OnDocumentStart(const YAML::Mark&) override { ++documents_; }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+
+ private:
+  void Found(const std::string& what, const YAML::Mark& mark) {
+    if (found_.empty()) found_ = absl::StrCat(what, At(YamlLocation(mark)));
+  }
+
+  std::string found_;
+  int documents_ = 0;
+};
+
 absl::StatusOr<Node> ParseYamlTree(absl::string_view text) {
   try {
-    std::vector<YAML::Node> documents = YAML::LoadAll(std::string(text));
-    if (documents.empty()) return Node{};  // an empty file: every field unset
-    if (documents.size() > 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("expected one YAML document, got ", documents.size()));
+    std::istringstream stream{std::string(text)};
+    YAML::Parser parser(stream);
+    AnchorFinder finder;
+    // Two documents are enough to refuse: yaml-cpp 0.7 never stops producing empty documents
+    // from some texts (a lone ","), so reading them all would not end.
+    while (finder.found().empty() && finder.documents() < 2 && parser.HandleNextDocument(finder)) {
     }
-    return FromYaml(documents[0], 0);
+    if (!finder.found().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "YAML anchors and aliases are not accepted in a job spec: ", finder.found()));
+    }
+    if (finder.documents() == 0) return Node{};  // an empty file: every field unset
+    if (finder.documents() > 1) {
+      return absl::InvalidArgumentError("expected one YAML document, got more ('---' or '...')");
+    }
+    return FromYaml(YAML::Load(std::string(text)), 0);
   } catch (const YAML::Exception& e) {
     return Error(absl::StrCat("YAML syntax error: ", e.msg), YamlLocation(e.mark));
   }
@@ -187,7 +235,14 @@ class JsonTreeBuilder {
     if (size_t bracket = what.find("] "); absl::StartsWith(what, "[") && bracket != what.npos) {
       what.remove_prefix(bracket + 2);
     }
-    error_ = absl::StrCat("JSON syntax error: ", what);
+    // The message ends with the token it stopped at, which can be the rest of the file.
+    constexpr absl::string_view kLastRead = "; last read: ";
+    if (size_t last = what.find(kLastRead); last != what.npos) {
+      error_ = absl::StrCat("JSON syntax error: ", what.substr(0, last), kLastRead,
+                            Shown(what.substr(last + kLastRead.size())));
+    } else {
+      error_ = absl::StrCat("JSON syntax error: ", Shown(what));
+    }
     return false;
   }
 
@@ -241,10 +296,6 @@ absl::StatusOr<Node> ParseJsonTree(absl::string_view text) {
 
 // --- Node -> protobuf JSON, checked against the schema -----------------------------------------
 
-std::string Join(absl::string_view path, absl::string_view name) {
-  return path.empty() ? std::string(name) : absl::StrCat(path, ".", name);
-}
-
 size_t EditDistance(absl::string_view a, absl::string_view b) {
   std::vector<size_t> row(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
@@ -283,7 +334,7 @@ absl::Status UnknownField(const Descriptor* message, absl::string_view path, con
       closest = field;
     }
   }
-  std::string message_text = absl::StrCat("unknown field ", Join(path, key));
+  std::string message_text = absl::StrCat("unknown field ", Join(path, Shown(key)));
   if (closest != nullptr && best <= 2 && best < key.size()) {
     absl::StrAppend(&message_text, " (did you mean ", closest->name(), "?)");
   } else {
@@ -332,12 +383,6 @@ NumberParse ParseInteger(absl::string_view text, Int* value) {
   return NumberParse::kOk;
 }
 
-std::string EnumNames(const EnumDescriptor* type) {
-  std::vector<std::string> names;
-  for (int i = 0; i < type->value_count(); ++i) names.push_back(type->value(i)->name());
-  return absl::StrJoin(names, ", ");
-}
-
 std::string Expected(const FieldDescriptor* field) {
   switch (field->cpp_type()) {
     case FieldDescriptor::CPPTYPE_INT32:
@@ -372,7 +417,7 @@ absl::StatusOr<OrderedJson> ConvertInteger(const Node& node, const FieldDescript
     case NumberParse::kOk:
       return OrderedJson(value);
     case NumberParse::kOutOfRange:
-      return Error(absl::StrCat(path, ": ", node.text, " is out of range for ", bits),
+      return Error(absl::StrCat(path, ": ", Shown(node.text), " is out of range for ", bits),
                    node.location);
     case NumberParse::kNotNumber:
       break;
@@ -410,7 +455,7 @@ absl::StatusOr<OrderedJson> ConvertSingle(const Node& node, const FieldDescripto
       }
       if (parse == NumberParse::kOk) return OrderedJson(value);
       if (parse == NumberParse::kOutOfRange) {
-        return Error(absl::StrCat(path, ": ", text, " is out of range"), node.location);
+        return Error(absl::StrCat(path, ": ", Shown(text), " is out of range"), node.location);
       }
       break;
     }
@@ -490,8 +535,14 @@ absl::StatusOr<v1::JobSpec> TreeToJobSpec(const Node& root) {
   // (protobuf JSON mapping, unknown fields rejected) doing the actual filling.
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;
+  std::string text;
+  try {
+    text = json->dump();
+  } catch (const nlohmann::json::type_error&) {  // the only cause: a string of invalid UTF-8
+    return absl::InvalidArgumentError("job spec: a value is not valid UTF-8 text");
+  }
   v1::JobSpec spec;
-  const auto status = google::protobuf::util::JsonStringToMessage(json->dump(), &spec, options);
+  const auto status = google::protobuf::util::JsonStringToMessage(text, &spec, options);
   if (!status.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("job spec: ", std::string(status.message().data(), status.message().size())));
@@ -499,439 +550,27 @@ absl::StatusOr<v1::JobSpec> TreeToJobSpec(const Node& root) {
   return spec;
 }
 
-// --- Printing ----------------------------------------------------------------------------------
-
-// The shortest text that reads back to the same value, fixed-point for magnitudes in
-// [1e-4, 1e16) and scientific outside, as Python's repr does: "0.0003", "10000", "1e-06".
-template <typename Real>
-std::string ShortestText(Real value) {
-  char buffer[128];
-  const Real magnitude = std::abs(value);
-  const bool fixed = magnitude == 0 || (magnitude >= Real(1e-4) && magnitude < Real(1e16));
-  const auto result =
-      std::to_chars(buffer, buffer + sizeof(buffer), value,
-                    fixed ? std::chars_format::fixed : std::chars_format::scientific);
-  return std::string(buffer, result.ptr);
-}
-
-std::string FloatText(float value) { return ShortestText(value); }
-std::string DoubleText(double value) { return ShortestText(value); }
-
-// One value of `field` (element `index` when repeated) as JSON.
-OrderedJson FieldValueJson(const Message& message, const FieldDescriptor* field, int index);
-
-OrderedJson MessageJson(const Message& message) {
-  OrderedJson object = OrderedJson::object();
-  const Descriptor* descriptor = message.GetDescriptor();
-  const Reflection* reflection = message.GetReflection();
-  for (int i = 0; i < descriptor->field_count(); ++i) {
-    const FieldDescriptor* field = descriptor->field(i);
-    if (field->is_repeated()) {
-      OrderedJson array = OrderedJson::array();
-      for (int j = 0; j < reflection->FieldSize(message, field); ++j) {
-        array.push_back(FieldValueJson(message, field, j));
-      }
-      object[field->name()] = std::move(array);
-    } else if (!field->has_presence() || reflection->HasField(message, field)) {
-      object[field->name()] = FieldValueJson(message, field, -1);
-    }
-  }
-  return object;
-}
-
-OrderedJson FieldValueJson(const Message& message, const FieldDescriptor* field, int index) {
-  const Reflection* r = message.GetReflection();
-  const bool repeated = index >= 0;
-  switch (field->cpp_type()) {
-    case FieldDescriptor::CPPTYPE_INT32:
-      return repeated ? r->GetRepeatedInt32(message, field, index) : r->GetInt32(message, field);
-    case FieldDescriptor::CPPTYPE_INT64:
-      return repeated ? r->GetRepeatedInt64(message, field, index) : r->GetInt64(message, field);
-    case FieldDescriptor::CPPTYPE_UINT32:
-      return repeated ? r->GetRepeatedUInt32(message, field, index) : r->GetUInt32(message, field);
-    case FieldDescriptor::CPPTYPE_UINT64:
-      return repeated ? r->GetRepeatedUInt64(message, field, index) : r->GetUInt64(message, field);
-    case FieldDescriptor::CPPTYPE_FLOAT: {
-      const float value =
-          repeated ? r->GetRepeatedFloat(message, field, index) : r->GetFloat(message, field);
-      // Through the shortest float text, so the double prints as "0.02", not 0.019999999552965164.
-      return std::strtod(FloatText(value).c_str(), nullptr);
-    }
-    case FieldDescriptor::CPPTYPE_DOUBLE:
-      return repeated ? r->GetRepeatedDouble(message, field, index) : r->GetDouble(message, field);
-    case FieldDescriptor::CPPTYPE_BOOL:
-      return repeated ? r->GetRepeatedBool(message, field, index) : r->GetBool(message, field);
-    case FieldDescriptor::CPPTYPE_ENUM: {
-      const int number = repeated ? r->GetRepeatedEnumValue(message, field, index)
-                                  : r->GetEnumValue(message, field);
-      const EnumValueDescriptor* value = field->enum_type()->FindValueByNumber(number);
-      if (value == nullptr) return number;
-      return value->name();
-    }
-    case FieldDescriptor::CPPTYPE_STRING:
-      return repeated ? r->GetRepeatedString(message, field, index) : r->GetString(message, field);
-    case FieldDescriptor::CPPTYPE_MESSAGE:
-      return MessageJson(repeated ? r->GetRepeatedMessage(message, field, index)
-                                  : r->GetMessage(message, field));
-  }
-  return nullptr;
-}
-
-// YAML from the JSON form. Only strings are quoted: enum names print plain, and the parser reads
-// a scalar by its field's type anyway.
-void EmitYaml(const OrderedJson& value, const FieldDescriptor* field, YAML::Emitter* out) {
-  if (value.is_object()) {
-    if (value.empty()) {
-      *out << YAML::Flow << YAML::BeginMap << YAML::EndMap;
-      return;
-    }
-    const Descriptor* descriptor =
-        field == nullptr ? v1::JobSpec::descriptor() : field->message_type();
-    *out << YAML::BeginMap;
-    for (const auto& [key, item] : value.items()) {
-      *out << YAML::Key << key << YAML::Value;
-      EmitYaml(item, descriptor->FindFieldByName(key), out);
-    }
-    *out << YAML::EndMap;
-  } else if (value.is_array()) {
-    *out << (value.empty() ? YAML::Flow : YAML::Block) << YAML::BeginSeq;
-    for (const OrderedJson& item : value) EmitYaml(item, field, out);
-    *out << YAML::EndSeq;
-  } else if (value.is_string()) {
-    const bool is_enum = field != nullptr && field->cpp_type() == FieldDescriptor::CPPTYPE_ENUM;
-    if (!is_enum) *out << YAML::DoubleQuoted;
-    *out << value.get<std::string>();
-  } else if (value.is_boolean()) {
-    *out << (value.get<bool>() ? "true" : "false");
-  } else if (value.is_number_float()) {
-    *out << DoubleText(value.get<double>());
-  } else {
-    *out << value.dump();
-  }
-}
-
-// --- Validation --------------------------------------------------------------------------------
-
-std::string Show(int64_t value) { return absl::StrCat(value); }
-std::string Show(float value) { return FloatText(value); }
-std::string Show(const std::string& value) { return absl::StrCat("\"", value, "\""); }
-
-template <typename T>
-absl::Status Invalid(absl::string_view path, const T& value, absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat(path, " = ", Show(value), " ", why));
-}
-
-absl::Status AtLeast(absl::string_view path, int64_t value, int64_t min) {
-  if (value >= min) return absl::OkStatus();
-  if (min == 0) return Invalid(path, value, "must not be negative");
-  return Invalid(path, value, absl::StrCat("must be at least ", min));
-}
-
-absl::Status AtMost(absl::string_view path, int64_t value, int64_t max) {
-  if (value <= max) return absl::OkStatus();
-  return Invalid(path, value, absl::StrCat("must be at most ", max));
-}
-
-absl::Status Positive(absl::string_view path, float value) {
-  if (value > 0.0f && std::isfinite(value)) return absl::OkStatus();
-  return Invalid(path, value, "must be positive and finite");
-}
-
-absl::Status NonNegative(absl::string_view path, float value) {
-  if (value >= 0.0f && std::isfinite(value)) return absl::OkStatus();
-  return Invalid(path, value, "must be non-negative and finite");
-}
-
-// [0, 1): Adam betas, the eval fraction.
-absl::Status Fraction(absl::string_view path, float value) {
-  if (value >= 0.0f && value < 1.0f) return absl::OkStatus();
-  return Invalid(path, value, "must be in [0, 1)");
-}
-
-#define MOETRAIN_RETURN_IF_INVALID(expr)                              \
-  do {                                                                \
-    if (absl::Status _status = (expr); !_status.ok()) return _status; \
-  } while (false)
-
-// A message built in code (not parsed) can carry enum numbers no value has.
-absl::Status ValidateEnums(const Message& message, const std::string& path) {
-  const Descriptor* descriptor = message.GetDescriptor();
-  const Reflection* reflection = message.GetReflection();
-  for (int i = 0; i < descriptor->field_count(); ++i) {
-    const FieldDescriptor* field = descriptor->field(i);
-    if (field->is_repeated()) continue;  // none in the spec
-    const std::string field_path = Join(path, field->name());
-    if (field->cpp_type() == FieldDescriptor::CPPTYPE_ENUM) {
-      const int number = reflection->GetEnumValue(message, field);
-      if (field->enum_type()->FindValueByNumber(number) == nullptr) {
-        return Invalid(field_path, int64_t{number},
-                       absl::StrCat("is not one of ", EnumNames(field->enum_type())));
-      }
-    } else if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
-      MOETRAIN_RETURN_IF_INVALID(ValidateEnums(reflection->GetMessage(message, field), field_path));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateName(const std::string& name) {
-  constexpr size_t kMaxNameLength = 128;
-  if (name.empty()) {
-    return absl::InvalidArgumentError(
-        "name is required: 1 to 128 characters from [A-Za-z0-9._-], starting with a letter or "
-        "digit");
-  }
-  const bool allowed_chars = std::all_of(name.begin(), name.end(), [](char c) {
-    return absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-';
-  });
-  if (name.size() > kMaxNameLength || !allowed_chars || !absl::ascii_isalnum(name[0])) {
-    return Invalid("name", name,
-                   "must be 1 to 128 characters from [A-Za-z0-9._-], starting with a letter or "
-                   "digit");
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateMoe(const v1::MoeConfig& moe) {
-  constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("model.moe.num_experts", moe.num_experts(), 1));
-  // Chosen experts travel as int32 in the engine.
-  MOETRAIN_RETURN_IF_INVALID(AtMost("model.moe.num_experts", moe.num_experts(), kInt32Max));
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("model.moe.top_k", moe.top_k(), 1));
-  if (moe.top_k() > moe.num_experts()) {
-    return Invalid("model.moe.top_k", moe.top_k(),
-                   absl::StrCat("exceeds model.moe.num_experts = ", moe.num_experts()));
-  }
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("model.moe.expert_ffn_dim", moe.expert_ffn_dim(), 1));
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("model.moe.num_shared_experts", moe.num_shared_experts(), 0));
-  MOETRAIN_RETURN_IF_INVALID(
-      Positive("model.moe.routed_scaling_factor", moe.routed_scaling_factor()));
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("model.moe.num_groups", moe.num_groups(), 1));
-  if (moe.num_experts() % moe.num_groups() != 0) {
-    return Invalid("model.moe.num_groups", moe.num_groups(),
-                   absl::StrCat("does not divide model.moe.num_experts = ", moe.num_experts()));
-  }
-  if (moe.group_top_k() < 1 || moe.group_top_k() > moe.num_groups()) {
-    return Invalid("model.moe.group_top_k", moe.group_top_k(),
-                   absl::StrCat("must be in [1, model.moe.num_groups = ", moe.num_groups(), "]"));
-  }
-  const int64_t experts_per_group = moe.num_experts() / moe.num_groups();
-  if (moe.num_groups() > 1 && moe.top_k() > moe.group_top_k() * experts_per_group) {
-    return Invalid("model.moe.top_k", moe.top_k(),
-                   absl::StrCat("exceeds the ", moe.group_top_k() * experts_per_group,
-                                " experts of model.moe.group_top_k = ", moe.group_top_k(),
-                                " groups of ", experts_per_group));
-  }
-  MOETRAIN_RETURN_IF_INVALID(
-      NonNegative("model.moe.expert_bias_update_rate", moe.expert_bias_update_rate()));
-  MOETRAIN_RETURN_IF_INVALID(NonNegative("model.moe.aux_loss_coeff", moe.aux_loss_coeff()));
-  // A coefficient with no loss to weigh is a spec that does not say what its author meant.
-  if (moe.aux_loss() == v1::MoeConfig::NONE && moe.aux_loss_coeff() != 0.0f) {
-    return Invalid("model.moe.aux_loss_coeff", moe.aux_loss_coeff(),
-                   "has no effect with model.moe.aux_loss = NONE; set model.moe.aux_loss to "
-                   "SWITCH or SEQUENCE");
-  }
-  MOETRAIN_RETURN_IF_INVALID(NonNegative("model.moe.z_loss_coeff", moe.z_loss_coeff()));
-  if (!(moe.capacity_factor() >= 0.0f) || !std::isfinite(moe.capacity_factor())) {
-    return Invalid("model.moe.capacity_factor", moe.capacity_factor(),
-                   "must be non-negative and finite (0 = dropless)");
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateModel(const v1::ModelConfig& model) {
-  constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("model.vocab_size", model.vocab_size(), 1));
-  // Tokens are int32 in the engine.
-  MOETRAIN_RETURN_IF_INVALID(AtMost("model.vocab_size", model.vocab_size(), kInt32Max));
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("model.hidden_size", model.hidden_size(), 1));
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("model.num_layers", model.num_layers(), 1));
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("model.num_heads", model.num_heads(), 1));
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("model.num_kv_heads", model.num_kv_heads(), 1));
-  if (model.num_heads() % model.num_kv_heads() != 0) {
-    return Invalid("model.num_kv_heads", model.num_kv_heads(),
-                   absl::StrCat("does not divide model.num_heads = ", model.num_heads()));
-  }
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("model.head_dim", model.head_dim(), 0));
-  // ApplyDefaults leaves head_dim 0 only when hidden_size / num_heads is not whole.
-  if (model.head_dim() == 0) {
-    return Invalid("model.hidden_size", model.hidden_size(),
-                   absl::StrCat("is not a multiple of model.num_heads = ", model.num_heads(),
-                                "; set model.head_dim"));
-  }
-  if (model.head_dim() % 2 != 0) {
-    return Invalid("model.head_dim", model.head_dim(),
-                   "must be even (RoPE rotates pairs of dimensions)");
-  }
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("model.ffn_dim", model.ffn_dim(), 1));
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("model.first_dense_layers", model.first_dense_layers(), 0));
-  if (model.first_dense_layers() > model.num_layers()) {
-    return Invalid("model.first_dense_layers", model.first_dense_layers(),
-                   absl::StrCat("exceeds model.num_layers = ", model.num_layers()));
-  }
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("model.max_seq_len", model.max_seq_len(), 1));
-  MOETRAIN_RETURN_IF_INVALID(Positive("model.rope_theta", model.rope_theta()));
-  MOETRAIN_RETURN_IF_INVALID(Positive("model.rms_norm_eps", model.rms_norm_eps()));
-  MOETRAIN_RETURN_IF_INVALID(Positive("model.init_std", model.init_std()));
-  return ValidateMoe(model.moe());
-}
-
-absl::Status ValidateData(const v1::JobSpec& spec) {
-  const v1::DataConfig& data = spec.data();
-  const std::string format = v1::DataConfig::Format_Name(data.format());
-  if (data.format() == v1::DataConfig::SYNTHETIC) {
-    if (!data.path().empty()) {
-      return Invalid("data.path", data.path(),
-                     "is set but data.format = SYNTHETIC; set data.format to LLMC, U16 or TEXT");
-    }
-    MOETRAIN_RETURN_IF_INVALID(
-        AtLeast("data.synthetic_vocab_size", data.synthetic_vocab_size(), 1));
-    if (data.synthetic_vocab_size() > spec.model().vocab_size()) {
-      return Invalid("data.synthetic_vocab_size", data.synthetic_vocab_size(),
-                     absl::StrCat("exceeds model.vocab_size = ", spec.model().vocab_size()));
-    }
-  } else {
-    if (data.path().empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("data.path is required with data.format = ", format));
-    }
-    if (data.synthetic_vocab_size() != 0) {
-      return Invalid("data.synthetic_vocab_size", data.synthetic_vocab_size(),
-                     absl::StrCat("applies only to data.format = SYNTHETIC, not ", format));
-    }
-  }
-  constexpr int64_t kByteVocabSize = 256;
-  if (data.format() == v1::DataConfig::TEXT && spec.model().vocab_size() < kByteVocabSize) {
-    return Invalid("model.vocab_size", spec.model().vocab_size(),
-                   "is below 256, the byte vocabulary of data.format = TEXT");
-  }
-  MOETRAIN_RETURN_IF_INVALID(Fraction("data.eval_fraction", data.eval_fraction()));
-  if (spec.train().eval_every() > 0 && data.format() != v1::DataConfig::SYNTHETIC &&
-      data.eval_fraction() == 0.0f) {
-    return Invalid("train.eval_every", spec.train().eval_every(),
-                   absl::StrCat("needs held-out data: set data.eval_fraction > 0 (data.format = ",
-                                format, ")"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateResources(const v1::JobSpec& spec) {
-  const v1::ResourceConfig& resources = spec.resources();
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("resources.workers", resources.workers(), 1));
-  MOETRAIN_RETURN_IF_INVALID(AtMost("resources.workers", resources.workers(), kMaxWorkers));
-  MOETRAIN_RETURN_IF_INVALID(
-      AtLeast("resources.devices_per_worker", resources.devices_per_worker(), 1));
-  MOETRAIN_RETURN_IF_INVALID(
-      AtMost("resources.devices_per_worker", resources.devices_per_worker(), kMaxDevicesPerWorker));
-  if (resources.device() == v1::ResourceConfig::CPU && resources.devices_per_worker() != 1) {
-    return Invalid("resources.devices_per_worker", resources.devices_per_worker(),
-                   "must be 1 with resources.device = CPU (a CPU worker runs one rank)");
-  }
-  const int64_t ranks = resources.workers() * resources.devices_per_worker();
-  const v1::ParallelConfig& parallel = spec.parallel();
-  const std::string ranks_are = absl::StrCat(
-      ranks, " ranks (resources.workers = ", resources.workers(),
-      " x resources.devices_per_worker = ", resources.devices_per_worker(), ")");
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("parallel.expert_parallel", parallel.expert_parallel(), 1));
-  if (ranks % parallel.expert_parallel() != 0) {
-    return Invalid("parallel.expert_parallel", parallel.expert_parallel(),
-                   absl::StrCat("does not divide the job's ", ranks_are));
-  }
-  if (parallel.data_parallel() * parallel.expert_parallel() != ranks) {
-    return Invalid(
-        "parallel.data_parallel", parallel.data_parallel(),
-        absl::StrCat("x parallel.expert_parallel = ", parallel.expert_parallel(),
-                     " does not equal the job's ", ranks_are));
-  }
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("parallel.overlap_chunks", parallel.overlap_chunks(), 0));
-  MOETRAIN_RETURN_IF_INVALID(AtMost("parallel.overlap_chunks", parallel.overlap_chunks(), 64));
-  if (spec.model().moe().num_experts() % parallel.expert_parallel() != 0) {
-    return Invalid(
-        "parallel.expert_parallel", parallel.expert_parallel(),
-        absl::StrCat("does not divide model.moe.num_experts = ", spec.model().moe().num_experts()));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateTrain(const v1::JobSpec& spec) {
-  const v1::TrainConfig& train = spec.train();
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("train.steps", train.steps(), 1));
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("train.batch_size", train.batch_size(), 1));
-  const int64_t ranks = spec.resources().workers() * spec.resources().devices_per_worker();
-  if (train.batch_size() % ranks != 0) {
-    return Invalid("train.batch_size", train.batch_size(),
-                   absl::StrCat("is not a multiple of the job's ", ranks,
-                                " ranks (each rank reads its own share of every batch)"));
-  }
-  const int64_t rank_batch = train.batch_size() / ranks;
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("train.micro_batch_size", train.micro_batch_size(), 1));
-  if (rank_batch % train.micro_batch_size() != 0) {
-    return Invalid("train.micro_batch_size", train.micro_batch_size(),
-                   absl::StrCat("does not divide the per-rank batch train.batch_size / ranks = ",
-                                rank_batch));
-  }
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("train.seq_len", train.seq_len(), 1));
-  if (train.seq_len() > spec.model().max_seq_len()) {
-    return Invalid("train.seq_len", train.seq_len(),
-                   absl::StrCat("exceeds model.max_seq_len = ", spec.model().max_seq_len()));
-  }
-  MOETRAIN_RETURN_IF_INVALID(
-      AtLeast("train.fp8.amax_history_len", train.fp8().amax_history_len(), 1));
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("train.fp8.margin", train.fp8().margin(), 0));
-
-  const v1::OptimizerConfig& optimizer = train.optimizer();
-  MOETRAIN_RETURN_IF_INVALID(Positive("train.optimizer.lr", optimizer.lr()));
-  MOETRAIN_RETURN_IF_INVALID(NonNegative("train.optimizer.min_lr", optimizer.min_lr()));
-  if (optimizer.min_lr() > optimizer.lr()) {
-    return Invalid("train.optimizer.min_lr", optimizer.min_lr(),
-                   absl::StrCat("exceeds train.optimizer.lr = ", Show(optimizer.lr())));
-  }
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("train.optimizer.warmup_steps", optimizer.warmup_steps(), 0));
-  if (optimizer.warmup_steps() > train.steps()) {
-    return Invalid("train.optimizer.warmup_steps", optimizer.warmup_steps(),
-                   absl::StrCat("exceeds train.steps = ", train.steps()));
-  }
-  MOETRAIN_RETURN_IF_INVALID(Fraction("train.optimizer.beta1", optimizer.beta1()));
-  MOETRAIN_RETURN_IF_INVALID(Fraction("train.optimizer.beta2", optimizer.beta2()));
-  MOETRAIN_RETURN_IF_INVALID(Positive("train.optimizer.eps", optimizer.eps()));
-  MOETRAIN_RETURN_IF_INVALID(NonNegative("train.optimizer.weight_decay", optimizer.weight_decay()));
-  MOETRAIN_RETURN_IF_INVALID(NonNegative("train.optimizer.grad_clip", optimizer.grad_clip()));
-
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("train.log_every", train.log_every(), 1));
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("train.eval_every", train.eval_every(), 0));
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("train.eval_batches", train.eval_batches(), 1));
-  return absl::OkStatus();
-}
-
-absl::Status ValidateEffective(const v1::JobSpec& spec) {
-  MOETRAIN_RETURN_IF_INVALID(ValidateEnums(spec, ""));
-  MOETRAIN_RETURN_IF_INVALID(ValidateName(spec.name()));
-  MOETRAIN_RETURN_IF_INVALID(ValidateModel(spec.model()));
-  // Resources and parallelism first: the batch checks divide by data_parallel.
-  MOETRAIN_RETURN_IF_INVALID(ValidateResources(spec));
-  MOETRAIN_RETURN_IF_INVALID(ValidateTrain(spec));
-  MOETRAIN_RETURN_IF_INVALID(ValidateData(spec));
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("checkpoint.every_steps", spec.checkpoint().every_steps(), 0));
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("checkpoint.keep_last", spec.checkpoint().keep_last(), 0));
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("restart.max_restarts", spec.restart().max_restarts(), 0));
-  return absl::OkStatus();
-}
-
-#undef MOETRAIN_RETURN_IF_INVALID
-
 absl::Status WithPrefix(absl::string_view prefix, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat(prefix, ": ", status.message()));
+}
+
+absl::Status CheckSpecSize(size_t bytes) {
+  if (bytes <= kMaxSpecBytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("the job spec is ", bytes, " bytes, more than the 1 MiB a spec may have"));
 }
 
 }  // namespace
 
 absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml_text) {
+  if (absl::Status size = CheckSpecSize(yaml_text.size()); !size.ok()) return size;
   absl::StatusOr<Node> tree = ParseYamlTree(yaml_text);
   if (!tree.ok()) return tree.status();
   return TreeToJobSpec(*tree);
 }
 
 absl::StatusOr<v1::JobSpec> ParseJobSpecJson(absl::string_view json_text) {
+  if (absl::Status size = CheckSpecSize(json_text.size()); !size.ok()) return size;
   absl::StatusOr<Node> tree = ParseJsonTree(json_text);
   if (!tree.ok()) return tree.status();
   return TreeToJobSpec(*tree);
@@ -953,119 +592,20 @@ absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {
   if (!std::filesystem::is_regular_file(path, error)) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
   }
-  std::ostringstream contents;
-  contents << file.rdbuf();
+  // One byte past the bound tells a file that is too large, without reading all of it.
+  std::string contents(kMaxSpecBytes + 1, '\0');
+  file.read(contents.data(), static_cast<std::streamsize>(contents.size()));
   if (file.bad()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": read failed: ", std::strerror(errno)));
   }
-  absl::StatusOr<v1::JobSpec> spec =
-      yaml ? ParseJobSpecYaml(contents.str()) : ParseJobSpecJson(contents.str());
+  contents.resize(static_cast<size_t>(file.gcount()));
+  if (contents.size() > kMaxSpecBytes) {
+    const uintmax_t size = std::filesystem::file_size(path, error);
+    return WithPrefix(path, CheckSpecSize(error ? contents.size() : size));
+  }
+  absl::StatusOr<v1::JobSpec> spec = yaml ? ParseJobSpecYaml(contents) : ParseJobSpecJson(contents);
   if (!spec.ok()) return WithPrefix(path, spec.status());
   return spec;
-}
-
-void ApplyDefaults(v1::JobSpec* spec) {
-  // The model defaults are those of moetrain::ModelConfig and moetrain::MoeConfig.
-  v1::ModelConfig& model = *spec->mutable_model();
-  if (!model.has_vocab_size()) model.set_vocab_size(256);
-  if (!model.has_hidden_size()) model.set_hidden_size(256);
-  if (!model.has_num_layers()) model.set_num_layers(4);
-  if (!model.has_num_heads()) model.set_num_heads(4);
-  if (!model.has_num_kv_heads()) model.set_num_kv_heads(model.num_heads());
-  if (model.head_dim() == 0 && model.num_heads() > 0 &&
-      model.hidden_size() % model.num_heads() == 0) {
-    model.set_head_dim(model.hidden_size() / model.num_heads());
-  }
-  if (!model.has_ffn_dim()) model.set_ffn_dim(1024);
-  if (!model.has_first_dense_layers()) model.set_first_dense_layers(1);
-  if (!model.has_rope_theta()) model.set_rope_theta(10000.0f);
-  if (!model.has_rms_norm_eps()) model.set_rms_norm_eps(1e-6f);
-  if (!model.has_init_std()) model.set_init_std(0.02f);
-
-  v1::MoeConfig& moe = *model.mutable_moe();
-  if (!moe.has_num_experts()) moe.set_num_experts(8);
-  if (!moe.has_top_k()) moe.set_top_k(2);
-  if (!moe.has_expert_ffn_dim()) moe.set_expert_ffn_dim(1024);
-  if (!moe.has_softmax_before_topk()) moe.set_softmax_before_topk(true);
-  if (!moe.has_normalize_topk_weights()) moe.set_normalize_topk_weights(true);
-  if (!moe.has_routed_scaling_factor()) moe.set_routed_scaling_factor(1.0f);
-  if (!moe.has_num_groups()) moe.set_num_groups(1);
-  if (!moe.has_group_top_k()) moe.set_group_top_k(1);
-  if (!moe.has_expert_bias_update_rate()) moe.set_expert_bias_update_rate(1e-3f);
-
-  // The sequence length: whichever of the two is given sets the other; neither gives 256.
-  v1::TrainConfig& train = *spec->mutable_train();
-  if (!model.has_max_seq_len()) {
-    model.set_max_seq_len(train.has_seq_len() ? train.seq_len() : 256);
-  }
-  if (!train.has_seq_len()) train.set_seq_len(model.max_seq_len());
-
-  v1::ResourceConfig& resources = *spec->mutable_resources();
-  if (!resources.has_workers()) resources.set_workers(1);
-  if (!resources.has_devices_per_worker()) resources.set_devices_per_worker(1);
-
-  v1::ParallelConfig& parallel = *spec->mutable_parallel();
-  if (!parallel.has_expert_parallel()) parallel.set_expert_parallel(1);
-  const bool ranks_computable = resources.workers() >= 1 && resources.workers() <= kMaxWorkers &&
-                                resources.devices_per_worker() >= 1 &&
-                                resources.devices_per_worker() <= kMaxDevicesPerWorker;
-  const int64_t ranks =
-      ranks_computable ? resources.workers() * resources.devices_per_worker() : int64_t{0};
-  if (parallel.data_parallel() == 0 && ranks > 0 && parallel.expert_parallel() >= 1 &&
-      ranks % parallel.expert_parallel() == 0) {
-    parallel.set_data_parallel(ranks / parallel.expert_parallel());
-  }
-
-  if (!train.has_steps()) train.set_steps(1000);
-  if (!train.has_batch_size()) train.set_batch_size(8);
-  if (train.micro_batch_size() == 0 && ranks > 0 && train.batch_size() % ranks == 0) {
-    train.set_micro_batch_size(train.batch_size() / ranks);
-  }
-  v1::Fp8Recipe& fp8 = *train.mutable_fp8();
-  if (!fp8.has_amax_history_len()) fp8.set_amax_history_len(1024);
-  v1::OptimizerConfig& optimizer = *train.mutable_optimizer();
-  if (!optimizer.has_lr()) optimizer.set_lr(3e-4f);
-  if (!optimizer.has_beta1()) optimizer.set_beta1(0.9f);
-  if (!optimizer.has_beta2()) optimizer.set_beta2(0.95f);
-  if (!optimizer.has_eps()) optimizer.set_eps(1e-8f);
-  if (!optimizer.has_weight_decay()) optimizer.set_weight_decay(0.1f);
-  if (!optimizer.has_grad_clip()) optimizer.set_grad_clip(1.0f);
-  if (!train.has_log_every()) train.set_log_every(10);
-  if (!train.has_eval_batches()) train.set_eval_batches(8);
-
-  v1::DataConfig& data = *spec->mutable_data();
-  if (data.format() == v1::DataConfig::SYNTHETIC && data.synthetic_vocab_size() == 0) {
-    data.set_synthetic_vocab_size(model.vocab_size());
-  }
-  if (!data.has_seed()) data.set_seed(train.seed());
-
-  v1::CheckpointConfig& checkpoint = *spec->mutable_checkpoint();
-  if (!checkpoint.has_keep_last()) checkpoint.set_keep_last(3);
-
-  v1::RestartConfig& restart = *spec->mutable_restart();
-  if (!restart.has_max_restarts()) restart.set_max_restarts(3);
-}
-
-absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
-  v1::JobSpec effective = spec;
-  ApplyDefaults(&effective);
-  return ValidateEffective(effective);
-}
-
-absl::StatusOr<v1::JobSpec> ResolveJobSpec(v1::JobSpec spec) {
-  ApplyDefaults(&spec);
-  if (absl::Status status = ValidateEffective(spec); !status.ok()) return status;
-  return spec;
-}
-
-std::string JobSpecToYaml(const v1::JobSpec& spec) {
-  YAML::Emitter out;
-  EmitYaml(MessageJson(spec), nullptr, &out);
-  return absl::StrCat(out.c_str(), "\n");
-}
-
-std::string JobSpecToJson(const v1::JobSpec& spec) {
-  return absl::StrCat(MessageJson(spec).dump(2), "\n");
 }
 
 }  // namespace moetrain

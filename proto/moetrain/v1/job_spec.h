@@ -26,7 +26,9 @@ namespace moetrain {
 // accepted too); enum values are their names, in any case; a scalar is read as its field's type
 // whether quoted or not; null or an empty value leaves the field unset. Unknown fields, wrong
 // types, bad enum names, duplicate keys and YAML syntax errors (with line and column) are
-// InvalidArgument. Defaults are not applied: unset fields stay unset.
+// InvalidArgument, as are YAML anchors and aliases (an alias bomb expands exponentially) and text
+// over 1 MiB. An error quotes at most 200 bytes of a value, then its size. Defaults are not
+// applied: unset fields stay unset.
 absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml_text);
 
 // The same for JSON text (the protobuf JSON mapping, with the same leniencies as the YAML).
@@ -46,7 +48,8 @@ void ApplyDefaults(v1::JobSpec* spec);
 
 // OK, or InvalidArgument naming the first field out of range with its value and the bound:
 // "train.seq_len = 512 exceeds model.max_seq_len = 256". Checks the spec as ApplyDefaults would
-// complete it, so it may be called on a spec with unset fields.
+// complete it, so it may be called on a spec with unset fields; a derived value out of range is
+// reported by the fields the user wrote ("model.vocab_size", not "data.synthetic_vocab_size").
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 
 // ApplyDefaults, then ValidateJobSpec: the effective spec, or why there is none.

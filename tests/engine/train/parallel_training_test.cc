@@ -361,6 +361,31 @@ TEST(ParallelTrainingTest, DamageInOneShardMakesEveryRankFallBack) {
   }
 }
 
+// Training on past the step of a damaged shard: rank 0 (which never reads rank 1's file) finds
+// the step damaged when it is written again, moves it aside, and every rank writes it anew
+// (keep_last is 0 here: the damaged copy stays aside, unpruned).
+TEST(ParallelTrainingTest, ADamagedShardsStepIsWrittenAgainByEveryRank) {
+  TempDir dir;
+  RunJob(2, 2, dir.path());
+  const fs::path root = dir.path() / "checkpoints/parallel";
+  {
+    std::fstream f(root / "step-00000010/model-rank00001.safetensors",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good());
+    f.seekp(-3, std::ios::end);
+    f.put('\x7f');
+  }
+  RunJob(2, 2, dir.path(), {"--resume"});  // exit 1 before issue 13 item 7: step 10 existed
+  absl::StatusOr<LoadedCheckpoint> rewritten =
+      LoadCheckpoint((root / "step-00000010").string(), CheckpointReadOptions{.ranks = {0, 1}});
+  EXPECT_TRUE(rewritten.ok()) << rewritten.status();
+  int aside = 0;
+  for (const fs::directory_entry& entry : fs::directory_iterator(root)) {
+    aside += entry.path().filename().string().rfind(".damaged-step-00000010-", 0) == 0;
+  }
+  EXPECT_EQ(aside, 1);
+}
+
 // NaN weights: every rank stops at step 1 with the same error, none hangs in a collective.
 TEST(ParallelTrainingTest, ANonFiniteStepStopsEveryRank) {
   TempDir dir;

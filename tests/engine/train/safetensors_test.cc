@@ -320,6 +320,9 @@ TEST_F(SafetensorsTest, RejectsHeaderLongerThanFile) {
 
 TEST_F(SafetensorsTest, RejectsBadJson) {
   ExpectRejected(RawFile("{\"w\": {", ""), {"not valid JSON"});
+  // nlohmann throws out_of_range, not parse_error, for a number beyond a double (found by
+  // tests/fuzz/safetensors_fuzz): it must not escape as an exception.
+  ExpectRejected(RawFile(R"({"__metadata__": {"x": 1e400}})", ""), {"not valid JSON"});
   ExpectRejected(RawFile("[1, 2]", ""), {"not a JSON object"});
 }
 
@@ -372,6 +375,12 @@ TEST_F(SafetensorsTest, RejectsMalformedEntries) {
   // 2^32 * 2^32 * 4 bytes wraps to 0 in 64 bits: it must not pass as an empty tensor.
   ExpectRejected(
       RawFile(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", ""),
+      {"tensor \"w\"", "too large"});
+  // No elements, but the strides (products of trailing extents) would overflow int64 (found by
+  // tests/fuzz/safetensors_fuzz under UBSan).
+  ExpectRejected(
+      RawFile(R"({"w":{"dtype":"I64","shape":[0,4294967296,4294967296],"data_offsets":[0,0]}})",
+              ""),
       {"tensor \"w\"", "too large"});
   ExpectRejected(RawFile(R"({"__metadata__":{"step":100}})", ""),
                  {"metadata \"step\" is not a string"});

@@ -337,5 +337,28 @@ TEST(SchedulerTest, RandomDecisionsKeepTheInvariants) {
   }
 }
 
+Reasons WaitingOf(const ScheduleDecision& decision) {
+  Reasons out;
+  for (const UnschedulableJob& u : decision.waiting) out.emplace_back(u.job_id, u.reason);
+  return out;
+}
+
+TEST(SchedulerTest, EveryJobThatDoesNotStartSaysWhy) {
+  // "a" takes w1; "gang" could run on the fleet but not now; "huge" never could; "gpu" waits for
+  // the busy g1.
+  const std::vector<PendingJob> jobs = {Job("a", 1), Job("gang", 2, 2), Job("huge", 3, 5),
+                                        Job("gpu", 4, 1, kCuda, 8)};
+  const std::vector<SchedulerWorker> workers = {Worker("w1"), Worker("w2", kBusy),
+                                                Worker("g1", kBusy, kCuda, 8)};
+  const ScheduleDecision decision = MustSchedule(jobs, workers);
+  EXPECT_EQ(AssignedOf(decision), (Assigned{{"a", {"w1"}}}));
+  EXPECT_EQ(ReasonsOf(decision), (Reasons{{"huge", "needs 5 CPU workers, 2 registered"}}));
+  EXPECT_EQ(WaitingOf(decision),
+            (Reasons{{"gang", "waiting for 2 CPU workers to be free at once, 2 registered"},
+                     {"gpu",
+                      "waiting for 1 CUDA worker with at least 8 devices each to be free, "
+                      "1 registered"}}));
+}
+
 }  // namespace
 }  // namespace moetrain::server

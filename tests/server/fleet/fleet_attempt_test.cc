@@ -151,7 +151,10 @@ TEST_F(FleetTest, StoppedAttemptRestartsWithoutCountingARestart) {
       EndReport(running.worker_id, running.assignment, v1::ATTEMPT_OUTCOME_STOPPED, 7)));
   EXPECT_THAT(ReasonOf(Events(running.job.id), JobState::kRunning, JobState::kRestarting),
               HasSubstr("stopped at step 7"));
-  const v1::Assignment next = AwaitAssignment(running.worker_id);
+  // The stopping worker is shutting down: the job goes to another one, never back to it.
+  EXPECT_EQ(WorkerStateOf(running.worker_id), v1::WORKER_STATE_DRAINING);
+  const std::string other = Register("other");
+  const v1::Assignment next = AwaitAssignment(other);
   EXPECT_EQ(next.attempt(), 2);
   EXPECT_EQ(GetJob(running.job.id).restarts, 0);
   EXPECT_EQ(Attempts(running.job.id)[0].outcome, "stopped");

@@ -21,23 +21,25 @@ TEST_F(FleetTest, KvSetGetAndWaitOnTheCurrentAttempt) {
   const RunningJob running = StartOneWorkerJob();
   const std::string& job = running.job.id;
 
-  absl::StatusOr<std::optional<std::string>> unset = fleet_->KvGet(job, 1, "nccl-id");
+  absl::StatusOr<std::optional<std::string>> unset =
+      fleet_->KvGet(running.worker_id, job, 1, "nccl-id");
   ASSERT_TRUE(unset.ok()) << unset.status();
   EXPECT_FALSE(unset->has_value());
 
   // Values are bytes: NULs and all.
   const std::string value("\x01\x00\xff id", 6);
-  FLEET_ASSERT_OK(fleet_->KvSet(job, 1, "nccl-id", value));
-  absl::StatusOr<std::optional<std::string>> got = fleet_->KvGet(job, 1, "nccl-id");
+  FLEET_ASSERT_OK(fleet_->KvSet(running.worker_id, job, 1, "nccl-id", value));
+  absl::StatusOr<std::optional<std::string>> got =
+      fleet_->KvGet(running.worker_id, job, 1, "nccl-id");
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->value_or("<unset>"), value);
-  absl::StatusOr<std::string> waited =
-      fleet_->KvWait(job, 1, "nccl-id", absl::Seconds(5), /*is_cancelled=*/nullptr);
+  absl::StatusOr<std::string> waited = fleet_->KvWait(running.worker_id, job, 1, "nccl-id",
+                                                      absl::Seconds(5), /*is_cancelled=*/nullptr);
   ASSERT_TRUE(waited.ok()) << waited.status();
   EXPECT_EQ(*waited, value);
 
-  FLEET_ASSERT_OK(fleet_->KvSet(job, 1, "nccl-id", "overwritten"));
-  got = fleet_->KvGet(job, 1, "nccl-id");
+  FLEET_ASSERT_OK(fleet_->KvSet(running.worker_id, job, 1, "nccl-id", "overwritten"));
+  got = fleet_->KvGet(running.worker_id, job, 1, "nccl-id");
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->value_or("<unset>"), "overwritten");
 }
@@ -49,12 +51,14 @@ TEST_F(FleetTest, KvWaiterWakesWhenTheKeyIsSetFromAnotherThread) {
   absl::StatusOr<std::string> result = absl::UnknownError("the waiter did not return");
   std::thread waiter([&] {
     started.Notify();
-    result = fleet_->KvWait(running.job.id, 1, "master-addr", kPatience, nullptr);
+    result =
+        fleet_->KvWait(running.worker_id, running.job.id, 1, "master-addr", kPatience, nullptr);
   });
   started.WaitForNotification();
   // Most likely blocked in the wait by now; the outcome is the same if it is not.
   absl::SleepFor(absl::Milliseconds(50));
-  FLEET_EXPECT_OK(fleet_->KvSet(running.job.id, 1, "master-addr", "10.0.0.7:29500"));
+  FLEET_EXPECT_OK(
+      fleet_->KvSet(running.worker_id, running.job.id, 1, "master-addr", "10.0.0.7:29500"));
   waiter.join();
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(*result, "10.0.0.7:29500");
@@ -63,8 +67,8 @@ TEST_F(FleetTest, KvWaiterWakesWhenTheKeyIsSetFromAnotherThread) {
 TEST_F(FleetTest, KvWaitForAKeyNobodySetsIsDeadlineExceeded) {
   StartFleet();
   const RunningJob running = StartOneWorkerJob();
-  absl::StatusOr<std::string> waited =
-      fleet_->KvWait(running.job.id, 1, "never-set", absl::Milliseconds(50), nullptr);
+  absl::StatusOr<std::string> waited = fleet_->KvWait(running.worker_id, running.job.id, 1,
+                                                      "never-set", absl::Milliseconds(50), nullptr);
   EXPECT_TRUE(absl::IsDeadlineExceeded(waited.status())) << waited.status();
   EXPECT_THAT(waited.status().message(), HasSubstr("'never-set'"));
 }
@@ -73,27 +77,28 @@ TEST_F(FleetTest, KvOfAnyOtherAttemptIsFailedPrecondition) {
   StartFleet();
   const RunningJob running = StartOneWorkerJob();
   const std::string& job = running.job.id;
-  FLEET_ASSERT_OK(fleet_->KvSet(job, 1, "key", "one"));
+  FLEET_ASSERT_OK(fleet_->KvSet(running.worker_id, job, 1, "key", "one"));
   for (int64_t attempt : {0, 2, -1}) {
-    const absl::Status set = fleet_->KvSet(job, attempt, "key", "stale");
+    const absl::Status set = fleet_->KvSet(running.worker_id, job, attempt, "key", "stale");
     EXPECT_TRUE(absl::IsFailedPrecondition(set)) << attempt << ": " << set;
     EXPECT_THAT(set.message(), HasSubstr(absl::StrCat("attempt ", attempt, " of job ", job)));
-    const absl::Status get = fleet_->KvGet(job, attempt, "key").status();
+    const absl::Status get = fleet_->KvGet(running.worker_id, job, attempt, "key").status();
     EXPECT_TRUE(absl::IsFailedPrecondition(get)) << attempt << ": " << get;
     const absl::Status wait =
-        fleet_->KvWait(job, attempt, "key", absl::Seconds(5), nullptr).status();
+        fleet_->KvWait(running.worker_id, job, attempt, "key", absl::Seconds(5), nullptr).status();
     EXPECT_TRUE(absl::IsFailedPrecondition(wait)) << attempt << ": " << wait;
   }
-  const absl::Status unknown = fleet_->KvGet("job-nosuch", 1, "key").status();
+  const absl::Status unknown = fleet_->KvGet(running.worker_id, "job-nosuch", 1, "key").status();
   EXPECT_TRUE(absl::IsNotFound(unknown)) << unknown;
 
   // The keys live and end with their attempt: the next one starts empty, the old one is fenced.
   FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
       EndReport(running.worker_id, running.assignment, v1::ATTEMPT_OUTCOME_FAILED, 1, "x")));
-  EXPECT_TRUE(absl::IsFailedPrecondition(fleet_->KvGet(job, 1, "key").status()));
+  EXPECT_TRUE(absl::IsFailedPrecondition(fleet_->KvGet(running.worker_id, job, 1, "key").status()));
   const v1::Assignment next = AwaitAssignment(running.worker_id);
   ASSERT_EQ(next.attempt(), 2);
-  absl::StatusOr<std::optional<std::string>> fresh = fleet_->KvGet(job, 2, "key");
+  absl::StatusOr<std::optional<std::string>> fresh =
+      fleet_->KvGet(running.worker_id, job, 2, "key");
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   EXPECT_FALSE(fresh->has_value());
 }
@@ -105,7 +110,7 @@ TEST_F(FleetTest, KvWaiterWhoseAttemptEndsGetsFailedPrecondition) {
   absl::StatusOr<std::string> result = absl::UnknownError("the waiter did not return");
   std::thread waiter([&] {
     started.Notify();
-    result = fleet_->KvWait(running.job.id, 1, "never-set", kPatience, nullptr);
+    result = fleet_->KvWait(running.worker_id, running.job.id, 1, "never-set", kPatience, nullptr);
   });
   started.WaitForNotification();
   absl::SleepFor(absl::Milliseconds(50));
@@ -121,23 +126,25 @@ TEST_F(FleetTest, KvRejectsEmptyOrOversizedKeysAndValues) {
   const std::string& job = running.job.id;
   const std::string long_key(kMaxKeyBytes + 1, 'k');
 
-  absl::Status status = fleet_->KvSet(job, 1, "", "v");
+  absl::Status status = fleet_->KvSet(running.worker_id, job, 1, "", "v");
   EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
   EXPECT_THAT(status.message(), HasSubstr("key has 0 bytes"));
-  status = fleet_->KvSet(job, 1, long_key, "v");
+  status = fleet_->KvSet(running.worker_id, job, 1, long_key, "v");
   EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
   EXPECT_THAT(status.message(), HasSubstr("key has 257 bytes"));
-  EXPECT_TRUE(absl::IsInvalidArgument(fleet_->KvGet(job, 1, long_key).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(fleet_->KvGet(running.worker_id, job, 1, long_key).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(
-      fleet_->KvWait(job, 1, long_key, absl::Seconds(5), nullptr).status()));
-  status = fleet_->KvSet(job, 1, "big", std::string(kMaxValueBytes + 1, 'v'));
+      fleet_->KvWait(running.worker_id, job, 1, long_key, absl::Seconds(5), nullptr).status()));
+  status = fleet_->KvSet(running.worker_id, job, 1, "big", std::string(kMaxValueBytes + 1, 'v'));
   EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
   EXPECT_THAT(status.message(), HasSubstr("value has 1048577 bytes"));
 
   // The limits themselves are allowed.
   const std::string longest_key(kMaxKeyBytes, 'k');
-  FLEET_ASSERT_OK(fleet_->KvSet(job, 1, longest_key, std::string(kMaxValueBytes, 'v')));
-  absl::StatusOr<std::optional<std::string>> got = fleet_->KvGet(job, 1, longest_key);
+  FLEET_ASSERT_OK(
+      fleet_->KvSet(running.worker_id, job, 1, longest_key, std::string(kMaxValueBytes, 'v')));
+  absl::StatusOr<std::optional<std::string>> got =
+      fleet_->KvGet(running.worker_id, job, 1, longest_key);
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_TRUE(got->has_value());
   EXPECT_EQ((*got)->size(), kMaxValueBytes);

@@ -59,8 +59,10 @@ TEST_F(FleetReconcileTest, RankReportedAfterARestartKeepsItsAttemptAndGraceEndsE
   EXPECT_EQ(InfoOf(worker).state(), v1::WORKER_STATE_BUSY);
   EXPECT_EQ(InfoOf(worker).current_attempt(), 1);
 
-  // The worker retries a step report the old coordinator had recorded, then goes on.
-  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(worker, running.assignment, 3)));
+  // The worker retries a step report the old coordinator had recorded (a repeat, refused as
+  // such), then goes on.
+  const absl::Status repeat = fleet_->ReportStep(StepReport(worker, running.assignment, 3));
+  EXPECT_TRUE(absl::IsAlreadyExists(repeat)) << repeat;
   FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(worker, running.assignment, 4)));
   EXPECT_THAT(RecordedSteps(running.job.id), ElementsAre(1, 2, 3, 4));
   FLEET_ASSERT_OK(fleet_->ReportCheckpoint(CheckpointReport(worker, running.assignment, 4)));

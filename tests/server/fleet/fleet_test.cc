@@ -244,9 +244,10 @@ TEST_F(FleetTest, RepeatedStepReportsAreRecordedOnceAndOnlyRankZeroSpeaks) {
   const std::string& rank1 = gang.workers[1];
   FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(rank0, gang.assignments[0], 1)));
   FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(rank0, gang.assignments[0], 2)));
-  // Retries of delivered reports (the response was lost) are accepted and ignored.
-  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(rank0, gang.assignments[0], 2)));
-  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(rank0, gang.assignments[0], 1)));
+  // Retries of delivered reports (the response was lost) are refused as repeats, and change
+  // nothing.
+  EXPECT_TRUE(absl::IsAlreadyExists(fleet_->ReportStep(StepReport(rank0, gang.assignments[0], 2))));
+  EXPECT_TRUE(absl::IsAlreadyExists(fleet_->ReportStep(StepReport(rank0, gang.assignments[0], 1))));
   // Rank 1's reports only show that it is alive.
   FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(rank1, gang.assignments[1], 3)));
   EXPECT_THAT(RecordedSteps(gang.job.id), ElementsAre(1, 2));

@@ -3,23 +3,19 @@
 
 #include "server/grpc/job_service.h"
 
-#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
-#include <stdlib.h>
 
-#include <chrono>
-#include <condition_variable>
-#include <mutex>
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "moetrain/v1/coordinator.grpc.pb.h"
+#include "tests/server/grpc/job_service_fixture.h"
 
 namespace moetrain::server {
 namespace {
@@ -27,94 +23,18 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-constexpr char kToken[] = "s3cret-token";
-
-class JobServiceTest : public ::testing::Test {
+class JobServiceTest : public JobServiceFixture {
  protected:
-  void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "job_service_test.XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-    absl::StatusOr<std::unique_ptr<Store>> store =
-        Store::Open((fs::path(dir_) / "coordinator.db").string());
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = std::move(*store);
-    coordinator_ = std::make_unique<Coordinator>(store_.get());
-    FleetOptions fleet_options;
-    fleet_options.checkpoint_dir = (fs::path(dir_) / "checkpoints").string();
-    absl::StatusOr<std::unique_ptr<Fleet>> fleet =
-        Fleet::Create(store_.get(), coordinator_.get(), nullptr, fleet_options);
-    ASSERT_TRUE(fleet.ok()) << fleet.status();
-    fleet_ = std::move(*fleet);
-    JobServiceOptions options;
-    options.bearer_token = kToken;
-    options.watch_cancel_check_interval = absl::Milliseconds(20);
-    service_ = std::make_unique<JobService>(coordinator_.get(), fleet_.get(), options);
-
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    ASSERT_NE(port, 0);
-    channel_ =
-        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
-    stub_ = v1::JobService::NewStub(channel_);
-  }
-
-  void TearDown() override {
-    if (coordinator_) coordinator_->Shutdown();
-    if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    server_.reset();
-    service_.reset();
-    fleet_.reset();
-    coordinator_.reset();
-    store_.reset();
-    fs::remove_all(dir_);
-  }
-
-  static void Authorize(grpc::ClientContext* context, const std::string& token = kToken) {
-    context->AddMetadata("authorization", "Bearer " + token);
-    context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  }
-
-  static v1::SubmitJobRequest Submission(const std::string& submission_id,
-                                         const std::string& name = "tiny") {
-    v1::SubmitJobRequest request;
-    request.set_submission_id(submission_id);
-    request.mutable_spec()->set_name(name);
-    request.set_priority(3);
-    return request;
-  }
-
-  v1::Job MustSubmit(const std::string& submission_id) {
-    grpc::ClientContext context;
-    Authorize(&context);
-    v1::Job job;
-    grpc::Status status = stub_->SubmitJob(&context, Submission(submission_id), &job);
-    EXPECT_TRUE(status.ok()) << status.error_message();
-    return job;
-  }
-
   int64_t StoredJobs() {
     absl::StatusOr<JobPage> page = store_->ListJobs({});
     EXPECT_TRUE(page.ok()) << page.status();
     return page.ok() ? static_cast<int64_t>(page->jobs.size()) : -1;
   }
-
-  std::string dir_;
-  std::unique_ptr<Store> store_;
-  std::unique_ptr<Coordinator> coordinator_;
-  std::unique_ptr<Fleet> fleet_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<JobService> service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<v1::JobService::Stub> stub_;
 };
 
 TEST_F(JobServiceTest, SubmitGetListCancel) {
-  v1::Job job = MustSubmit("sub-1");
+  v1::Job job;
+  ASSERT_TRUE(Submit(Submission("sub-1", 3), &job).ok());
   EXPECT_FALSE(job.id().empty());
   EXPECT_EQ(job.submission_id(), "sub-1");
   EXPECT_EQ(job.name(), "tiny");
@@ -125,12 +45,14 @@ TEST_F(JobServiceTest, SubmitGetListCancel) {
   EXPECT_FALSE(job.has_latest_checkpoint_step());
 
   // Idempotent on the submission id.
-  EXPECT_EQ(MustSubmit("sub-1").id(), job.id());
   {
-    grpc::ClientContext context;
-    Authorize(&context);
+    v1::Job again;
+    ASSERT_TRUE(Submit(Submission("sub-1", 3), &again).ok());
+    EXPECT_EQ(again.id(), job.id());
+    v1::SubmitJobRequest renamed = Submission("sub-1", 3);
+    renamed.mutable_spec()->set_name("renamed");
     v1::Job other;
-    grpc::Status status = stub_->SubmitJob(&context, Submission("sub-1", "renamed"), &other);
+    grpc::Status status = Submit(renamed, &other);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::ALREADY_EXISTS) << status.error_message();
   }
 
@@ -278,16 +200,19 @@ TEST_F(JobServiceTest, WatchEndsWhenTheClientCancels) {
 }
 
 TEST_F(JobServiceTest, MissingOrWrongTokenIsUnauthenticated) {
-  for (const char* token : {"", "wrong", "s3cret-token-longer", "s3cret-tokeX"}) {
+  std::string last_changed = kFixtureToken;
+  last_changed.back() = 'X';
+  for (const std::string& token : {std::string(), std::string("wrong"),
+                                   absl::StrCat(kFixtureToken, "-longer"), last_changed}) {
     grpc::ClientContext context;
-    if (*token != '\0') Authorize(&context, token);
+    if (!token.empty()) Authorize(&context, token);
     v1::Job job;
     grpc::Status status = stub_->SubmitJob(&context, Submission("sub-1"), &job);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << token;
   }
   {
     grpc::ClientContext context;
-    context.AddMetadata("authorization", kToken);  // no "Bearer "
+    context.AddMetadata("authorization", kFixtureToken);  // no "Bearer "
     v1::GetJobRequest request;
     request.set_job_id("job-x");
     v1::Job job;
@@ -325,9 +250,9 @@ TEST_F(JobServiceTest, MalformedSpecIsInvalidArgumentNamingTheFieldAndStoresNoth
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(), HasSubstr("model.moe.top_k"));
 
-  grpc::ClientContext escape;
-  Authorize(&escape);
-  status = stub_->SubmitJob(&escape, Submission("sub-escape", "../../etc"), &job);
+  v1::SubmitJobRequest escape = Submission("sub-escape");
+  escape.mutable_spec()->set_name("../../etc");
+  status = Submit(escape, &job);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(), HasSubstr("name"));
   EXPECT_EQ(StoredJobs(), 0);
@@ -344,9 +269,9 @@ TEST_F(JobServiceTest, StepsCheckpointsAndLogsReachTheWatcherTyped) {
   v1::CheckpointSaved saved;
   saved.set_step(7);
   saved.set_path("/c/step-00000007");
-  ASSERT_TRUE(coordinator_->AppendEvent(job.id(), kCheckpointSavedEventKind,
-                                        saved.SerializeAsString())
-                  .ok());
+  ASSERT_TRUE(
+      coordinator_->AppendEvent(job.id(), kCheckpointSavedEventKind, saved.SerializeAsString())
+          .ok());
 
   // no_wait: what is recorded, then the end of the stream although the job is not final.
   grpc::ClientContext context;
@@ -427,7 +352,9 @@ TEST_F(JobServiceTest, ListsCheckpointsAndWorkers) {
 TEST_F(JobServiceTest, RequestsWithUnknownFieldsAreRejectedAndStoreNothing) {
   v1::SubmitJobRequest request = Submission("unknown-field");
   // Field 99 of JobSpec: what a newer client would send.
-  request.mutable_spec()->GetReflection()->MutableUnknownFields(request.mutable_spec())
+  request.mutable_spec()
+      ->GetReflection()
+      ->MutableUnknownFields(request.mutable_spec())
       ->AddVarint(99, 1);
   grpc::ClientContext context;
   Authorize(&context);
@@ -441,25 +368,9 @@ TEST_F(JobServiceTest, RequestsWithUnknownFieldsAreRejectedAndStoreNothing) {
 TEST_F(JobServiceTest, TruncatedRequestBytesChangeNothing) {
   // The bytes of a valid SubmitJobRequest, cut short, sent through the generic stub.
   const std::string whole = Submission("truncated").SerializeAsString();
-  grpc::GenericStub generic(channel_);
   for (size_t length : {whole.size() - 1, whole.size() / 2, size_t{3}}) {
-    grpc::ClientContext context;
-    Authorize(&context);
-    grpc::Slice slice(whole.substr(0, length));
-    grpc::ByteBuffer request(&slice, 1), response;
-    std::mutex mu;
-    std::condition_variable done_cv;
-    bool done = false;
-    grpc::Status status;
-    generic.UnaryCall(&context, "/moetrain.v1.JobService/SubmitJob", grpc::StubOptions(), &request,
-                      &response, [&](grpc::Status s) {
-                        std::lock_guard<std::mutex> lock(mu);
-                        status = std::move(s);
-                        done = true;
-                        done_cv.notify_one();
-                      });
-    std::unique_lock<std::mutex> lock(mu);
-    done_cv.wait(lock, [&] { return done; });
+    const grpc::Status status =
+        RawCall("/moetrain.v1.JobService/SubmitJob", whole.substr(0, length));
     EXPECT_FALSE(status.ok()) << "length " << length;
   }
   EXPECT_TRUE(store_->ListJobs({})->jobs.empty());

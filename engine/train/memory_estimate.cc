@@ -1,0 +1,199 @@
+#include "engine/train/memory_estimate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "engine/core/dtype.h"
+
+namespace moetrain {
+namespace {
+
+constexpr double kKiB = 1024.0;
+
+// The unit FormatBytes writes `bytes` in, and its size.
+std::pair<const char*, double> UnitOf(double bytes) {
+  static constexpr std::pair<const char*, double> kUnits[] = {{"TiB", kKiB * kKiB * kKiB * kKiB},
+                                                              {"GiB", kKiB * kKiB * kKiB},
+                                                              {"MiB", kKiB * kKiB},
+                                                              {"KiB", kKiB}};
+  for (const auto& unit : kUnits) {
+    if (bytes >= unit.second) return unit;
+  }
+  return {"B", 1.0};
+}
+
+// Rows of routed-expert work one rank holds for `tokens` tokens: every (token, slot) pair, or at
+// most each expert's capacity in capacity mode; spread evenly over the expert-parallel ranks,
+// which exchange them (so the local rows equal the sent ones on average).
+double RoutedRows(const MoeConfig& moe, double tokens) {
+  const double pairs = tokens * static_cast<double>(moe.top_k);
+  if (moe.capacity_factor <= 0.0f) return pairs;
+  const double e = static_cast<double>(moe.num_experts);
+  const double capacity_rows = e * std::ceil(moe.capacity_factor * pairs / e);
+  return std::min(pairs, capacity_rows);
+}
+
+}  // namespace
+
+std::string FormatBytes(double bytes) {
+  const auto [name, size] = UnitOf(bytes);
+  if (size == 1.0) return absl::StrCat(static_cast<int64_t>(bytes), " B");
+  return absl::StrFormat("%.2f %s", bytes / size, name);
+}
+
+std::string MemoryEstimate::DebugString() const {
+  const auto [name, size] = UnitOf(total());
+  return absl::StrFormat("%s (params %.2f, grads %.2f, optimizer %.2f, activations %.2f %s)",
+                         FormatBytes(total()), parameters / size, gradients / size,
+                         optimizer / size, activations / size, name);
+}
+
+MemoryEstimate EstimateTrainingMemory(const TrainerConfig& config) {
+  const ModelConfig& m = config.model;
+  const MoeConfig& moe = m.moe;
+  const auto as_double = [](int64_t value) { return static_cast<double>(value); };
+  const double d = as_double(m.hidden_size), v = as_double(m.vocab_size);
+  const double dh = as_double(m.resolved_head_dim());
+  const double q = as_double(m.num_heads) * dh, kv = as_double(m.num_kv_heads) * dh;
+  const double f = as_double(m.ffn_dim), e = as_double(moe.num_experts);
+  const double fe = as_double(moe.expert_ffn_dim);
+  const double shared_f = as_double(moe.num_shared_experts) * fe;
+  const int64_t layers = std::max<int64_t>(m.num_layers, 0);
+  const int64_t dense_layers = std::clamp<int64_t>(m.first_dense_layers, 0, layers);
+  const double moe_layers = as_double(layers - dense_layers);
+  const double ep = std::max(1, config.parallel.expert_parallel);
+  const double world = std::max(1, config.parallel.world_size());
+  const double local_experts = e / ep;
+  // This rank's tokens of one forward/backward.
+  const int64_t micro =
+      config.micro_batch_size > 0 ? config.micro_batch_size : config.data.batch_size;
+  const double t = std::max(1.0, as_double(micro) / world) * as_double(config.data.seq_len);
+  const double act = static_cast<double>(DTypeSize(config.compute_dtype));
+  const bool f32 = config.compute_dtype == DType::kF32;
+  const double act_copy = f32 ? 0.0 : act;  // a compute copy that exists only below f32
+
+  // Parameters, as parameters.cc lays them out.
+  const double embeddings = v * d * (m.tie_embeddings ? 1.0 : 2.0) + d;
+  const double attention = 2 * d + 2 * q * d + 2 * kv * d;
+  const double dense_ffn = 3 * f * d;
+  const double moe_dense = e * d + (moe.expert_bias ? e : 0.0) + 3 * shared_f * d;
+  const double experts = local_experts * 3 * fe * d;
+  const double n = embeddings + as_double(layers) * attention +
+                   as_double(dense_layers) * dense_ffn + moe_layers * (moe_dense + experts);
+  const double untrainable = moe.expert_bias ? moe_layers * e : 0.0;
+
+  MemoryEstimate estimate;
+  estimate.parameters = n * (4 + act_copy);
+  estimate.gradients = 4 * n;
+  estimate.optimizer = 2 * 4 * (n - untrainable);
+
+  // The transformer's own buffers: tokens, the residual stream of every layer boundary, the final
+  // norm, its gradients, and the LM head's chunk of logits (about 16 MiB of f32 at a time).
+  const double lm_chunk = std::min(t, std::max(1.0, std::floor(double{4 << 20} / v)));
+  double activations = 3 * 4 * t + 4 * as_double(layers + 1) * t * d + 4 * t + act * t * d +
+                       2 * 4 * t * d + (4 + act) * lm_chunk * v + 4 * t;
+  // Every block: attention's saved tensors and backward scratch, and the norms.
+  const double block = 4 * t + act * t * d + 4 * t * (2 * q + 2 * kv) + act_copy * t * q +
+                       4 * t * as_double(m.num_heads) + 4 * t * d + 4 * t + act * t * d +
+                       act_copy * t * d + 4 * t * (2 * q + 2 * kv) + act_copy * t * (q + 2 * kv) +
+                       4 * t * d;
+  activations += as_double(layers) * block;
+  // Dense FFN blocks: pre-activations, the activated rows and their gradients.
+  activations +=
+      as_double(dense_layers) * (4 * t * 2 * f + act * t * f + 4 * t * f + act * t * 2 * f);
+  // MoE blocks: routing, the permuted rows through the experts and back, the shared experts.
+  const double rows = RoutedRows(moe, t);
+  const double k = as_double(moe.top_k);
+  double moe_block =
+      2 * act * t * d + (f32 ? 0.0 : 4 * t * d) + 2 * 4 * t * e + 4 * t * d + 4 * t * k + 8 * t * k;
+  moe_block +=
+      rows * (act * d + 4 * 2 * fe + act * fe + 4 * d + 4 * fe + act * 2 * fe + act * d + 4 * d);
+  if (ep > 1) moe_block += rows * (2 * act * d + 2 * 4 * d);  // received rows, combine, their grads
+  if (shared_f > 0) {
+    moe_block += 4 * t * 2 * shared_f + act * t * shared_f + 2 * 4 * t * d + 4 * t * shared_f +
+                 act * t * 2 * shared_f;
+  }
+  activations += moe_layers * moe_block;
+  estimate.activations = activations;
+  return estimate;
+}
+
+absl::StatusOr<int64_t> ParseByteSize(std::string_view text, std::string_view flag) {
+  const std::string trimmed(
+      absl::StripAsciiWhitespace(absl::string_view(text.data(), text.size())));
+  const auto invalid = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(absl::string_view(flag.data(), flag.size()), " = '", trimmed, "': ", why));
+  };
+  size_t end = 0;
+  while (end < trimmed.size() && (absl::ascii_isdigit(trimmed[end]) || trimmed[end] == '.')) ++end;
+  double number = 0;
+  if (end == 0 || !absl::SimpleAtod(trimmed.substr(0, end), &number)) {
+    return invalid("not a size (e.g. 8GiB, 512MiB or a number of bytes)");
+  }
+  std::string unit = absl::AsciiStrToLower(trimmed.substr(end));
+  if (unit.size() > 1 && unit.back() == 'b') unit.pop_back();   // "gib" → "gi", "gb" → "g"
+  if (unit.size() == 2 && unit.back() == 'i') unit.pop_back();  // "gi" → "g"
+  double multiplier = 0;
+  if (unit.empty() || unit == "b") {
+    multiplier = 1;
+  } else if (unit == "k") {
+    multiplier = kKiB;
+  } else if (unit == "m") {
+    multiplier = kKiB * kKiB;
+  } else if (unit == "g") {
+    multiplier = kKiB * kKiB * kKiB;
+  } else if (unit == "t") {
+    multiplier = kKiB * kKiB * kKiB * kKiB;
+  } else {
+    return invalid("unknown unit (use B, KiB, MiB, GiB or TiB)");
+  }
+  const double bytes = number * multiplier;
+  if (!(bytes >= 1)) return invalid("must be at least 1 byte");
+  if (bytes > 9.0e18) return invalid("too large");
+  return static_cast<int64_t>(bytes);
+}
+
+absl::StatusOr<int64_t> MachineMemoryBytes() {
+  int64_t limit = std::numeric_limits<int64_t>::max();
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string line; std::getline(meminfo, line);) {
+    int64_t kib = 0;
+    if (std::sscanf(line.c_str(), "MemTotal: %ld kB", &kib) == 1 && kib > 0) {
+      limit = kib * 1024;
+      break;
+    }
+  }
+  // A container's limit; "max" when there is none.
+  std::ifstream cgroup("/sys/fs/cgroup/memory.max");
+  std::string text;
+  int64_t cgroup_limit = 0;
+  if (cgroup >> text && absl::SimpleAtoi(text, &cgroup_limit) && cgroup_limit > 0) {
+    limit = std::min(limit, cgroup_limit);
+  }
+  if (limit == std::numeric_limits<int64_t>::max()) {
+    return absl::UnavailableError(
+        "cannot read the machine's memory from /proc/meminfo or /sys/fs/cgroup/memory.max");
+  }
+  return limit;
+}
+
+absl::Status CheckMemoryEstimate(const MemoryEstimate& estimate, int64_t limit_bytes,
+                                 std::string_view limit_name) {
+  if (estimate.total() <= static_cast<double>(limit_bytes)) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the model needs about ", estimate.DebugString(), " of memory, more than the ",
+      FormatBytes(static_cast<double>(limit_bytes)), " available (",
+      absl::string_view(limit_name.data(), limit_name.size()),
+      "): make the model or train.micro_batch_size smaller, or use more expert-parallel ranks"));
+}
+
+}  // namespace moetrain

@@ -1,0 +1,58 @@
+// The host memory one rank of a training job will hold, estimated from its config before anything
+// is allocated, so that a model too large for the machine is refused with both figures named
+// instead of ending the process (std::bad_alloc, or the kernel's OOM killer).
+//
+// The estimate mirrors what Trainer::Create and the first step allocate
+// (engine/model/parameters.cc, block.cc, moe_layer.cc, transformer.cc, optimizer.cc): every
+// workspace buffer stays allocated once used, so activations are the sum over all blocks of their
+// forward and backward buffers. Routed-expert rows are counted as if the tokens spread evenly over
+// the expert-parallel ranks. tests/engine/train/memory_estimate_test.cc checks it against the
+// measured peak of a real run.
+#ifndef MOETRAIN_ENGINE_TRAIN_MEMORY_ESTIMATE_H_
+#define MOETRAIN_ENGINE_TRAIN_MEMORY_ESTIMATE_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/train/trainer.h"
+
+namespace moetrain {
+
+// Bytes, as doubles: a hostile spec's sizes overflow int64.
+struct MemoryEstimate {
+  double parameters = 0;   // the f32 masters, plus their compute-dtype copies (bf16)
+  double gradients = 0;    // f32, one per parameter
+  double optimizer = 0;    // AdamW's two f32 moments per trainable parameter
+  double activations = 0;  // what forward keeps for backward, backward's scratch, the LM head's
+
+  double total() const { return parameters + gradients + optimizer + activations; }
+  // "1.23 GiB (params 0.20, grads 0.20, optimizer 0.40, activations 0.43 GiB)"
+  std::string DebugString() const;
+};
+
+// One rank of `config` (a valid config; its micro-batch counted over all ranks).
+MemoryEstimate EstimateTrainingMemory(const TrainerConfig& config);
+
+// "512 B", "3.0 KiB", "1.23 GiB", "4.5 TiB".
+std::string FormatBytes(double bytes);
+
+// "8GiB", "512MiB", "1.5G", "4096" (bytes): binary units (KiB/K/Ki, MiB/M/Mi, GiB/G/Gi, TiB/T/Ti,
+// optionally followed by B). InvalidArgument naming `flag` and the text otherwise, or when the
+// size is not positive.
+absl::StatusOr<int64_t> ParseByteSize(std::string_view text, std::string_view flag);
+
+// The memory this process may use: MemTotal of /proc/meminfo, or the cgroup v2 limit
+// (/sys/fs/cgroup/memory.max) when that is lower. Unavailable when neither can be read.
+absl::StatusOr<int64_t> MachineMemoryBytes();
+
+// OK when the estimate fits in `limit_bytes`; else ResourceExhausted naming both figures. The
+// limit's name (`limit_name`, e.g. "--memory-limit") tells a person what to change.
+absl::Status CheckMemoryEstimate(const MemoryEstimate& estimate, int64_t limit_bytes,
+                                 std::string_view limit_name);
+
+}  // namespace moetrain
+
+#endif  // MOETRAIN_ENGINE_TRAIN_MEMORY_ESTIMATE_H_

@@ -1,0 +1,94 @@
+// Fleet::Delete: a final job leaves the store, the metrics and (when asked) the checkpoint root.
+#include <algorithm>
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "engine/core/log.h"
+#include "engine/core/status.h"
+#include "server/core/fleet.h"
+#include "server/core/fleet_internal.h"
+
+namespace moetrain::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Removes `dir`, the checkpoint directory of job `job_id`, and what it holds. Never leaves it:
+// `dir` itself must be a real directory named after the job, and remove_all removes the
+// symbolic links it meets inside rather than what they point to. Whether there was one.
+absl::StatusOr<bool> RemoveCheckpointDir(const fs::path& dir, absl::string_view job_id) {
+  if (dir.filename() != fs::path(std::string(job_id))) {
+    return absl::InternalError(
+        absl::StrCat("checkpoint directory ", dir.string(), " is not named after job ", job_id));
+  }
+  std::error_code error;
+  const fs::file_status status = fs::symlink_status(dir, error);
+  if (status.type() == fs::file_type::not_found) return false;
+  if (error) {
+    return absl::InternalError(
+        absl::StrCat("cannot inspect ", dir.string(), ": ", error.message()));
+  }
+  if (status.type() != fs::file_type::directory) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint directory ", dir.string(), " is ",
+        status.type() == fs::file_type::symlink ? "a symbolic link" : "not a directory",
+        "; not following it, nothing deleted"));
+  }
+  fs::remove_all(dir, error);
+  if (error) {
+    return absl::InternalError(absl::StrCat("cannot remove ", dir.string(), ": ", error.message(),
+                                            " (the job was not deleted; retry)"));
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<DeletedJob> Fleet::Delete(absl::string_view job_id, bool delete_checkpoints) {
+  absl::MutexLock lock(&mu_);
+  MOETRAIN_ASSIGN_OR_RETURN(JobRecord job, store_->GetJob(job_id));
+  if (!IsFinal(job.state)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job.id, " is ", JobStateName(job.state),
+        "; only a SUCCEEDED, FAILED or CANCELLED job can be deleted (cancel it first)"));
+  }
+  // A cancelled job's ranks may still be writing their last checkpoint.
+  for (const auto& [worker_id, worker] : workers_) {
+    if (worker->slot.has_value() && worker->slot->assignment.job_id() == job.id) {
+      return absl::UnavailableError(
+          absl::StrCat("job ", job.id, ": rank ", worker->slot->assignment.rank(),
+                       " is still stopping on worker ", worker_id, "; retry in a few seconds"));
+    }
+  }
+  v1::JobSpec spec;
+  if (!spec.ParseFromString(job.spec)) {
+    return absl::DataLossError(absl::StrCat("job ", job.id, ": stored spec does not parse"));
+  }
+  DeletedJob deleted;
+  deleted.checkpoint_dir = CheckpointRoot(job, spec);
+  if (delete_checkpoints) {
+    if (options_.checkpoint_naming != CheckpointNaming::kJobId) {
+      return absl::FailedPreconditionError(
+          "checkpoint directories are named after job names here, not ids; not deleting them");
+    }
+    // Files first: when removing them fails, the job is still there to retry with.
+    MOETRAIN_ASSIGN_OR_RETURN(deleted.checkpoints_deleted,
+                              RemoveCheckpointDir(deleted.checkpoint_dir, job.id));
+  }
+  MOETRAIN_RETURN_IF_ERROR(store_->DeleteJob(job.id));
+  if (metrics_ != nullptr) {
+    metrics_->RetireJob(job.id);
+    ended_jobs_.erase(std::remove_if(ended_jobs_.begin(), ended_jobs_.end(),
+                                     [&](const auto& ended) { return ended.second == job.id; }),
+                      ended_jobs_.end());
+  }
+  waiting_reasons_.erase(job.id);
+  Log(absl::StrCat("job ", job.id, " deleted; its checkpoint directory ", deleted.checkpoint_dir,
+                   deleted.checkpoints_deleted ? " was removed"
+                   : delete_checkpoints        ? " was not there"
+                                               : " was kept"));
+  return deleted;
+}
+
+}  // namespace moetrain::server

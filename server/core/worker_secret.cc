@@ -1,0 +1,34 @@
+#include "server/core/worker_secret.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+
+#include "absl/strings/escaping.h"
+
+namespace moetrain::server {
+
+absl::StatusOr<std::string> NewWorkerSecret() {
+  unsigned char bytes[32];
+  if (RAND_bytes(bytes, sizeof(bytes)) != 1) {
+    return absl::InternalError("the system's random generator failed to make a worker secret");
+  }
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
+}
+
+std::string WorkerSecretDigest(absl::string_view secret) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  EVP_Digest(secret.data(), secret.size(), digest, &size, EVP_sha256(), nullptr);
+  return std::string(reinterpret_cast<const char*>(digest), size);
+}
+
+bool WorkerSecretMatches(absl::string_view digest, absl::string_view secret) {
+  const std::string presented = WorkerSecretDigest(secret);
+  // Both are SHA-256 digests of 32 bytes unless `digest` is damaged: then nothing matches.
+  return digest.size() == presented.size() &&
+         CRYPTO_memcmp(digest.data(), presented.data(), presented.size()) == 0;
+}
+
+}  // namespace moetrain::server

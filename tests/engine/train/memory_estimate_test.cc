@@ -1,0 +1,172 @@
+// The memory estimate: sizes parse, the parameter count is the model's, the whole estimate is
+// within a sane factor of the peak memory a real trainer reaches in two steps, and an oversized
+// model is refused naming both figures.
+#include "engine/train/memory_estimate.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/engine/tensor_test_util.h"
+
+namespace moetrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(ParseByteSizeTest, AcceptsBinaryUnitsAndPlainBytes) {
+  const std::pair<const char*, int64_t> cases[] = {
+      {"4096", 4096},     {"512MiB", 512ll << 20}, {"8GiB", 8ll << 30}, {"8G", 8ll << 30},
+      {"8Gi", 8ll << 30}, {"1.5GiB", 3ll << 29},   {"2TiB", 2ll << 40}, {"64KiB", 64ll << 10},
+      {"100B", 100},      {" 1gib ", 1ll << 30}};
+  for (const auto& [text, bytes] : cases) {
+    absl::StatusOr<int64_t> parsed = ParseByteSize(text, "--memory-limit");
+    ASSERT_TRUE(parsed.ok()) << text << ": " << parsed.status();
+    EXPECT_EQ(*parsed, bytes) << text;
+  }
+}
+
+TEST(ParseByteSizeTest, RefusesWhatIsNotASizeNamingTheFlag) {
+  for (const char* text : {"", "GiB", "8 parsecs", "-1GiB", "0", "0.1", "1e30", "99999999TiB"}) {
+    absl::StatusOr<int64_t> parsed = ParseByteSize(text, "--memory-limit");
+    ASSERT_FALSE(parsed.ok()) << text;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_THAT(parsed.status().message(), HasSubstr("--memory-limit")) << text;
+  }
+}
+
+TEST(FormatBytesTest, PicksTheLargestUnitBelowTheSize) {
+  EXPECT_EQ(FormatBytes(512), "512 B");
+  EXPECT_EQ(FormatBytes(3 * 1024), "3.00 KiB");
+  EXPECT_EQ(FormatBytes(1.5 * 1024 * 1024 * 1024), "1.50 GiB");
+}
+
+TEST(MachineMemoryTest, IsPositive) {
+  absl::StatusOr<int64_t> bytes = MachineMemoryBytes();
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_GT(*bytes, int64_t{64} << 20);
+}
+
+// A model whose memory is mostly parameters and optimizer state (~150 MiB), or mostly
+// activations (`activation_heavy`, long sequences).
+TrainerConfig MeasuredConfig(bool activation_heavy, DType dtype) {
+  TrainerConfig c;
+  c.model.vocab_size = 2048;
+  c.model.hidden_size = activation_heavy ? 128 : 256;
+  c.model.num_layers = 3;
+  c.model.num_heads = 4;
+  c.model.num_kv_heads = 2;
+  c.model.ffn_dim = 512;
+  c.model.first_dense_layers = 1;
+  c.model.moe.num_experts = activation_heavy ? 4 : 16;
+  c.model.moe.top_k = 2;
+  c.model.moe.expert_ffn_dim = activation_heavy ? 128 : 512;
+  c.model.moe.num_shared_experts = 1;
+  c.data.format = DataConfig::Format::kSynthetic;
+  c.data.vocab_size = c.data.synthetic_vocab_size = 2048;
+  c.data.seq_len = c.model.max_seq_len = activation_heavy ? 512 : 32;
+  c.data.batch_size = activation_heavy ? 16 : 2;
+  c.compute_dtype = dtype;
+  c.steps = 2;
+  c.log_every = 1;
+  return c;
+}
+
+int64_t StatusFieldKiB(const char* field) {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    long kib = 0;
+    if (line.rfind(field, 0) == 0 &&
+        std::sscanf(line.c_str() + std::strlen(field), ": %ld", &kib) == 1) {
+      return kib;
+    }
+  }
+  return -1;
+}
+
+TEST(MemoryEstimateTest, CountsTheModelsParameters) {
+  const TrainerConfig config = MeasuredConfig(false, DType::kF32);
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(config);
+  MOETRAIN_ASSERT_OK(trainer.status());
+  const double elements = static_cast<double>((*trainer)->model().master_buffer().numel());
+  const MemoryEstimate estimate = EstimateTrainingMemory(config);
+  // The buffer pads each tensor to 16 elements.
+  EXPECT_NEAR(estimate.parameters / 4, elements, 0.001 * elements);
+  EXPECT_DOUBLE_EQ(estimate.gradients, estimate.parameters);
+  EXPECT_NEAR(estimate.optimizer, 2 * estimate.parameters, 0.001 * estimate.parameters);
+}
+
+class MeasuredPeakTest : public ::testing::TestWithParam<std::tuple<bool, DType>> {};
+
+// The peak resident memory that creating the trainer and training two steps adds is within a
+// factor of two of the estimate, either way.
+TEST_P(MeasuredPeakTest, EstimateIsWithinAFactorOfTwoOfTheMeasuredPeak) {
+  const auto [activation_heavy, dtype] = GetParam();
+  const TrainerConfig config = MeasuredConfig(activation_heavy, dtype);
+  const MemoryEstimate estimate = EstimateTrainingMemory(config);
+  // Resets VmHWM to the current RSS, so that earlier tests of this process do not count.
+  std::ofstream("/proc/self/clear_refs") << "5";
+  const int64_t before_kib = StatusFieldKiB("VmRSS");
+  ASSERT_GT(before_kib, 0);
+  {
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(config);
+    MOETRAIN_ASSERT_OK(trainer.status());
+    TrainObserver quiet;
+    MOETRAIN_ASSERT_OK((*trainer)->Run(&quiet));
+  }
+  const double measured = static_cast<double>(StatusFieldKiB("VmHWM") - before_kib) * 1024;
+  std::printf("estimate %s, measured peak growth %s\n", estimate.DebugString().c_str(),
+              FormatBytes(measured).c_str());
+  EXPECT_GE(estimate.total(), 0.5 * measured) << estimate.DebugString();
+  EXPECT_LE(estimate.total(), 2.0 * measured) << estimate.DebugString();
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, MeasuredPeakTest,
+                         ::testing::Combine(::testing::Bool(),
+                                            ::testing::Values(DType::kF32, DType::kBF16)),
+                         [](const ::testing::TestParamInfo<std::tuple<bool, DType>>& info) {
+                           return std::string(std::get<0>(info.param) ? "Activations"
+                                                                      : "Parameters") +
+                                  (std::get<1>(info.param) == DType::kF32 ? "F32" : "BF16");
+                         });
+
+TEST(MemoryEstimateTest, RefusesTheOversizedModelNamingBothFigures) {
+  // The model: 4096 wide, 8 layers, 64 experts of the default width.
+  TrainerConfig config;
+  config.model.hidden_size = 4096;
+  config.model.num_layers = 8;
+  config.model.num_heads = 32;
+  config.model.num_kv_heads = 32;
+  config.model.moe.num_experts = 64;
+  const MemoryEstimate estimate = EstimateTrainingMemory(config);
+  EXPECT_GT(estimate.total(), 64.0 * (1ll << 30)) << estimate.DebugString();
+  const absl::Status refused = CheckMemoryEstimate(estimate, int64_t{16} << 30, "--memory-limit");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.message(), HasSubstr(FormatBytes(estimate.total())));
+  EXPECT_THAT(refused.message(), HasSubstr("16.00 GiB"));
+  EXPECT_THAT(refused.message(), HasSubstr("--memory-limit"));
+  EXPECT_TRUE(CheckMemoryEstimate(estimate, int64_t{1} << 50, "--memory-limit").ok());
+}
+
+TEST(MemoryEstimateTest, HostileSizesGiveAHugeFiniteEstimate) {
+  TrainerConfig config;
+  config.model.vocab_size = (int64_t{1} << 31) - 1;
+  config.model.hidden_size = int64_t{1} << 30;
+  config.model.num_heads = 1;
+  config.model.num_kv_heads = 1;
+  config.data.batch_size = int64_t{1} << 30;
+  const MemoryEstimate estimate = EstimateTrainingMemory(config);
+  EXPECT_TRUE(std::isfinite(estimate.total()));
+  EXPECT_EQ(CheckMemoryEstimate(estimate, int64_t{1} << 40, "--memory-limit").code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+}  // namespace
+}  // namespace moetrain

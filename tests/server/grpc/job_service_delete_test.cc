@@ -1,0 +1,142 @@
+// DeleteJob (issue 13, item 13) over a real gRPC server: only final jobs, everything recorded
+// about the job goes, and checkpoint files go only when asked and only inside the job's own
+// directory, never through a symbolic link.
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/server/grpc/job_service_fixture.h"
+
+namespace moetrain::server {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+class JobServiceDeleteTest : public JobServiceFixture {
+ protected:
+  grpc::Status Delete(const std::string& job_id, bool delete_checkpoints,
+                      v1::DeleteJobResponse* response) {
+    v1::DeleteJobRequest request;
+    request.set_job_id(job_id);
+    request.set_delete_checkpoints(delete_checkpoints);
+    grpc::ClientContext context;
+    Authorize(&context);
+    return stub_->DeleteJob(&context, request, response);
+  }
+
+  grpc::Status Get(const std::string& job_id) {
+    v1::GetJobRequest request;
+    request.set_job_id(job_id);
+    grpc::ClientContext context;
+    Authorize(&context);
+    v1::Job job;
+    return stub_->GetJob(&context, request, &job);
+  }
+
+  // A cancelled job with a checkpoint step directory holding one file.
+  v1::Job CancelledJobWithFiles(const std::string& submission_id) {
+    const v1::Job job = MustSubmit(submission_id);
+    v1::Job cancelled;
+    EXPECT_TRUE(Cancel(job.id(), "", &cancelled).ok());
+    const fs::path step = checkpoint_dir_ / job.id() / "step-00000005";
+    fs::create_directories(step);
+    std::ofstream(step / "model.safetensors") << "weights";
+    return job;
+  }
+};
+
+TEST_F(JobServiceDeleteTest, OnlyFinalJobsAndKnownOnes) {
+  v1::DeleteJobResponse response;
+  grpc::Status status = Delete("job-nosuchjob", false, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << status.error_message();
+
+  const v1::Job pending = MustSubmit("pending");
+  status = Delete(pending.id(), false, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("PENDING"));
+  EXPECT_TRUE(Get(pending.id()).ok());
+}
+
+TEST_F(JobServiceDeleteTest, KeepsTheCheckpointFilesByDefault) {
+  const v1::Job job = CancelledJobWithFiles("keep");
+  const v1::Job other = MustSubmit("other");
+  v1::DeleteJobResponse response;
+  const grpc::Status status = Delete(job.id(), false, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.checkpoint_dir(), (checkpoint_dir_ / job.id()).string());
+  EXPECT_FALSE(response.checkpoints_deleted());
+  EXPECT_TRUE(fs::exists(checkpoint_dir_ / job.id() / "step-00000005" / "model.safetensors"));
+
+  EXPECT_EQ(Get(job.id()).error_code(), grpc::StatusCode::NOT_FOUND);
+  std::vector<v1::Job> jobs;
+  int pages = 0;
+  ASSERT_TRUE(ListAll(&jobs, &pages).ok());
+  ASSERT_EQ(jobs.size(), 1u);
+  EXPECT_EQ(jobs[0].id(), other.id());
+  // Its events went too: a watch finds no job.
+  v1::WatchJobRequest watch;
+  watch.set_job_id(job.id());
+  watch.set_no_wait(true);
+  grpc::ClientContext context;
+  Authorize(&context);
+  auto reader = stub_->WatchJob(&context, watch);
+  v1::JobEvent event;
+  while (reader->Read(&event)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+  // Deleted once.
+  EXPECT_EQ(Delete(job.id(), false, &response).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(JobServiceDeleteTest, DeletesTheCheckpointDirectoryWhenAskedAndNothingOutsideIt) {
+  const v1::Job job = CancelledJobWithFiles("remove");
+  // A link inside the job's directory to a file outside it: the link goes, the file stays.
+  const fs::path outside = dir_ / "outside";
+  fs::create_directories(outside);
+  std::ofstream(outside / "precious") << "keep me";
+  fs::create_directory_symlink(outside, checkpoint_dir_ / job.id() / "step-00000005" / "link");
+  const v1::Job neighbour = CancelledJobWithFiles("neighbour");
+
+  v1::DeleteJobResponse response;
+  const grpc::Status status = Delete(job.id(), true, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_TRUE(response.checkpoints_deleted());
+  EXPECT_FALSE(fs::exists(checkpoint_dir_ / job.id()));
+  EXPECT_TRUE(fs::exists(outside / "precious"));
+  EXPECT_TRUE(fs::exists(checkpoint_dir_ / neighbour.id() / "step-00000005"));
+  EXPECT_EQ(Get(job.id()).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(JobServiceDeleteTest, AJobDirectoryThatIsALinkIsNotFollowed) {
+  const v1::Job job = MustSubmit("linked");
+  v1::Job cancelled;
+  ASSERT_TRUE(Cancel(job.id(), "", &cancelled).ok());
+  const fs::path outside = dir_ / "elsewhere";
+  fs::create_directories(outside / "step-00000005");
+  fs::create_directories(checkpoint_dir_);
+  fs::create_directory_symlink(outside, checkpoint_dir_ / job.id());
+
+  v1::DeleteJobResponse response;
+  const grpc::Status status = Delete(job.id(), true, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("symbolic link"));
+  EXPECT_TRUE(fs::exists(outside / "step-00000005"));
+  EXPECT_TRUE(Get(job.id()).ok()) << "nothing was deleted";
+}
+
+TEST_F(JobServiceDeleteTest, NoCheckpointDirectoryIsNotAnError) {
+  const v1::Job job = MustSubmit("bare");
+  v1::Job cancelled;
+  ASSERT_TRUE(Cancel(job.id(), "", &cancelled).ok());
+  v1::DeleteJobResponse response;
+  const grpc::Status status = Delete(job.id(), true, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_FALSE(response.checkpoints_deleted());
+}
+
+}  // namespace
+}  // namespace moetrain::server

@@ -1,0 +1,123 @@
+// Which failures of a rank no restart can fix: the codes FailureKindOf maps, and the errors the
+// trainer really returns for the cases that must not be retried (data whose token ids exceed the
+// vocabulary, a resume over another model's checkpoint, a precision or device the trainer lacks)
+// and for some that may be (a missing data file, on this worker).
+#include <stdlib.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "engine/train/trainer.h"
+#include "gtest/gtest.h"
+#include "moetrain/v1/job_spec.h"
+#include "worker/job_config.h"
+#include "worker/rank_runner.h"
+
+namespace moetrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+class FailureKindTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::temp_directory_path() / "failure_kind_test.XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override {
+    std::error_code error;
+    fs::remove_all(dir_, error);
+  }
+
+  // A tiny job; `extra` is appended to the YAML (top-level sections not otherwise written).
+  absl::StatusOr<TrainerConfig> Config(const std::string& model, const std::string& extra = "") {
+    absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(absl::StrCat(
+        "name: kinds\nmodel: {vocab_size: 64, hidden_size: ", model,
+        ", num_layers: 2, num_heads: 2, ffn_dim: 32, moe: {num_experts: 4, top_k: 2, "
+        "expert_ffn_dim: 16}}\ntrain: {steps: 2, batch_size: 2, seq_len: 16, log_every: 1}\n"
+        "checkpoint: {every_steps: 2}\n",
+        extra));
+    if (!spec.ok()) return spec.status();
+    return TrainerConfigFromSpec(*spec, dir_.string());
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(FailureKindTest, CodesThatSayTheJobIsWrongArePermanentAndTheRestTransient) {
+  for (absl::StatusCode code :
+       {absl::StatusCode::kInvalidArgument, absl::StatusCode::kFailedPrecondition,
+        absl::StatusCode::kOutOfRange, absl::StatusCode::kUnimplemented}) {
+    EXPECT_EQ(FailureKindOf(absl::Status(code, "x")), v1::FAILURE_KIND_PERMANENT) << code;
+  }
+  for (absl::StatusCode code :
+       {absl::StatusCode::kInternal, absl::StatusCode::kUnavailable,
+        absl::StatusCode::kDeadlineExceeded, absl::StatusCode::kAborted,
+        absl::StatusCode::kResourceExhausted, absl::StatusCode::kDataLoss,
+        absl::StatusCode::kUnknown, absl::StatusCode::kNotFound,
+        absl::StatusCode::kPermissionDenied, absl::StatusCode::kCancelled}) {
+    EXPECT_EQ(FailureKindOf(absl::Status(code, "x")), v1::FAILURE_KIND_TRANSIENT) << code;
+  }
+}
+
+TEST_F(FailureKindTest, UnsupportedPrecisionAndDeviceArePermanent) {
+  for (const char* yaml :
+       {"name: kinds\nresources: {device: CUDA}\n", "name: kinds\ntrain: {precision: FP8}\n"}) {
+    absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(yaml);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    absl::StatusOr<TrainerConfig> config = TrainerConfigFromSpec(*spec, dir_.string());
+    ASSERT_FALSE(config.ok()) << yaml;
+    EXPECT_EQ(FailureKindOf(config.status()), v1::FAILURE_KIND_PERMANENT) << config.status();
+  }
+}
+
+TEST_F(FailureKindTest, TokenIdsPastTheVocabularyArePermanentAMissingFileIsNot) {
+  std::vector<uint16_t> tokens(512);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i % 64);
+  tokens[100] = 300;
+  const fs::path data = dir_ / "tokens.u16";
+  std::ofstream(data, std::ios::binary)
+      .write(reinterpret_cast<const char*>(tokens.data()),
+             static_cast<std::streamsize>(tokens.size() * sizeof(uint16_t)));
+  absl::StatusOr<TrainerConfig> config =
+      Config("32", absl::StrCat("data: {format: U16, path: ", data.string(), "}\n"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*config);
+  ASSERT_FALSE(trainer.ok());
+  EXPECT_NE(trainer.status().message().find("token 300"), std::string::npos) << trainer.status();
+  EXPECT_EQ(FailureKindOf(trainer.status()), v1::FAILURE_KIND_PERMANENT) << trainer.status();
+
+  // Another worker may have the file (its mount, its copy): worth another attempt.
+  config =
+      Config("32", absl::StrCat("data: {format: U16, path: ", (dir_ / "absent").string(), "}\n"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  trainer = Trainer::Create(*config);
+  ASSERT_FALSE(trainer.ok());
+  EXPECT_EQ(FailureKindOf(trainer.status()), v1::FAILURE_KIND_TRANSIENT) << trainer.status();
+}
+
+TEST_F(FailureKindTest, ResumeOverAnotherModelsCheckpointIsPermanent) {
+  absl::StatusOr<TrainerConfig> first = Config("32");
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*first);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  ASSERT_TRUE((*trainer)->Run(nullptr).ok());
+
+  absl::StatusOr<TrainerConfig> other = Config("64");
+  ASSERT_TRUE(other.ok()) << other.status();
+  absl::StatusOr<std::unique_ptr<Trainer>> resumed = Trainer::Create(*other);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  const absl::Status status = (*resumed)->Resume(nullptr);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("different model"), std::string::npos) << status;
+  EXPECT_EQ(FailureKindOf(status), v1::FAILURE_KIND_PERMANENT) << status;
+}
+
+}  // namespace
+}  // namespace moetrain
