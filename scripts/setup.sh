@@ -13,6 +13,7 @@ packages=(
   openssl  # the TLS test certificates of tests/server/coordinator_server
   libgloo-dev  # engine/comm GlooCommunicator: collectives between CPU ranks over TCP
   chromium  # headless browser of the dashboard page test (tests/deploy)
+  clang libclang-rt-dev  # tests/fuzz: libFuzzer, AddressSanitizer and UBSan for the fuzz targets
 )
 # Node.js runs the deploy tests (Kubernetes schema validation, the browser driver); their npm
 # packages are installed by the tests into the build folder. A Node.js from elsewhere (with its
