@@ -124,8 +124,11 @@ double Percentile(const std::vector<double>& sorted, double fraction) {
 Connection NewConnection(const std::string& address, const std::string& token) {
   grpc::ChannelArguments arguments;
   arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return Connection{
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), arguments), token};
+  Connection connection;
+  connection.channel =
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), arguments);
+  connection.token = token;
+  return connection;
 }
 
 // Every job id ListJobs returns, page by page.

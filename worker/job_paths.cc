@@ -23,11 +23,11 @@ std::string Shown(const std::string& value) {
 absl::StatusOr<std::string> ResolvePath(const std::string& path) {
   std::error_code ec;
   const fs::path absolute = fs::absolute(path, ec);
-  if (ec) return absl::ErrnoToStatus(ec.value(), absl::StrCat("resolve '", Shown(path), "'"));
+  if (ec) return IoError(ec.value(), absl::StrCat("resolve '", Shown(path), "'"));
   // weakly_canonical follows the links of the components that exist and normalizes the rest, so
   // a directory still to be created resolves too.
   const fs::path resolved = fs::weakly_canonical(absolute, ec);
-  if (ec) return absl::ErrnoToStatus(ec.value(), absl::StrCat("resolve '", Shown(path), "'"));
+  if (ec) return IoError(ec.value(), absl::StrCat("resolve '", Shown(path), "'"));
   fs::path normal = resolved.lexically_normal();
   if (!normal.has_filename() && normal.has_relative_path()) normal = normal.parent_path();
   return normal.string();

@@ -126,7 +126,7 @@ class ReportingObserver : public TrainObserver {
 
 void ReportEnd(const v1::Assignment& assignment, const RankEnvironment& environment,
                v1::AttemptOutcome outcome, const std::string& message, int64_t step,
-               v1::FailureKind failure_kind = v1::FAILURE_KIND_UNSPECIFIED) {
+               bool worker_draining, v1::FailureKind failure_kind = v1::FAILURE_KIND_UNSPECIFIED) {
   v1::ReportAttemptEndRequest request;
   request.set_worker_id(environment.worker_id);
   request.set_job_id(assignment.job_id());
@@ -136,6 +136,7 @@ void ReportEnd(const v1::Assignment& assignment, const RankEnvironment& environm
   request.set_message(message);
   request.set_step(step);
   request.set_failure_kind(failure_kind);
+  request.set_worker_draining(worker_draining);
   environment.reporter->Enqueue(std::move(request));
 }
 
@@ -276,11 +277,12 @@ void RunRank(const v1::Assignment& assignment, const RankEnvironment& environmen
   if (!outcome.ok()) {
     Log(absl::StrCat(who, " failed at step ", step, ": ", outcome.status().message()));
     ReportEnd(assignment, environment, v1::ATTEMPT_OUTCOME_FAILED,
-              std::string(outcome.status().message()), step, FailureKindOf(outcome.status()));
+              std::string(outcome.status().message()), step, control->worker_draining.load(),
+              FailureKindOf(outcome.status()));
     return;
   }
   Log(absl::StrCat(who, " ended at step ", step, ": ", v1::AttemptOutcome_Name(*outcome)));
-  ReportEnd(assignment, environment, *outcome, "", step);
+  ReportEnd(assignment, environment, *outcome, "", step, control->worker_draining.load());
 }
 
 }  // namespace moetrain

@@ -26,6 +26,8 @@ struct RankControl {
   std::atomic<StopRequest> stop{StopRequest::kNone};
   // Set by the rank: the last optimizer step done, for heartbeats.
   std::atomic<int64_t> step{0};
+  // Set by the worker's shutdown, before `stop`: the end report says the worker drains.
+  std::atomic<bool> worker_draining{false};
 };
 
 struct RankEnvironment {

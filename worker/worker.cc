@@ -85,6 +85,7 @@ void Worker::Shutdown() {
   if (shutting_down_) return;
   shutting_down_ = true;
   for (auto& [key, rank] : ranks_) {
+    rank->control.worker_draining.store(true);
     StopRequest none = StopRequest::kNone;
     rank->control.stop.compare_exchange_strong(none, StopRequest::kCheckpointAndStop);
   }
@@ -214,6 +215,7 @@ absl::Status Worker::Run() {
     changed_.SignalAll();
   }
   heartbeats.join();
+  SendDrainingHeartbeat();
   if (result.ok() && worker_id().empty()) Log("stopped before registering with the coordinator");
   return result;
 }
@@ -324,6 +326,26 @@ absl::Status Worker::MayWriteCheckpoints() {
       "no heartbeat has reached the coordinator for more than ",
       absl::FormatDuration(heartbeat_timeout_ - heartbeat_interval_),
       ": the job may run on another worker by now, so this one keeps out of its directory"));
+}
+
+void Worker::SendDrainingHeartbeat() {
+  v1::HeartbeatRequest request;
+  Connection registered;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!registered_) return;
+    request.set_worker_id(worker_id_);
+    registered = RegisteredConnection();
+  }
+  request.set_draining(true);
+  grpc::ClientContext context;
+  registered.Prepare(&context, absl::Seconds(2));
+  v1::HeartbeatResponse response;
+  const grpc::Status status = stub_->Heartbeat(&context, request, &response);
+  if (!status.ok()) {
+    Log(absl::StrCat("could not tell the coordinator that this worker drains: ",
+                     status.error_message()));
+  }
 }
 
 void Worker::HeartbeatLoop() {

@@ -13,9 +13,10 @@
 //   worker unknown / lost     (NOT_FOUND) every rank stops without a checkpoint (they have been
 //                             given away) and the worker registers again under a new id.
 //   Shutdown (SIGTERM)        the running rank saves a checkpoint at the next step boundary and
-//                             reports STOPPED; Run returns once its reports are delivered (or
-//                             after shutdown_timeout). Before the first registration, or while
-//                             the coordinator is unreachable, Run returns at once (a call in
+//                             reports STOPPED with worker_draining; Run returns once its reports
+//                             are delivered (or after shutdown_timeout) and a last heartbeat has
+//                             said draining (best effort, 2 s). Before the first registration, or
+//                             while the coordinator is unreachable, Run returns at once (a call in
 //                             flight is cancelled).
 #ifndef MOETRAIN_WORKER_WORKER_H_
 #define MOETRAIN_WORKER_WORKER_H_
@@ -105,6 +106,10 @@ class Worker {
   // One GetAssignment call and what it brings; the status of the call.
   grpc::Status Poll() ABSL_LOCKS_EXCLUDED(mu_);
   void HeartbeatLoop();
+  // After the ranks' end reports: one heartbeat saying the worker is shutting down, so that the
+  // coordinator gives it no new rank (an idle worker would else look IDLE until its heartbeats
+  // time out). Best effort, within 2 s.
+  void SendDrainingHeartbeat() ABSL_LOCKS_EXCLUDED(mu_);
   void StartRank(const v1::Assignment& assignment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StopRank(const std::string& job_id, int64_t attempt, StopRequest request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -41,6 +41,26 @@ inline bool IsNonFiniteError(const absl::Status& status) {
   return status.GetPayload(kNonFinitePayload).has_value();
 }
 
+// The status of a failed file-system call (`error_number` an errno value, e.g. from errno or a
+// std::error_code of std::filesystem), `message` naming the call and the path; the errno text is
+// appended. NotFound (ENOENT), PermissionDenied (EACCES, EPERM) and ResourceExhausted (ENOSPC,
+// EMFILE) keep their codes; the codes that would say the job itself is wrong (FailedPrecondition
+// for EBUSY or ENOTEMPTY, Unimplemented for EXDEV, OutOfRange for EFBIG, InvalidArgument for
+// EINVAL) become Unavailable: an I/O failure may pass, so a restart is worth trying.
+inline absl::Status IoError(int error_number, absl::string_view message) {
+  if (error_number == 0) return absl::UnknownError(message);
+  absl::Status status = absl::ErrnoToStatus(error_number, message);
+  switch (status.code()) {
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kUnimplemented:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kInvalidArgument:
+      return absl::UnavailableError(status.message());
+    default:
+      return status;
+  }
+}
+
 }  // namespace moetrain
 
 #endif  // MOETRAIN_ENGINE_CORE_STATUS_H_

@@ -9,6 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <system_error>
@@ -16,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "engine/core/log.h"
 #include "engine/core/status.h"
 #include "engine/train/safetensors.h"
 
@@ -39,17 +43,17 @@ constexpr const char* kReservedKeys[] = {"format_version", "job_id", "step", "to
 std::string Join(const fs::path& dir, std::string_view name) { return (dir / name).string(); }
 
 absl::Status FsError(const std::error_code& ec, const std::string& what) {
-  return absl::ErrnoToStatus(ec.value(), what);
+  return IoError(ec.value(), what);
 }
 
 // Makes a directory's entries (files created in it, renames into it) durable.
 absl::Status SyncDirectory(const std::string& dir) {
   const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("open ", dir));
+  if (fd < 0) return IoError(errno, absl::StrCat("open ", dir));
   const int result = fsync(fd);
   const int error_number = errno;
   close(fd);
-  if (result != 0) return absl::ErrnoToStatus(error_number, absl::StrCat("fsync ", dir));
+  if (result != 0) return IoError(error_number, absl::StrCat("fsync ", dir));
   return absl::OkStatus();
 }
 
@@ -323,6 +327,62 @@ absl::Status VerifyStep(const std::string& dir, int64_t step) {
   return absl::OkStatus();
 }
 
+// The step directories this process has verified good, by path, with the size and modification
+// time their manifest had then: pruning hashes each older step once, not at every save.
+struct VerifiedSteps {
+  std::mutex mutex;
+  std::map<std::string, std::pair<uintmax_t, fs::file_time_type>> manifests;
+};
+VerifiedSteps& Verified() {
+  static VerifiedSteps* const verified = new VerifiedSteps;
+  return *verified;
+}
+
+// The manifest's size and modification time, or nullopt when it cannot be read.
+std::optional<std::pair<uintmax_t, fs::file_time_type>> ManifestStamp(const std::string& dir) {
+  std::error_code ec;
+  const fs::path manifest = fs::path(dir) / kManifestName;
+  const uintmax_t size = fs::file_size(manifest, ec);
+  if (ec) return std::nullopt;
+  const fs::file_time_type mtime = fs::last_write_time(manifest, ec);
+  if (ec) return std::nullopt;
+  return std::make_pair(size, mtime);
+}
+
+void RememberVerified(const std::string& dir) {
+  const auto stamp = ManifestStamp(dir);
+  VerifiedSteps& verified = Verified();
+  std::lock_guard<std::mutex> lock(verified.mutex);
+  if (stamp.has_value()) {
+    verified.manifests[dir] = *stamp;
+  } else {
+    verified.manifests.erase(dir);
+  }
+}
+
+void ForgetVerified(const std::string& dir) {
+  VerifiedSteps& verified = Verified();
+  std::lock_guard<std::mutex> lock(verified.mutex);
+  verified.manifests.erase(dir);
+}
+
+// VerifyStep, skipped for a step this process verified good with the same manifest.
+absl::Status VerifyStepOnce(const std::string& dir, int64_t step) {
+  if (const auto stamp = ManifestStamp(dir); stamp.has_value()) {
+    VerifiedSteps& verified = Verified();
+    std::lock_guard<std::mutex> lock(verified.mutex);
+    const auto it = verified.manifests.find(dir);
+    if (it != verified.manifests.end() && it->second == *stamp) return absl::OkStatus();
+  }
+  const absl::Status status = VerifyStep(dir, step);
+  if (status.ok()) {
+    RememberVerified(dir);
+  } else {
+    ForgetVerified(dir);
+  }
+  return status;
+}
+
 absl::Status Prefixed(const absl::Status& status, const std::string& prefix) {
   return absl::Status(status.code(), absl::StrCat(prefix, ": ", status.message()));
 }
@@ -396,7 +456,7 @@ absl::StatusOr<std::pair<fs::path, std::string>> SplitRoot(const std::string& ro
 absl::Status RemoveStepDir(const std::string& root, const std::string& name) {
   const std::string doomed = Join(root, absl::StrCat(kTmpPrefix, name, "-pruned-", RandomSuffix()));
   if (std::rename(Join(root, name).c_str(), doomed.c_str()) != 0) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("rename ", Join(root, name)));
+    return IoError(errno, absl::StrCat("rename ", Join(root, name)));
   }
   std::error_code ec;
   fs::remove_all(doomed, ec);
@@ -444,7 +504,7 @@ absl::StatusOr<std::string> BeginCheckpoint(const std::string& root, int64_t ste
     const std::string aside =
         Join(root_path, absl::StrCat(kDamagedPrefix, step_name, "-", RandomSuffix()));
     if (std::rename(final_dir.c_str(), aside.c_str()) != 0) {
-      return absl::ErrnoToStatus(errno, absl::StrCat("rename damaged ", final_dir, " to ", aside));
+      return IoError(errno, absl::StrCat("rename damaged ", final_dir, " to ", aside));
     }
     MOETRAIN_RETURN_IF_ERROR(SyncDirectory(root_path.string()));
     if (moved_aside != nullptr) {
@@ -491,7 +551,7 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& root, const std:
     const int error_number = errno;
     status = error_number == EEXIST || error_number == ENOTEMPTY
                  ? absl::AlreadyExistsError(absl::StrCat(final_dir, " already exists"))
-                 : absl::ErrnoToStatus(error_number, absl::StrCat("rename to ", final_dir));
+                 : IoError(error_number, absl::StrCat("rename to ", final_dir));
   }
   if (!status.ok()) {
     AbandonCheckpoint(tmp_dir);
@@ -524,7 +584,7 @@ absl::StatusOr<std::vector<int64_t>> ListCheckpointSteps(const std::string& root
   return std::move(listing.steps);
 }
 
-absl::Status PruneCheckpoints(const std::string& root, int keep_last) {
+absl::Status PruneCheckpoints(const std::string& root, int keep_last, int64_t committed_step) {
   if (keep_last < 1) {
     return absl::InvalidArgumentError(absl::StrCat("keep_last = ", keep_last, " must be >= 1"));
   }
@@ -538,11 +598,26 @@ absl::Status PruneCheckpoints(const std::string& root, int keep_last) {
   for (auto it = listing.steps.rbegin(); it != listing.steps.rend(); ++it) {
     const std::string name = CheckpointStepDirName(*it);
     const std::string dir = Join(root, name);
-    // Checksums too: a bit-flipped step kept here would take the place of a good older one.
-    if (kept < keep_last && VerifyStep(dir, *it).ok()) {
-      ++kept;
-      continue;
+    if (kept < keep_last) {
+      if (*it == committed_step) {  // its digests were taken as it was written
+        RememberVerified(dir);
+        ++kept;
+        continue;
+      }
+      // Checksums too: a bit-flipped step kept here would take the place of a good older one.
+      const absl::Status verified = VerifyStepOnce(dir, *it);
+      if (verified.ok()) {
+        ++kept;
+        continue;
+      }
+      if (verified.code() != absl::StatusCode::kDataLoss) {
+        // Not found damaged, only not judged (a newer build's manifest, a failed read): kept,
+        // without taking the place of a good step.
+        Log(absl::StrCat("checkpoint ", dir, " kept, not verified: ", verified.ToString()));
+        continue;
+      }
     }
+    ForgetVerified(dir);
     MOETRAIN_RETURN_IF_ERROR(RemoveStepDir(root, name));
   }
   return listing.root_exists ? SyncDirectory(root) : absl::OkStatus();

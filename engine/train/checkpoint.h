@@ -107,9 +107,13 @@ absl::StatusOr<std::vector<int64_t>> ListCheckpointSteps(const std::string& root
 
 // Keeps the newest `keep_last` (>= 1) step directories that are good (manifest readable, every
 // listed file present with its listed size and sha256: this reads the kept steps' files), removes
-// every other step directory and every .tmp-* and .damaged-* leftover. Not to be run while a
-// write is in flight.
-absl::Status PruneCheckpoints(const std::string& root, int keep_last);
+// every other step directory and every .tmp-* and .damaged-* leftover. Among the newest, only a
+// step that verification finds damaged (DataLoss) is removed; one it cannot judge (a manifest
+// from a newer build, a failed read) is kept, logged, and not counted. `committed_step`, the step
+// just committed by this process, counts as good unverified and is never removed. A step this
+// process verified good is not hashed again while its manifest's size and mtime are unchanged.
+// Not to be run while a write is in flight.
+absl::Status PruneCheckpoints(const std::string& root, int keep_last, int64_t committed_step = -1);
 
 struct LoadedCheckpoint {
   std::string path;  // the step directory

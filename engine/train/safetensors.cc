@@ -50,7 +50,7 @@ absl::Status ReadAt(int fd, const std::string& path, void* data, size_t bytes, u
   while (bytes > 0) {
     const ssize_t n = pread(fd, p, std::min(bytes, kMaxIoBytes), static_cast<off_t>(offset));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return absl::ErrnoToStatus(errno, absl::StrCat("read ", path));
+    if (n < 0) return IoError(errno, absl::StrCat("read ", path));
     if (n == 0) {
       return absl::DataLossError(absl::StrCat(path, ": unexpected end of file at byte ", offset));
     }
@@ -112,14 +112,14 @@ struct HashingFileWriter::HashState {
 absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
   Sha256 hash;
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("open ", path));
+  if (fd < 0) return IoError(errno, absl::StrCat("open ", path));
   FdCloser closer{fd};
   std::vector<char> buffer(size_t{1} << 20);
   FileDigest digest;
   while (true) {
     const ssize_t n = read(fd, buffer.data(), buffer.size());
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return absl::ErrnoToStatus(errno, absl::StrCat("read ", path));
+    if (n < 0) return IoError(errno, absl::StrCat("read ", path));
     if (n == 0) break;
     MOETRAIN_RETURN_IF_ERROR(hash.Update(buffer.data(), static_cast<size_t>(n)));
     digest.bytes += n;
@@ -155,7 +155,7 @@ HashingFileWriter::~HashingFileWriter() {
 absl::StatusOr<HashingFileWriter> HashingFileWriter::Create(const std::string& path) {
   auto hash = std::make_unique<HashState>();
   const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("create ", path));
+  if (fd < 0) return IoError(errno, absl::StrCat("create ", path));
   return HashingFileWriter(path, fd, std::move(hash));
 }
 
@@ -166,7 +166,7 @@ absl::Status HashingFileWriter::Append(const void* data, size_t bytes) {
   while (bytes > 0) {
     const ssize_t n = write(fd_, p, std::min(bytes, kMaxIoBytes));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return absl::ErrnoToStatus(errno, absl::StrCat("write ", path_));
+    if (n < 0) return IoError(errno, absl::StrCat("write ", path_));
     p += n;
     bytes -= static_cast<size_t>(n);
     bytes_ += n;
@@ -180,9 +180,9 @@ absl::StatusOr<FileDigest> HashingFileWriter::Close() {
   if (fsync(fd) != 0) {
     const int error_number = errno;
     close(fd);
-    return absl::ErrnoToStatus(error_number, absl::StrCat("fsync ", path_));
+    return IoError(error_number, absl::StrCat("fsync ", path_));
   }
-  if (close(fd) != 0) return absl::ErrnoToStatus(errno, absl::StrCat("close ", path_));
+  if (close(fd) != 0) return IoError(errno, absl::StrCat("close ", path_));
   FileDigest digest;
   digest.bytes = bytes_;
   MOETRAIN_ASSIGN_OR_RETURN(digest.sha256, hash_->sha256.FinalHex());
@@ -445,10 +445,10 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
   };
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("open ", path));
+  if (fd < 0) return IoError(errno, absl::StrCat("open ", path));
   FdCloser closer{fd};
   struct stat st;
-  if (fstat(fd, &st) != 0) return absl::ErrnoToStatus(errno, absl::StrCat("stat ", path));
+  if (fstat(fd, &st) != 0) return IoError(errno, absl::StrCat("stat ", path));
   const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
   if (file_bytes < 8) {
     return invalid(

@@ -24,8 +24,7 @@ absl::Status Invalid(const std::string& path, absl::string_view what) {
 }
 
 absl::Status FromErrno(int error, const std::string& path, absl::string_view call) {
-  return absl::Status(absl::ErrnoToStatusCode(error),
-                      absl::StrCat(Where(path), call, " failed: ", std::strerror(error)));
+  return IoError(error, absl::StrCat(Where(path), call, " failed"));
 }
 
 // Little-endian reads, whatever the host's byte order.

@@ -273,7 +273,7 @@ absl::StatusOr<std::string> Trainer::CommitCheckpointOnRanks(const std::string& 
       status = committed_path.status();
       if (status.ok()) path = *committed_path;
       if (status.ok() && config_.keep_last > 0) {
-        status = PruneCheckpoints(root, config_.keep_last);
+        status = PruneCheckpoints(root, config_.keep_last, contents.step);
       }
     }
     committed = status.ok();

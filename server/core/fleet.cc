@@ -224,6 +224,7 @@ absl::StatusOr<v1::HeartbeatResponse> Fleet::Heartbeat(const v1::HeartbeatReques
   MOETRAIN_ASSIGN_OR_RETURN(WorkerEntry * worker, FindWorker(request.worker_id()));
   worker->last_heartbeat = absl::Now();
   worker->reloaded = false;
+  if (request.draining()) worker->draining = true;  // shutting down: no new rank
   v1::HeartbeatResponse response;
   bool slot_listed = false;
   for (const v1::RunningAttempt& running : request.running()) {
@@ -405,6 +406,8 @@ absl::Status Fleet::ReportAttemptEnd(const v1::ReportAttemptEndRequest& request)
         absl::StrCat("worker ", request.worker_id(), " holds no rank ", request.rank(),
                      " of attempt ", request.attempt(), " of job ", request.job_id()));
   }
+  // Only the worker says whether it is shutting down: the other ranks of a gang stop with it.
+  if (request.worker_draining()) worker->draining = true;
   auto it = attempts_.find(request.job_id());
   if (it == attempts_.end() || it->second->attempt != request.attempt()) {
     // A rank of an attempt that is over already (stopped, cancelled, replaced) has wound down.
@@ -434,9 +437,9 @@ absl::Status Fleet::ReportAttemptEnd(const v1::ReportAttemptEndRequest& request)
                                                                : Failure::kTransient);
     case v1::ATTEMPT_OUTCOME_CANCELLED:
     case v1::ATTEMPT_OUTCOME_STOPPED:
-      // Nobody told this rank to stop (that would have ended the attempt already): its worker
-      // is shutting down, after a checkpoint. The job goes to another worker, not back to it.
-      worker->draining = true;
+      // Nobody told this rank to stop (that would have ended the attempt already): its worker,
+      // or another of the gang, is shutting down, after a checkpoint. The job restarts; the
+      // worker that shuts down said so (worker_draining) and gets no part of it.
       ReleaseSlot(*worker);
       return EndAttemptUnsuccessfully(
           attempt, "stopped",

@@ -35,6 +35,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -163,8 +164,9 @@ class Fleet {
   // JobService: cancels through the Coordinator and tells the job's ranks to stop.
   absl::StatusOr<JobRecord> Cancel(absl::string_view job_id, absl::string_view reason);
   // JobService (fleet_delete.cc): removes a final job from the store (Store::DeleteJob) and its
-  // metric series at once; with `delete_checkpoints`, first its checkpoint directory
-  // <root>/<job id>, never following a symbolic link (FailedPrecondition, nothing deleted).
+  // metric series at once; with `delete_checkpoints`, also its checkpoint directory
+  // <root>/<job id>, never following a symbolic link (FailedPrecondition, nothing deleted): moved
+  // aside first, removed after the store rows, outside the fleet's lock.
   // Unavailable while a rank of the job is still stopping on a worker.
   absl::StatusOr<DeletedJob> Delete(absl::string_view job_id, bool delete_checkpoints);
   // Every known worker, by id.
@@ -186,6 +188,10 @@ class Fleet {
 
   Fleet(Store* store, Coordinator* coordinator, ServiceMetrics* metrics, FleetOptions options);
   absl::Status Reload();
+  // Delete's part under the lock; sets `aside` to where the checkpoint directory was moved.
+  absl::StatusOr<DeletedJob> DeleteLocked(absl::string_view job_id, bool delete_checkpoints,
+                                          std::optional<std::filesystem::path>* aside)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void ControlLoop();
   // One pass of the control loop: lost workers, stuck ranks, the end of the grace period, then a
   // scheduling pass.

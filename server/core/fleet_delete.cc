@@ -1,6 +1,7 @@
 // Fleet::Delete: a final job leaves the store, the metrics and (when asked) the checkpoint root.
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
@@ -14,17 +15,19 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Removes `dir`, the checkpoint directory of job `job_id`, and what it holds. Never leaves it:
-// `dir` itself must be a real directory named after the job, and remove_all removes the
-// symbolic links it meets inside rather than what they point to. Whether there was one.
-absl::StatusOr<bool> RemoveCheckpointDir(const fs::path& dir, absl::string_view job_id) {
+// Moves `dir`, the checkpoint directory of job `job_id`, to a hidden name beside it, so that the
+// slow removal can run outside the fleet's lock. Never leaves the root: `dir` itself must be a
+// real directory named after the job (remove_all then removes the symbolic links it meets
+// inside rather than what they point to). The new name, or nullopt when there was no directory.
+absl::StatusOr<std::optional<fs::path>> SetCheckpointDirAside(const fs::path& dir,
+                                                              absl::string_view job_id) {
   if (dir.filename() != fs::path(std::string(job_id))) {
     return absl::InternalError(
         absl::StrCat("checkpoint directory ", dir.string(), " is not named after job ", job_id));
   }
   std::error_code error;
   const fs::file_status status = fs::symlink_status(dir, error);
-  if (status.type() == fs::file_type::not_found) return false;
+  if (status.type() == fs::file_type::not_found) return std::nullopt;
   if (error) {
     return absl::InternalError(
         absl::StrCat("cannot inspect ", dir.string(), ": ", error.message()));
@@ -35,17 +38,37 @@ absl::StatusOr<bool> RemoveCheckpointDir(const fs::path& dir, absl::string_view 
         status.type() == fs::file_type::symlink ? "a symbolic link" : "not a directory",
         "; not following it, nothing deleted"));
   }
-  fs::remove_all(dir, error);
+  const fs::path aside = dir.parent_path() / absl::StrCat(".deleting-", job_id);
+  fs::rename(dir, aside, error);
   if (error) {
-    return absl::InternalError(absl::StrCat("cannot remove ", dir.string(), ": ", error.message(),
-                                            " (the job was not deleted; retry)"));
+    return absl::InternalError(absl::StrCat("cannot move ", dir.string(), " aside: ",
+                                            error.message(), " (the job was not deleted; retry)"));
   }
-  return true;
+  return aside;
 }
 
 }  // namespace
 
 absl::StatusOr<DeletedJob> Fleet::Delete(absl::string_view job_id, bool delete_checkpoints) {
+  std::optional<fs::path> aside;
+  MOETRAIN_ASSIGN_OR_RETURN(DeletedJob deleted, DeleteLocked(job_id, delete_checkpoints, &aside));
+  if (!aside.has_value()) return deleted;
+  // Outside the lock: removing a large directory (on a network file system, say) must not hold
+  // up heartbeats and reports.
+  std::error_code error;
+  fs::remove_all(*aside, error);
+  if (error) {
+    Log(absl::StrCat("job ", job_id, " deleted, but removing its checkpoints at ", aside->string(),
+                     " failed: ", error.message(), "; remove that directory by hand"));
+    deleted.checkpoint_dir = aside->string();
+    return deleted;
+  }
+  deleted.checkpoints_deleted = true;
+  return deleted;
+}
+
+absl::StatusOr<DeletedJob> Fleet::DeleteLocked(absl::string_view job_id, bool delete_checkpoints,
+                                               std::optional<std::filesystem::path>* aside) {
   absl::MutexLock lock(&mu_);
   MOETRAIN_ASSIGN_OR_RETURN(JobRecord job, store_->GetJob(job_id));
   if (!IsFinal(job.state)) {
@@ -72,11 +95,17 @@ absl::StatusOr<DeletedJob> Fleet::Delete(absl::string_view job_id, bool delete_c
       return absl::FailedPreconditionError(
           "checkpoint directories are named after job names here, not ids; not deleting them");
     }
-    // Files first: when removing them fails, the job is still there to retry with.
-    MOETRAIN_ASSIGN_OR_RETURN(deleted.checkpoints_deleted,
-                              RemoveCheckpointDir(deleted.checkpoint_dir, job.id));
+    // Files first: when moving them aside fails, the job is still there to retry with.
+    MOETRAIN_ASSIGN_OR_RETURN(*aside, SetCheckpointDirAside(deleted.checkpoint_dir, job.id));
   }
-  MOETRAIN_RETURN_IF_ERROR(store_->DeleteJob(job.id));
+  if (absl::Status status = store_->DeleteJob(job.id); !status.ok()) {
+    if (aside->has_value()) {  // put the files back: the job stays, whole
+      std::error_code error;
+      fs::rename(**aside, deleted.checkpoint_dir, error);
+      aside->reset();
+    }
+    return status;
+  }
   if (metrics_ != nullptr) {
     metrics_->RetireJob(job.id);
     ended_jobs_.erase(std::remove_if(ended_jobs_.begin(), ended_jobs_.end(),
@@ -85,9 +114,9 @@ absl::StatusOr<DeletedJob> Fleet::Delete(absl::string_view job_id, bool delete_c
   }
   waiting_reasons_.erase(job.id);
   Log(absl::StrCat("job ", job.id, " deleted; its checkpoint directory ", deleted.checkpoint_dir,
-                   deleted.checkpoints_deleted ? " was removed"
-                   : delete_checkpoints        ? " was not there"
-                                               : " was kept"));
+                   aside->has_value()   ? " is being removed"
+                   : delete_checkpoints ? " was not there"
+                                        : " was kept"));
   return deleted;
 }
 

@@ -111,6 +111,10 @@ TEST_P(StopSignalTest, AnIdleRegisteredWorkerStopsAndExitsZero) {
   const int exit_code = worker.WaitExit(std::chrono::seconds(60));
   EXPECT_EQ(exit_code, 0) << ReadWholeFile(dir_ / "idle.log");
   EXPECT_THAT(ReadWholeFile(dir_ / "idle.log"), HasSubstr("stopped"));
+  // Its last heartbeat said it is shutting down: DRAINING at once, not IDLE until it times out.
+  const std::vector<v1::WorkerInfo> workers = Workers();
+  ASSERT_EQ(workers.size(), 1u);
+  EXPECT_EQ(workers[0].state(), v1::WORKER_STATE_DRAINING) << coordinator_->Log();
 }
 
 INSTANTIATE_TEST_SUITE_P(Signals, StopSignalTest, ::testing::Values(SIGTERM, SIGINT),

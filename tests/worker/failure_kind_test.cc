@@ -4,7 +4,9 @@
 // and for some that may be (a missing data file, on this worker).
 #include <stdlib.h>
 
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -12,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "engine/core/status.h"
 #include "engine/train/trainer.h"
 #include "gtest/gtest.h"
 #include "moetrain/v1/job_spec.h"
@@ -63,6 +66,25 @@ TEST_F(FailureKindTest, CodesThatSayTheJobIsWrongArePermanentAndTheRestTransient
         absl::StatusCode::kUnknown, absl::StatusCode::kNotFound,
         absl::StatusCode::kPermissionDenied, absl::StatusCode::kCancelled}) {
     EXPECT_EQ(FailureKindOf(absl::Status(code, "x")), v1::FAILURE_KIND_TRANSIENT) << code;
+  }
+}
+
+// A file-system call that fails (a busy or non-empty directory, a rename across devices, a file
+// too large, a flaky mount's EINVAL) may succeed on another attempt: IoError never says the job
+// is wrong, and keeps the codes that say more (a missing file, no permission, a full disk).
+TEST_F(FailureKindTest, IoErrorsAreTransientWhateverTheErrno) {
+  for (int error_number : {EBUSY, ENOTEMPTY, EXDEV, EFBIG, EINVAL, EPIPE, EOVERFLOW, ENOTSUP}) {
+    const absl::Status status = IoError(error_number, "rename /ckpt/step-1");
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+    EXPECT_EQ(FailureKindOf(status), v1::FAILURE_KIND_TRANSIENT) << status;
+    EXPECT_NE(status.message().find("rename /ckpt/step-1"), std::string::npos) << status;
+    EXPECT_NE(status.message().find(std::strerror(error_number)), std::string::npos) << status;
+  }
+  EXPECT_EQ(IoError(ENOENT, "open x").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(IoError(EACCES, "open x").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(IoError(ENOSPC, "write x").code(), absl::StatusCode::kResourceExhausted);
+  for (int error_number : {ENOENT, EACCES, ENOSPC}) {
+    EXPECT_EQ(FailureKindOf(IoError(error_number, "x")), v1::FAILURE_KIND_TRANSIENT);
   }
 }
 

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 #include <vector>
@@ -66,6 +68,57 @@ TEST_F(CheckpointDamageTest, PruningRemovesABitFlippedStepAndKeepsTheGoodOnes) {
   MOETRAIN_ASSERT_OK(PruneCheckpoints(root.string(), 2));
   // The two newest good steps stay; the damaged newest one does not take a place among them.
   EXPECT_EQ(Entries(root), (std::set<std::string>{"step-00000100", "step-00000200"}));
+}
+
+// Only a step that verification finds damaged (DataLoss) is removed: one this build cannot
+// judge (a manifest from a newer build) or cannot read right now stays, however new or old.
+TEST_F(CheckpointDamageTest, PruningKeepsAStepItCannotJudge) {
+  const fs::path root = base_ / "job-4";
+  for (int64_t step : {100, 200, 300}) Write(root, step);
+  for (int64_t step : {200, 300}) {
+    const fs::path manifest = root / CheckpointStepDirName(step) / "manifest.json";
+    std::string text;
+    {
+      std::ifstream in(manifest);
+      text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    const std::string key = "\"format_version\": ";
+    const size_t at = text.find(key);
+    ASSERT_NE(at, std::string::npos) << text;
+    text.replace(at + key.size(), 1, "9");
+    std::ofstream(manifest, std::ios::trunc) << text;
+  }
+  MOETRAIN_ASSERT_OK(PruneCheckpoints(root.string(), 1));
+  // Steps 300 and 200 are unjudged (kept, not counted); 100 is the one good step kept.
+  EXPECT_EQ(Entries(root),
+            (std::set<std::string>{"step-00000100", "step-00000200", "step-00000300"}));
+}
+
+// The step just committed is never removed (nor re-hashed: its digests were taken as it was
+// written); an older damaged step still is.
+TEST_F(CheckpointDamageTest, PruningNeverRemovesTheStepJustCommitted) {
+  const fs::path root = base_ / "job-5";
+  for (int64_t step : {100, 200, 300}) Write(root, step);
+  FlipMiddleByte(root / CheckpointStepDirName(200) / ModelFileName(0));
+  FlipMiddleByte(root / CheckpointStepDirName(300) / ModelFileName(0));
+  MOETRAIN_ASSERT_OK(PruneCheckpoints(root.string(), 2, /*committed_step=*/300));
+  EXPECT_EQ(Entries(root), (std::set<std::string>{"step-00000100", "step-00000300"}));
+}
+
+// A step verified good is not hashed again by the same process while its manifest is unchanged.
+TEST_F(CheckpointDamageTest, PruningHashesAnOlderStepOncePerProcess) {
+  const fs::path root = base_ / "job-6";
+  for (int64_t step : {100, 200}) Write(root, step);
+  MOETRAIN_ASSERT_OK(PruneCheckpoints(root.string(), 2));
+  FlipMiddleByte(root / CheckpointStepDirName(100) / ModelFileName(0));
+  MOETRAIN_ASSERT_OK(PruneCheckpoints(root.string(), 2));
+  EXPECT_EQ(Entries(root), (std::set<std::string>{"step-00000100", "step-00000200"}));
+  // A step written anew under the same name (a new manifest) is hashed again.
+  fs::remove_all(root / CheckpointStepDirName(100));
+  Write(root, 100);
+  FlipMiddleByte(root / CheckpointStepDirName(100) / ModelFileName(0));
+  MOETRAIN_ASSERT_OK(PruneCheckpoints(root.string(), 2));
+  EXPECT_EQ(Entries(root), (std::set<std::string>{"step-00000200"}));
 }
 
 TEST_F(CheckpointDamageTest, ANewWriteOfADamagedStepMovesItAsideAndPruningRemovesIt) {

@@ -147,8 +147,10 @@ TEST_F(FleetTest, StoppedAttemptRestartsWithoutCountingARestart) {
   StartFleet();
   // No restarts allowed: a stop (the worker's SIGTERM) is not a failure, so the job goes on.
   const RunningJob running = StartOneWorkerJob(/*max_restarts=*/0);
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
-      EndReport(running.worker_id, running.assignment, v1::ATTEMPT_OUTCOME_STOPPED, 7)));
+  v1::ReportAttemptEndRequest stopped =
+      EndReport(running.worker_id, running.assignment, v1::ATTEMPT_OUTCOME_STOPPED, 7);
+  stopped.set_worker_draining(true);
+  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(stopped));
   EXPECT_THAT(ReasonOf(Events(running.job.id), JobState::kRunning, JobState::kRestarting),
               HasSubstr("stopped at step 7"));
   // The stopping worker is shutting down: the job goes to another one, never back to it.
@@ -158,6 +160,54 @@ TEST_F(FleetTest, StoppedAttemptRestartsWithoutCountingARestart) {
   EXPECT_EQ(next.attempt(), 2);
   EXPECT_EQ(GetJob(running.job.id).restarts, 0);
   EXPECT_EQ(Attempts(running.job.id)[0].outcome, "stopped");
+}
+
+// One worker of a gang gets SIGTERM; the ranks stop together, so every one reports STOPPED, the
+// healthy worker's report first. Only the worker that said it is shutting down drains.
+TEST_F(FleetTest, OnlyTheShuttingDownWorkerOfAStoppedGangDrains) {
+  StartFleet();
+  const RunningGang gang = StartTwoWorkerJob(/*max_restarts=*/0);
+  const std::string& healthy = gang.workers[0];
+  const std::string& leaving = gang.workers[1];
+  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
+      EndReport(healthy, gang.assignments[0], v1::ATTEMPT_OUTCOME_STOPPED, 5)));
+  v1::ReportAttemptEndRequest last =
+      EndReport(leaving, gang.assignments[1], v1::ATTEMPT_OUTCOME_STOPPED, 5);
+  last.set_worker_draining(true);
+  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(last));
+  EXPECT_EQ(WorkerStateOf(healthy), v1::WORKER_STATE_IDLE);
+  EXPECT_EQ(WorkerStateOf(leaving), v1::WORKER_STATE_DRAINING);
+
+  // The next attempt runs on the healthy worker and a new one, never on the leaving one.
+  const std::string fresh = Register("fresh");
+  const v1::Assignment first = AwaitAssignment(healthy);
+  const v1::Assignment second = AwaitAssignment(fresh);
+  EXPECT_EQ(first.attempt(), 2);
+  EXPECT_EQ(second.attempt(), 2);
+  absl::StatusOr<v1::GetAssignmentResponse> poll = Poll(leaving);
+  ASSERT_TRUE(poll.ok()) << poll.status();
+  EXPECT_FALSE(poll->has_assignment());
+  EXPECT_EQ(WorkerStateOf(leaving), v1::WORKER_STATE_DRAINING);
+  EXPECT_EQ(GetJob(gang.job.id).restarts, 0);
+}
+
+// An idle worker that gets SIGTERM says so in its last heartbeat: it is given no rank.
+TEST_F(FleetTest, DrainingHeartbeatKeepsAnIdleWorkerFromWork) {
+  StartFleet();
+  const std::string leaving = Register("leaving");
+  v1::HeartbeatRequest request;
+  request.set_worker_id(leaving);
+  request.set_draining(true);
+  FLEET_ASSERT_OK(fleet_->Heartbeat(request).status());
+  EXPECT_EQ(WorkerStateOf(leaving), v1::WORKER_STATE_DRAINING);
+
+  const JobRecord job = Submit();
+  absl::StatusOr<v1::GetAssignmentResponse> poll = Poll(leaving, absl::Milliseconds(500));
+  ASSERT_TRUE(poll.ok()) << poll.status();
+  EXPECT_FALSE(poll->has_assignment());
+  const std::string other = Register("other");
+  EXPECT_EQ(AwaitAssignment(other).job_id(), job.id);
+  EXPECT_EQ(WorkerStateOf(leaving), v1::WORKER_STATE_DRAINING);
 }
 
 TEST_F(FleetTest, OneRankFailingStopsTheOtherRanksOfTheGang) {

@@ -117,8 +117,10 @@ TEST_F(FleetFailurePolicyTest, TransientFailuresRestartAfterABackoffThatDoublesU
 TEST_F(FleetFailurePolicyTest, StoppedAttemptRestartsAtOnceWithoutBackoff) {
   StartFleet(BackoffOptions(absl::Minutes(5), absl::Minutes(5)));
   RunningJob running = StartOneWorkerJob();
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
-      EndReport(running.worker_id, running.assignment, v1::ATTEMPT_OUTCOME_STOPPED, 3)));
+  v1::ReportAttemptEndRequest stopped =
+      EndReport(running.worker_id, running.assignment, v1::ATTEMPT_OUTCOME_STOPPED, 3);
+  stopped.set_worker_draining(true);  // its worker got SIGTERM
+  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(stopped));
   EXPECT_FALSE(GetJob(running.job.id).next_attempt_at.has_value());
   // Well within the 5 minutes a counted restart would wait; on another worker, as the stopping
   // one is draining.
@@ -209,8 +211,10 @@ TEST_F(FleetFailurePolicyTest, StepReportNotAfterTheAttemptsLastIsRefused) {
   EXPECT_EQ(GetJob(running.job.id).state, JobState::kRunning);
 
   // Within an attempt: the next one resumes from its checkpoint and counts again from there.
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
-      EndReport(running.worker_id, running.assignment, v1::ATTEMPT_OUTCOME_STOPPED, 6)));
+  v1::ReportAttemptEndRequest stopped =
+      EndReport(running.worker_id, running.assignment, v1::ATTEMPT_OUTCOME_STOPPED, 6);
+  stopped.set_worker_draining(true);
+  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(stopped));
   const std::string other = Register("other");  // the stopping worker is draining
   const v1::Assignment next = AwaitAssignment(other);
   FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(other, next, 3)));
