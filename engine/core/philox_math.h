@@ -53,6 +53,34 @@ MOETRAIN_HOST_DEVICE float PhiloxNormal(uint32_t radius_bits, uint32_t angle_bit
   return sqrtf(-2.0f * logf(u1)) * cosf(kTwoPi * u2);
 }
 
+// One stream of engine/core/rng.h as plain words, so that a CUDA kernel computes the values the
+// host's Rng computes: the key (the seed) and the counter's upper two words (step; rank and
+// stream id). Word i of the stream is word i % 4 of block i / 4.
+struct PhiloxStream {
+  uint32_t key0, key1;
+  uint32_t counter2, counter3;
+};
+
+// Block `block` of the stream: its four words.
+MOETRAIN_HOST_DEVICE PhiloxWords PhiloxStreamBlock(const PhiloxStream& stream, uint64_t block) {
+  return Philox4x32({{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
+                      stream.counter2, stream.counter3}},
+                    stream.key0, stream.key1);
+}
+
+// Normal value 2·block + pair (pair 0 or 1) of the stream, from its block's words: mean + stddev ·
+// the Box–Muller value of words 2·pair and 2·pair + 1. Multiply and add round separately on the
+// device too (nvcc would fuse them into an FMA, which the host's baseline build does not).
+MOETRAIN_HOST_DEVICE float PhiloxNormalOfBlock(const PhiloxWords& block, int pair, float mean,
+                                               float stddev) {
+  const float z = PhiloxNormal(block.w[2 * pair], block.w[2 * pair + 1]);
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(mean, __fmul_rn(stddev, z));
+#else
+  return mean + stddev * z;
+#endif
+}
+
 }  // namespace moetrain
 
 #endif  // MOETRAIN_ENGINE_CORE_PHILOX_MATH_H_

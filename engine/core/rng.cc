@@ -61,7 +61,8 @@ void Rng::FillNormal(float* out, int64_t n, float mean, float stddev, uint64_t o
   while (j < n) {
     const std::array<uint32_t, 4> block = Block(key_, counter_hi_, value / 2);
     for (uint64_t pair = value % 2; pair < 2 && j < n; ++pair, ++value, ++j) {
-      out[j] = mean + stddev * PhiloxNormal(block[2 * pair], block[2 * pair + 1]);
+      out[j] = PhiloxNormalOfBlock({{block[0], block[1], block[2], block[3]}},
+                                   static_cast<int>(pair), mean, stddev);
     }
   }
 }

@@ -6,6 +6,8 @@
 #include <array>
 #include <cstdint>
 
+#include "engine/core/philox_math.h"
+
 namespace moetrain {
 
 // The raw Philox4x32-10 bijection: 10 rounds over a 128-bit counter with a 64-bit key.
@@ -30,6 +32,10 @@ class Rng {
   // 2(offset + j) + 1). Needs lo < hi.
   void FillUniform(float* out, int64_t n, float lo, float hi, uint64_t offset = 0) const;
   void FillNormal(float* out, int64_t n, float mean, float stddev, uint64_t offset = 0) const;
+
+  // The stream as plain words, for kernels that compute its values on a device
+  // (PhiloxStreamBlock, PhiloxNormalOfBlock give exactly the values above).
+  PhiloxStream philox_stream() const { return {key_[0], key_[1], counter_hi_[0], counter_hi_[1]}; }
 
  private:
   std::array<uint32_t, 2> key_;

@@ -1,5 +1,5 @@
 // The CUDA side of QueryDevices (engine/backend/device_query.h), compiled by nvcc into
-// moetrain_cuda.
+// moetrain_backend.
 #ifndef MOETRAIN_ENGINE_BACKEND_CUDA_DEVICE_QUERY_H_
 #define MOETRAIN_ENGINE_BACKEND_CUDA_DEVICE_QUERY_H_
 

@@ -12,6 +12,7 @@
 #include "engine/ops/loss/cross_entropy_math.h"
 #include "engine/ops/norm/rms_norm_math.h"
 #include "engine/ops/optim/adamw_math.h"
+#include "engine/ops/permute/permute_math.h"
 #include "engine/ops/rope/rope_math.h"
 #include "engine/ops/router/router_math.h"
 #include "engine/ops/swiglu/swiglu_math.h"
@@ -35,8 +36,7 @@ __global__ void SharedMathCompilesForTheDevice(float* x, int32_t* chosen, uint8_
   x[i] += CrossEntropyRow(x + 16, 8, 3, &exp_sum);
   CrossEntropyGrad(x + 16, 8, 3, exp_sum, 0.5f, x + 24);
   float out1, out2;
-  RopeRotate(x[i], x[i + 1], static_cast<float>(RopeAngle(i, 1, 64, 10000.0f)), 0.5f, &out1,
-             &out2);
+  RopeRotate(x[i], x[i + 1], static_cast<float>(RopeAngle(i, 1, 64, 10000.0f)), 0.5f, &out1, &out2);
   x[i] += out1 + out2 + Sigmoid(x[i]) + SigmoidGrad(x[i]);
   float m = x[i], v = x[i + 1], p = x[i + 2];
   AdamWUpdateElement(&p, x[i + 3], &m, &v, adamw);
@@ -44,6 +44,7 @@ __global__ void SharedMathCompilesForTheDevice(float* x, int32_t* chosen, uint8_
   const TopKScratch scratch = {x + 32, chosen + 16, x + 48, flags};
   SelectTopK(routing, x, scratch, chosen);
   CombineWeights(routing, x, x + 8, chosen, x + 56);
+  x[i] = AddWeighted(x[i], x[i + 1], x[i + 2]);
 }
 
 }  // namespace moetrain

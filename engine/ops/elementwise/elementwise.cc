@@ -4,6 +4,9 @@
 #include "engine/core/status.h"
 #include "engine/ops/common/op_checks.h"
 #include "engine/ops/elementwise/elementwise_cpu.h"
+#if MOETRAIN_HAVE_CUDA
+#include "engine/ops/elementwise/elementwise_cuda.h"
+#endif
 
 namespace moetrain::ops {
 namespace {
@@ -19,6 +22,9 @@ absl::Status ConvertTensor(const ExecContext& ctx, TensorView src, TensorView ds
     return absl::InvalidArgumentError(
         absl::StrCat("convert: cannot convert ", Describe(src), " into ", Describe(dst)));
   }
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda) return cuda::ConvertTensor(ctx, src, dst);
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "convert");
   cpu::ConvertTensor(ctx, src, dst);
   return absl::OkStatus();
@@ -40,6 +46,11 @@ absl::Status CopyTensor(const ExecContext& ctx, TensorView src, TensorView dst) 
         absl::StrCat("copy: cannot copy ", Describe(src), " into ", Describe(dst),
                      " (of one dtype and shape, dst dense, src dense or on the host)"));
   }
+#if MOETRAIN_HAVE_CUDA
+  // A copy between two host tensors needs no device, whatever ctx's is.
+  const bool host_only = src.device().is_cpu() && dst.device().is_cpu();
+  if (ctx.device().type == DeviceType::kCuda && !host_only) return cuda::CopyTensor(ctx, src, dst);
+#endif
   if (!src.device().is_cpu() || !dst.device().is_cpu()) return NoBackend(ctx, "copy");
   cpu::CopyToDense(src, dst);
   return absl::OkStatus();
@@ -50,6 +61,9 @@ absl::Status Add(const ExecContext& ctx, TensorView a, TensorView b, TensorView 
   MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(a, "add a", DType::kF32, {-1, -1}));
   MOETRAIN_RETURN_IF_ERROR(CheckAct(b, "add b", {a.dim(0), a.dim(1)}));
   MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(out, "add out", DType::kF32, {a.dim(0), a.dim(1)}));
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda) return cuda::Add(ctx, a, b, out);
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "add");
   cpu::Add(ctx, a, b, out);
   return absl::OkStatus();
@@ -63,6 +77,9 @@ absl::Status Fill(const ExecContext& ctx, TensorView t, float value) {
     return absl::InvalidArgumentError(absl::StrCat(
         "fill: t must be an f32, bf16, i32 or i64 tensor (dense off the host), got ", Describe(t)));
   }
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda) return cuda::Fill(ctx, t, value);
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "fill");
   cpu::Fill(ctx, t, value);
   return absl::OkStatus();
@@ -75,6 +92,9 @@ absl::Status FillNormal(const ExecContext& ctx, TensorView t, const Rng& rng, fl
     return absl::InvalidArgumentError(
         absl::StrCat("fill normal: t must be a dense f32 tensor, got ", Describe(t)));
   }
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda) return cuda::FillNormal(ctx, t, rng, mean, stddev);
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "fill normal");
   cpu::FillNormal(ctx, t, rng, mean, stddev);
   return absl::OkStatus();

@@ -10,6 +10,9 @@
 #include "engine/ops/common/op_checks.h"
 #include "engine/ops/elementwise/elementwise.h"
 #include "engine/ops/gemm/gemm_cpu.h"
+#if MOETRAIN_HAVE_CUDA
+#include "engine/ops/gemm/gemm_cuda.h"
+#endif
 
 namespace moetrain::ops {
 absl::Status Gemm(const ExecContext& ctx, const GemmArgs& args) {
@@ -31,6 +34,9 @@ absl::Status Gemm(const ExecContext& ctx, const GemmArgs& args) {
                                                    args.b.DebugString(), " has K = ", kb));
   }
   MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(args.c, "gemm c", DType::kF32, {m, n}));
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda) return cuda::Gemm(ctx, args, m, n, k);
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "gemm");
   return cpu::Gemm(args, m, n, k);
 }

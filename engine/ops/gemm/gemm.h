@@ -2,7 +2,11 @@
 // CPU through oneDNN, whose primitives are created once per shape class and dtype and cached;
 // every function here may be called from several threads at once. oneDNN threads a GEMM over the
 // calling thread's OpenMP team and picks its kernels by the CPU: identical calls give identical
-// bits on one machine, but other CPUs (or OpenMP team sizes) may round differently.
+// bits on one machine, but other CPUs (or OpenMP team sizes) may round differently. On CUDA
+// through cuBLASLt (gemm_cuda.h) with f32 compute: TF32 is off, so f32 inputs are multiplied in
+// full f32 precision (CUBLAS_COMPUTE_32F, not _FAST_TF32) at a fraction of the tensor-core rate;
+// bf16 inputs use the tensor cores. The algorithm of each shape is chosen once and cached, so
+// identical calls give identical bits on one GPU model.
 #ifndef MOETRAIN_ENGINE_OPS_GEMM_GEMM_H_
 #define MOETRAIN_ENGINE_OPS_GEMM_GEMM_H_
 

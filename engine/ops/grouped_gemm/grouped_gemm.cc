@@ -4,6 +4,9 @@
 #include "engine/core/status.h"
 #include "engine/ops/common/op_checks.h"
 #include "engine/ops/grouped_gemm/grouped_gemm_cpu.h"
+#if MOETRAIN_HAVE_CUDA
+#include "engine/ops/grouped_gemm/grouped_gemm_cuda.h"
+#endif
 
 namespace moetrain::ops {
 namespace {
@@ -39,6 +42,11 @@ absl::Status GroupedGemmForward(const ExecContext& ctx, TensorView x, TensorView
   const int64_t rows = x.dim(0), groups = w.dim(0), n = w.dim(1);
   MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(y, "grouped gemm y", DType::kF32, {rows, n}));
   MOETRAIN_RETURN_IF_ERROR(CheckOffsets(offsets, groups, rows));
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda) {
+    return cuda::GroupedGemmForward(ctx, x, w, offsets, y);
+  }
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "grouped gemm forward");
   return cpu::GroupedGemmForward(x, w, offsets, y);
 }
@@ -52,6 +60,11 @@ absl::Status GroupedGemmBackwardData(const ExecContext& ctx, TensorView dy, Tens
   const int64_t rows = dy.dim(0), groups = w.dim(0), k = w.dim(2);
   MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(dx, "grouped gemm dx", DType::kF32, {rows, k}));
   MOETRAIN_RETURN_IF_ERROR(CheckOffsets(offsets, groups, rows));
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda) {
+    return cuda::GroupedGemmBackwardData(ctx, dy, w, offsets, dx);
+  }
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "grouped gemm backward data");
   return cpu::GroupedGemmBackwardData(dy, w, offsets, dx);
 }
@@ -68,6 +81,11 @@ absl::Status GroupedGemmBackwardWeight(const ExecContext& ctx, TensorView dy, Te
   MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(dw, "grouped gemm dw", DType::kF32, {-1, n, k}));
   const int64_t groups = dw.dim(0);
   MOETRAIN_RETURN_IF_ERROR(CheckOffsets(offsets, groups, rows));
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda) {
+    return cuda::GroupedGemmBackwardWeight(ctx, dy, x, offsets, dw, accumulate);
+  }
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "grouped gemm backward weight");
   return cpu::GroupedGemmBackwardWeight(dy, x, offsets, dw, accumulate);
 }

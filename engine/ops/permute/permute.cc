@@ -7,6 +7,7 @@
 #include "engine/core/status.h"
 #include "engine/ops/common/op_checks.h"
 #include "engine/ops/permute/permute_cpu.h"
+#include "engine/ops/permute/permute_cuda.h"
 
 namespace moetrain::ops {
 namespace {
@@ -72,10 +73,19 @@ absl::Status BuildPermutation(const ExecContext& ctx, const MoeConfig& config,
     return absl::InvalidArgumentError(
         absl::StrCat("expert_offsets: ", offsets.back(), " rows for ", tokens * k, " pairs"));
   }
-  if (!ctx.device().is_cpu()) return NoBackend(ctx, "permutation");
+  // The outputs are allocated on the device, so the backend is known to exist first.
+#if MOETRAIN_HAVE_CUDA
+  const bool has_backend = ctx.device().is_cpu() || ctx.device().type == DeviceType::kCuda;
+#else
+  const bool has_backend = ctx.device().is_cpu();
+#endif
+  if (!has_backend) return NoBackend(ctx, "permutation");
   MOETRAIN_RETURN_IF_ERROR(EnsureOutput(ctx, &out->expert_offsets, DType::kI64, {num_experts + 1}));
   MOETRAIN_RETURN_IF_ERROR(EnsureOutput(ctx, &out->row_token, DType::kI32, {offsets.back()}));
   MOETRAIN_RETURN_IF_ERROR(EnsureOutput(ctx, &out->pair_row, DType::kI32, {tokens, k}));
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda) return cuda::BuildPermutation(ctx, config, args, out);
+#endif
   return cpu::BuildPermutation(config, args, out);
 }
 
@@ -86,6 +96,9 @@ absl::Status GatherRows(const ExecContext& ctx, TensorView src, TensorView index
   MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(index, "gather index", DType::kI32, {-1}));
   MOETRAIN_RETURN_IF_ERROR(
       CheckDenseTensor(dst, "gather dst", src.dtype(), {index.dim(0), src.dim(1)}));
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda) return cuda::GatherRows(ctx, src, index, dst);
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "gather");
   return cpu::GatherRows(ctx, src, index, dst);
 }
@@ -106,6 +119,10 @@ absl::Status CombineRows(const ExecContext& ctx, TensorView rows, TensorView pai
     MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(extra, "combine extra", DType::kF32, {tokens, d}));
   }
   MOETRAIN_RETURN_IF_ERROR(CheckAct(out, "combine out", {tokens, d}));
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda)
+    return cuda::CombineRows(ctx, rows, pair_row, weights, extra, out);
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "combine");
   return cpu::CombineRows(ctx, rows, pair_row, weights, extra, out);
 }
@@ -128,6 +145,10 @@ absl::Status CombineRowsBackward(const ExecContext& ctx, TensorView d_out, Tenso
   MOETRAIN_RETURN_IF_ERROR(CheckAct(d_rows, "combine d_rows", {rows.dim(0), d}));
   MOETRAIN_RETURN_IF_ERROR(
       CheckDenseTensor(d_weights, "combine d_weights", DType::kF32, {tokens, k}));
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda)
+    return cuda::CombineRowsBackward(ctx, d_out, rows, pair_row, weights, d_rows, d_weights);
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "combine backward");
   return cpu::CombineRowsBackward(ctx, d_out, rows, pair_row, weights, d_rows, d_weights);
 }
@@ -146,6 +167,10 @@ absl::Status SumPairRows(const ExecContext& ctx, TensorView rows, TensorView pai
     MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(a, "sum addend", DType::kF32, {tokens, d}));
   }
   MOETRAIN_RETURN_IF_ERROR(CheckAct(out, "sum out", {tokens, d}));
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda)
+    return cuda::SumPairRows(ctx, rows, pair_row, addends, out);
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "sum rows");
   return cpu::SumPairRows(ctx, rows, pair_row, addends, out);
 }

@@ -9,30 +9,32 @@
 #include "engine/backend/cpu/rows.h"
 #include "engine/core/fast_math.h"
 #include "engine/core/status.h"
+#include "engine/ops/permute/permute_math.h"
 
 namespace moetrain::cpu {
 namespace {
 
 // out += w·y.
 MOETRAIN_CLONES void AxpyRow(float w, const float* y, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] += w * y[i];
+  for (int64_t i = 0; i < n; ++i) out[i] = AddWeighted(out[i], w, y[i]);
 }
 
-// d_y = w·g, and returns ⟨g, y⟩, summed in 16 interleaved partial sums: a fixed order (the
-// same result on every run and thread count), and one that vectorises without -ffast-math.
+// d_y = w·g, and returns ⟨g, y⟩, summed in kDotLanes interleaved partial sums (permute_math.h): a
+// fixed order (the same result on every run, thread count and backend), and one that vectorises
+// without -ffast-math.
 MOETRAIN_CLONES float ScaleAndDotRow(float w, const float* g, const float* y, float* d_y,
                                      int64_t n) {
-  constexpr int kLanes = 16;
+  constexpr int kLanes = kDotLanes;
   float partial[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     for (int l = 0; l < kLanes; ++l) {
-      partial[l] += g[i + l] * y[i + l];
+      partial[l] = AddWeighted(partial[l], g[i + l], y[i + l]);
       d_y[i + l] = w * g[i + l];
     }
   }
   for (; i < n; ++i) {
-    partial[0] += g[i] * y[i];
+    partial[0] = AddWeighted(partial[0], g[i], y[i]);
     d_y[i] = w * g[i];
   }
   float dot = 0.0f;

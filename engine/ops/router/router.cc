@@ -6,6 +6,7 @@
 #include "engine/core/status.h"
 #include "engine/ops/common/op_checks.h"
 #include "engine/ops/router/router_cpu.h"
+#include "engine/ops/router/router_cuda.h"
 
 namespace moetrain::ops {
 namespace {
@@ -58,13 +59,22 @@ absl::Status RouterForward(const ExecContext& ctx, const MoeConfig& config, cons
   MOETRAIN_ASSIGN_OR_RETURN(const cpu::RouterExtents x,
                             CheckRouterArgs(ctx, "router", config, args));
   const int64_t T = x.tokens, E = x.experts, k = x.top_k;
-  if (!ctx.device().is_cpu()) return NoBackend(ctx, "router");
+#if MOETRAIN_HAVE_CUDA
+  const bool on_cuda = ctx.device().type == DeviceType::kCuda;
+#else
+  const bool on_cuda = false;
+#endif
+  // Checked before the outputs are allocated: a device without a backend gets nothing.
+  if (!ctx.device().is_cpu() && !on_cuda) return NoBackend(ctx, "router");
   MOETRAIN_RETURN_IF_ERROR(EnsureOutput(ctx, &out->scores, DType::kF32, {T, E}));
   MOETRAIN_RETURN_IF_ERROR(EnsureOutput(ctx, &out->topk_experts, DType::kI32, {T, k}));
   MOETRAIN_RETURN_IF_ERROR(EnsureOutput(ctx, &out->topk_weights, DType::kF32, {T, k}));
   MOETRAIN_RETURN_IF_ERROR(EnsureOutput(ctx, &out->tokens_per_expert, DType::kI64, {E}));
   MOETRAIN_RETURN_IF_ERROR(EnsureOutput(ctx, &out->aux_counts, DType::kI64, {E + 1}));
   MOETRAIN_RETURN_IF_ERROR(EnsureOutput(ctx, &out->losses, DType::kF32, {2}));
+#if MOETRAIN_HAVE_CUDA
+  if (on_cuda) return cuda::RouterForward(ctx, config, x, args, out);
+#endif
   return cpu::RouterForward(ctx, config, x, args, out);
 }
 
@@ -78,6 +88,9 @@ absl::Status RouterAuxLoss(const ExecContext& ctx, const MoeConfig& config, cons
                                          {"topk_experts", out->topk_experts},
                                          {"aux_counts", out->aux_counts},
                                          {"losses", out->losses}}));
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda) return cuda::RouterAuxLoss(ctx, config, x, out);
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "router aux loss");
   return cpu::RouterAuxLoss(ctx, config, x, out);
 }
@@ -102,6 +115,12 @@ absl::Status RouterBackward(const ExecContext& ctx, const MoeConfig& config, con
     return absl::InvalidArgumentError(
         absl::StrCat("loss_weight = ", loss_weight, " must be positive and finite"));
   }
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda) {
+    return cuda::RouterBackward(ctx, config, x, args, forward, d_topk_weights, d_logits,
+                                loss_weight);
+  }
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "router backward");
   return cpu::RouterBackward(ctx, config, x, args, forward, d_topk_weights, d_logits, loss_weight);
 }
@@ -119,6 +138,11 @@ absl::Status UpdateExpertBias(const ExecContext& ctx, TensorView tokens_per_expe
     return absl::InvalidArgumentError(
         absl::StrCat("rate = ", rate, " must be non-negative and finite"));
   }
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda) {
+    return cuda::UpdateExpertBias(ctx, tokens_per_expert, rate, bias);
+  }
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "expert bias update");
   return cpu::UpdateExpertBias(tokens_per_expert, rate, bias);
 }

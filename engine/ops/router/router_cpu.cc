@@ -2,11 +2,11 @@
 
 #include <atomic>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/core/status.h"
-#include "engine/ops/common/softmax_math.h"
 #include "engine/ops/router/router_math.h"
 
 namespace moetrain::cpu {
@@ -46,21 +46,29 @@ struct SelectScratch {
   std::vector<uint8_t> group_allowed;  // (G)
 };
 
-// n_{q,e}: pairs chosen for expert e within aux-loss sequence q, (num_sequences, E).
-std::vector<int64_t> CountPerSequence(const RouterExtents& x, const int32_t* topk_experts) {
+// n_{q,e}: pairs chosen for expert e within aux-loss sequence q, (num_sequences, E). The chosen
+// experts index the counts: a stale or foreign `forward` must not write out of bounds.
+absl::StatusOr<std::vector<int64_t>> CountPerSequence(const RouterExtents& x,
+                                                      const int32_t* topk_experts) {
   std::vector<int64_t> counts(std::max<int64_t>(x.num_sequences(), 1) * x.experts, 0);
   for (int64_t t = 0; t < x.tokens; ++t) {
     int64_t* row = counts.data() + (t / x.seq_len) * x.experts;
-    for (int64_t j = 0; j < x.top_k; ++j) ++row[topk_experts[t * x.top_k + j]];
+    for (int64_t j = 0; j < x.top_k; ++j) {
+      const int32_t e = topk_experts[t * x.top_k + j];
+      if (e < 0 || e >= x.experts) {
+        return absl::InvalidArgumentError(absl::StrCat("forward.topk_experts[", t, ", ", j,
+                                                       "] = ", e, " is not an expert in [0, ",
+                                                       x.experts, ")"));
+      }
+      ++row[e];
+    }
   }
   return counts;
 }
 
-// ∂aux/∂p_{t,e} = aux_coeff · n_{q(t),e}: from α·E·mean_q Σ_e (n_{q,e}/(L·k))·(Σ_{t∈q} p_{t,e}/L).
-// `count_tokens` is the T of f_e = n_e/(T·k): L, or the group's token count with group counts.
-double AuxLossCoeff(const MoeConfig& config, const RouterExtents& x, int64_t count_tokens) {
-  return static_cast<double>(config.aux_loss_coeff) * x.experts /
-         (static_cast<double>(x.tokens) * count_tokens * x.top_k);
+// router_math.h's AuxLossCoeff of this call.
+double AuxLossCoeffOf(const MoeConfig& config, const RouterExtents& x, int64_t count_tokens) {
+  return AuxLossCoeff(config.aux_loss_coeff, x.experts, x.tokens, count_tokens, x.top_k);
 }
 
 // The counts f_e uses, (num_sequences, E) for the sequence loss or (E) for the switch loss (then
@@ -73,7 +81,9 @@ struct AuxCounts {
 absl::StatusOr<AuxCounts> CountsOfAuxLoss(const MoeConfig& config, const RouterExtents& x,
                                           const ops::RouterOutput& forward) {
   if (config.aux_loss == AuxLossType::kSequence) {
-    return AuxCounts{CountPerSequence(x, forward.topk_experts.data<int32_t>()), x.seq_len};
+    MOETRAIN_ASSIGN_OR_RETURN(std::vector<int64_t> counts,
+                              CountPerSequence(x, forward.topk_experts.data<int32_t>()));
+    return AuxCounts{std::move(counts), x.seq_len};
   }
   const int64_t* aux = forward.aux_counts.data<int64_t>();
   const int64_t count_tokens = aux[x.experts];
@@ -101,7 +111,6 @@ absl::Status RouterForward(const ExecContext& ctx, const MoeConfig& config, cons
   float* scores = out->scores.data<float>();
   int32_t* topk_experts = out->topk_experts.data<int32_t>();
   float* topk_weights = out->topk_weights.data<float>();
-  const bool sigmoid = config.score_function == ScoreFunction::kSigmoid;
 
   // Cross-token sums are taken serially over these per-token terms, so that they do not depend
   // on how the tokens were split among threads.
@@ -123,22 +132,10 @@ absl::Status RouterForward(const ExecContext& ctx, const MoeConfig& config, cons
         }
         continue;
       }
-      float* s = scores + t * E;
-      double lse = 0.0;
-      if (sigmoid) {
-        for (int64_t e = 0; e < E; ++e) s[e] = Sigmoid(z[e]);
-        if (HasZLoss(config)) lse = LogSumExp(z, E);
-      } else {
-        lse = Softmax(z, E, s);
-      }
+      const double lse =
+          RouteToken(params, z, bias, bias_stride, HasZLoss(config), scratch.selection.data(),
+                     scratch.topk(), scores + t * E, topk_experts + t * k, topk_weights + t * k);
       if (HasZLoss(config)) lse_squared[t] = lse * lse;
-
-      const float* base = params.softmax_after_topk ? z : s;
-      for (int64_t e = 0; e < E; ++e) {
-        scratch.selection[e] = bias != nullptr ? base[e] + bias[e * bias_stride] : base[e];
-      }
-      SelectTopK(params, scratch.selection.data(), scratch.topk(), topk_experts + t * k);
-      CombineWeights(params, z, s, topk_experts + t * k, topk_weights + t * k);
     }
   });
   if (const int64_t t = first_bad_token.load(); t < T) {
@@ -165,7 +162,7 @@ absl::Status RouterForward(const ExecContext& ctx, const MoeConfig& config, cons
   if (HasZLoss(config) && T > 0) {
     double total = 0.0;
     for (int64_t t = 0; t < T; ++t) total += lse_squared[t];
-    losses[1] = static_cast<float>(config.z_loss_coeff * total / T);
+    losses[1] = ZLossValue(config.z_loss_coeff, total, T);
   }
   return absl::OkStatus();
 }
@@ -185,19 +182,13 @@ absl::Status RouterAuxLoss(const ExecContext& ctx, const MoeConfig& config, cons
   std::vector<double> token_terms(T);
   ctx.thread_pool().ParallelFor(T, kGrainTokens, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      const float* s = scores + t * E;
       const int64_t* n = aux.counts.data() + (per_sequence ? (t / x.seq_len) * E : 0);
-      double dot = 0.0, sum = 0.0;
-      for (int64_t e = 0; e < E; ++e) {
-        dot += static_cast<double>(n[e]) * s[e];
-        sum += s[e];
-      }
-      token_terms[t] = sigmoid ? dot / sum : dot;
+      token_terms[t] = AuxLossTokenTerm(scores + t * E, n, E, sigmoid);
     }
   });
   double total = 0.0;
   for (int64_t t = 0; t < T; ++t) total += token_terms[t];
-  losses[0] = static_cast<float>(AuxLossCoeff(config, x, aux.count_tokens) * total);
+  losses[0] = static_cast<float>(AuxLossCoeffOf(config, x, aux.count_tokens) * total);
   return absl::OkStatus();
 }
 
@@ -217,93 +208,29 @@ absl::Status RouterBackward(const ExecContext& ctx, const MoeConfig& config, con
     }
   }
 
-  const bool sigmoid = config.score_function == ScoreFunction::kSigmoid;
-  const bool softmax_after = RoutingParams::Of(config).softmax_after_topk;
-  const double rho = config.routed_scaling_factor;
+  const RoutingParams params = RoutingParams::Of(config);
   AuxCounts aux = {{}, 0};
   if (HasAuxLoss(config)) {
     MOETRAIN_ASSIGN_OR_RETURN(aux, CountsOfAuxLoss(config, x, forward));
   }
   const bool per_sequence = config.aux_loss == AuxLossType::kSequence;
-  const double aux_coeff =
-      HasAuxLoss(config) ? loss_weight * AuxLossCoeff(config, x, aux.count_tokens) : 0.0;
-  const double z_coeff = T > 0 ? 2.0 * loss_weight * config.z_loss_coeff / T : 0.0;
+  const RouterLossGrad loss = {
+      HasAuxLoss(config),
+      HasAuxLoss(config) ? loss_weight * AuxLossCoeffOf(config, x, aux.count_tokens) : 0.0,
+      HasZLoss(config), T > 0 ? 2.0 * loss_weight * config.z_loss_coeff / T : 0.0};
 
   ctx.thread_pool().ParallelFor(T, kGrainTokens, [&](int64_t begin, int64_t end) {
-    std::vector<double> d_scores(E);  // ∂L/∂s_{t,·}
-    std::vector<double> dz(E);        // ∂L/∂z_{t,·}
-    std::vector<float> z(E), softmax_z(sigmoid ? E : 0);
+    std::vector<double> d_scores(E), dz(E);
+    std::vector<float> z(E), softmax_z(params.sigmoid ? E : 0);
+    const RouterGradScratch scratch = {d_scores.data(), dz.data(), softmax_z.data()};
     for (int64_t t = begin; t < end; ++t) {
-      const float* s = scores + t * E;
-      const int32_t* chosen = topk_experts + t * k;
-      const float* g = topk_weights + t * k;
       for (int64_t e = 0; e < E; ++e) z[e] = At<float>(args.logits, t, e);
-      std::fill(d_scores.begin(), d_scores.end(), 0.0);
-      std::fill(dz.begin(), dz.end(), 0.0);
-      double grad_dot_g = 0.0;  // Σ_j G_j·g_j
-      for (int64_t j = 0; j < k; ++j)
-        grad_dot_g += static_cast<double>(At<float>(d_topk_weights, t, j)) * g[j];
-
-      // Combine weights. G = ∂L/∂g.
-      if (softmax_after) {
-        // g = ρ·q, q = softmax_j(z_{e_j}): ∂z_{e_i} = ρ·q_i·(G_i − Σ_j q_j·G_j) = g_i·(G_i − Σ_j
-        // G_j·g_j/ρ).
-        for (int64_t j = 0; j < k; ++j) {
-          dz[chosen[j]] += g[j] * (At<float>(d_topk_weights, t, j) - grad_dot_g / rho);
-        }
-      } else if (config.normalize_topk_weights) {
-        // g = ρ·s_i / S, S = Σ_j s_{e_j}: ∂s_{e_i} = (ρ·G_i − Σ_j G_j·g_j) / S.
-        double chosen_sum = 0.0;
-        for (int64_t j = 0; j < k; ++j) chosen_sum += s[chosen[j]];
-        for (int64_t j = 0; j < k; ++j) {
-          d_scores[chosen[j]] += (rho * At<float>(d_topk_weights, t, j) - grad_dot_g) / chosen_sum;
-        }
-      } else {
-        for (int64_t j = 0; j < k; ++j)
-          d_scores[chosen[j]] += rho * At<float>(d_topk_weights, t, j);
-      }
-
-      // Aux loss through p with f constant: ∂p_{t,e} = c_e = aux_coeff·n_{q(t),e}.
-      if (HasAuxLoss(config)) {
-        const int64_t* n = aux.counts.data() + (per_sequence ? (t / x.seq_len) * E : 0);
-        if (sigmoid) {
-          // p = s / Q, Q = Σ_e s_e: ∂s_e = (c_e − Σ_e' c_e'·p_e') / Q.
-          double q = 0.0, c_dot_s = 0.0;
-          for (int64_t e = 0; e < E; ++e) {
-            q += s[e];
-            c_dot_s += aux_coeff * n[e] * s[e];
-          }
-          for (int64_t e = 0; e < E; ++e) d_scores[e] += (aux_coeff * n[e] - c_dot_s / q) / q;
-        } else {
-          for (int64_t e = 0; e < E; ++e) d_scores[e] += aux_coeff * n[e];
-        }
-      }
-
-      // Through the score function.
-      if (sigmoid) {
-        for (int64_t e = 0; e < E; ++e) {
-          if (d_scores[e] != 0.0) dz[e] += d_scores[e] * SigmoidGrad(z[e]);
-        }
-      } else if (!softmax_after || HasAuxLoss(config)) {
-        // s = softmax(z): ∂z_e = s_e·(∂s_e − Σ_e' s_e'·∂s_e').
-        double dot = 0.0;
-        for (int64_t e = 0; e < E; ++e) dot += s[e] * d_scores[e];
-        for (int64_t e = 0; e < E; ++e) dz[e] += s[e] * (d_scores[e] - dot);
-      }
-
-      // z-loss β·mean_t lse_t²: ∂z_{t,e} = (2β/T)·lse_t·softmax(z_t)_e.
-      if (HasZLoss(config)) {
-        double lse;
-        const float* p = s;  // softmax(z): the scores already, unless they are sigmoids
-        if (sigmoid) {
-          lse = Softmax(z.data(), E, softmax_z.data());
-          p = softmax_z.data();
-        } else {
-          lse = LogSumExp(z.data(), E);
-        }
-        for (int64_t e = 0; e < E; ++e) dz[e] += z_coeff * lse * p[e];
-      }
-      for (int64_t e = 0; e < E; ++e) At<float>(d_logits, t, e) = static_cast<float>(dz[e]);
+      const int64_t* n =
+          loss.aux ? aux.counts.data() + (per_sequence ? (t / x.seq_len) * E : 0) : nullptr;
+      RouterTokenBackward(params, loss, z.data(), scores + t * E, topk_experts + t * k,
+                          topk_weights + t * k, &At<float>(d_topk_weights, t, 0),
+                          d_topk_weights.stride(1), n, scratch, &At<float>(d_logits, t, 0),
+                          d_logits.stride(1));
     }
   });
   return absl::OkStatus();
@@ -322,9 +249,7 @@ absl::Status UpdateExpertBias(TensorView tokens_per_expert, float rate, TensorVi
   }
   const double mean = total / num_experts;
   for (int64_t e = 0; e < num_experts; ++e) {
-    const double gap = mean - static_cast<double>(counts[e]);
-    const float step = gap > 0.0 ? rate : (gap < 0.0 ? -rate : 0.0f);
-    bias.data<float>()[e * bias.stride(0)] += step;
+    bias.data<float>()[e * bias.stride(0)] += ExpertBiasStep(mean, counts[e], rate);
   }
   return absl::OkStatus();
 }

@@ -123,5 +123,20 @@ TEST(RouterTest, BackwardChecksItsTensors) {
               "forward.topk_experts[1, 1] = 99 is not an expert in [0, 8)");
 }
 
+// The sequence aux loss counts each sequence's pairs by their experts: a stale or foreign
+// forward's expert id is refused before it indexes the counts.
+TEST(RouterTest, AuxLossChecksTheChosenExperts) {
+  const MoeConfig config = With(Softmax(8, 2), [](MoeConfig& c) {
+    c.aux_loss = AuxLossType::kSequence;
+    c.aux_loss_coeff = 0.01f;
+  });
+  Problem p = MakeProblem(config, 4, 2, 1);
+  RouterOutput out;
+  ASSERT_TRUE(RouterForward(config, ArgsOf(p), &out).ok());
+  out.topk_experts.data<int32_t>()[5] = -3;
+  ExpectError(ops::RouterAuxLoss(Cpu(), config, ArgsOf(p), &out),
+              "forward.topk_experts[2, 1] = -3 is not an expert in [0, 8)");
+}
+
 }  // namespace
 }  // namespace moetrain::router_test

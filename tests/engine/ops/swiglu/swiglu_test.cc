@@ -187,6 +187,8 @@ TEST(SwigluEdgeTest, RejectsBadArguments) {
       IsInvalidArgument(ops::SwigluBackward(Cpu(), gate_up, d_out_bf16, gate_up), "swiglu d_out"));
   EXPECT_TRUE(IsInvalidArgument(ops::SwigluBackward(Cpu(), gate_up, out, d_gate_up_wrong),
                                 "swiglu d_gate_up"));
+  // 7 columns would pass as F = 3 with d_gate_up (4, 6), and rows would be read 6 apart.
+  EXPECT_TRUE(IsInvalidArgument(ops::SwigluBackward(Cpu(), odd, out, gate_up), "even"));
 }
 
 // Strided views. The kernels index their tensors as dense row-major arrays, so a view with

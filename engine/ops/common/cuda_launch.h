@@ -1,0 +1,35 @@
+// What every op's CUDA file (engine/ops/<family>/<family>_cuda.cu) starts with: the CUDA context
+// and compute stream of its ExecContext, made current on the calling thread. Included by .cu
+// files only.
+#ifndef MOETRAIN_ENGINE_OPS_COMMON_CUDA_LAUNCH_H_
+#define MOETRAIN_ENGINE_OPS_COMMON_CUDA_LAUNCH_H_
+
+#include <cuda_runtime.h>
+
+#include "absl/status/statusor.h"
+#include "engine/backend/cuda/cuda_check.h"
+#include "engine/backend/cuda/cuda_context.h"
+#include "engine/backend/exec_context.h"
+#include "engine/ops/common/launch_geometry.h"
+
+namespace moetrain::ops::cuda {
+
+using ::moetrain::cuda::CudaContext;
+
+// Where an op issues its work: the context, and its compute stream.
+struct CudaOp {
+  CudaContext* context;
+  cudaStream_t stream;
+};
+
+// ctx must be on a CUDA device (the op's dispatch checked). Errors name `op`.
+inline absl::StatusOr<CudaOp> BeginCudaOp(const ExecContext& ctx, const char* op) {
+  CudaContext& context = ::moetrain::cuda::ContextOf(ctx);
+  absl::Status current = context.MakeCurrent(op);
+  if (!current.ok()) return current;
+  return CudaOp{&context, context.compute_stream()};
+}
+
+}  // namespace moetrain::ops::cuda
+
+#endif  // MOETRAIN_ENGINE_OPS_COMMON_CUDA_LAUNCH_H_
