@@ -17,10 +17,10 @@ namespace moetrain {
 
 struct JobPathPolicy {
   // The coordinator's checkpoint root (Assignment.checkpoint_root); empty = not checked.
-  std::string checkpoint_root;
+  std::string checkpoint_root = {};
   // Directories a job's data.path must lie in (the worker's --data-root flags); empty = any file
   // the worker can read.
-  std::vector<std::string> data_roots;
+  std::vector<std::string> data_roots = {};
 };
 
 // `path` made absolute (against the working directory), its existing components' symbolic links
