@@ -83,63 +83,44 @@ struct Case {
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 std::vector<Case> ReferenceCases() {
-  auto no_norm = [](MoeConfig& c) { c.normalize_topk_weights = false; };
-  auto post = [](MoeConfig& c) { c.softmax_before_topk = false; };
-  auto bias = [](MoeConfig& c) { c.expert_bias = true; };
-  auto switch_aux = [](MoeConfig& c) {
-    c.aux_loss = AuxLossType::kSwitch;
-    c.aux_loss_coeff = 0.01f;
-  };
-  auto seq_aux = [](MoeConfig& c) {
-    c.aux_loss = AuxLossType::kSequence;
-    c.aux_loss_coeff = 0.02f;
-  };
-  auto z_loss = [](MoeConfig& c) { c.z_loss_coeff = 1e-3f; };
-  auto groups = [](int64_t g, int64_t gk) {
-    return [g, gk](MoeConfig& c) {
-      c.num_groups = g;
-      c.group_top_k = gk;
-    };
-  };
-  auto rho = [](float r) { return [r](MoeConfig& c) { c.routed_scaling_factor = r; }; };
   return {
       {"SoftmaxPreNorm", Softmax(8, 2), 300},
-      {"SoftmaxPreNoNorm", With(Softmax(16, 4), no_norm), 257},
-      {"SoftmaxPreNormRho", With(Softmax(8, 3), rho(1.7f)), 130},
-      {"SoftmaxPreNoNormRho", With(With(Softmax(8, 3), no_norm), rho(2.5f)), 129},
-      {"SoftmaxPreBias", With(Softmax(12, 3), bias), 200},
-      {"SoftmaxPost", With(Softmax(16, 4), post), 200},
-      {"SoftmaxPostBiasRho", With(With(With(Softmax(16, 2), post), bias), rho(2.0f)), 150},
-      {"SigmoidBiasNorm", With(Sigmoid(64, 6), rho(2.5f)), 150},
-      {"SigmoidBiasNoNorm", With(With(Sigmoid(32, 4), no_norm), rho(0.5f)), 140},
+      {"SoftmaxPreNoNorm", With(Softmax(16, 4), NoNorm), 257},
+      {"SoftmaxPreNormRho", With(Softmax(8, 3), Rho(1.7f)), 130},
+      {"SoftmaxPreNoNormRho", With(With(Softmax(8, 3), NoNorm), Rho(2.5f)), 129},
+      {"SoftmaxPreBias", With(Softmax(12, 3), Bias), 200},
+      {"SoftmaxPost", With(Softmax(16, 4), Post), 200},
+      {"SoftmaxPostBiasRho", With(With(With(Softmax(16, 2), Post), Bias), Rho(2.0f)), 150},
+      {"SigmoidBiasNorm", With(Sigmoid(64, 6), Rho(2.5f)), 150},
+      {"SigmoidBiasNoNorm", With(With(Sigmoid(32, 4), NoNorm), Rho(0.5f)), 140},
       {"SigmoidNoBias", With(Sigmoid(16, 3), [](MoeConfig& c) { c.expert_bias = false; }), 100},
-      {"GroupSoftmax", With(Softmax(16, 4), groups(4, 2)), 130},
-      {"GroupSoftmaxPost", With(With(Softmax(16, 4), post), groups(8, 3)), 100},
-      {"GroupSigmoidOneMember", With(Sigmoid(24, 5), groups(6, 3)), 120},
+      {"GroupSoftmax", With(Softmax(16, 4), Groups(4, 2)), 130},
+      {"GroupSoftmaxPost", With(With(Softmax(16, 4), Post), Groups(8, 3)), 100},
+      {"GroupSigmoidOneMember", With(Sigmoid(24, 5), Groups(6, 3)), 120},
       {"DeepSeekV3", DeepSeekV3(), 96},
-      {"DeepSeekV3SeqAux", With(DeepSeekV3(), seq_aux), 96, 32},
-      {"SwitchSoftmax", With(Softmax(8, 2), switch_aux), 256},
-      {"SwitchSoftmaxPost", With(With(Softmax(8, 2), post), switch_aux), 100},
-      {"SwitchSigmoid", With(Sigmoid(16, 4), switch_aux), 200},
-      {"SequenceSoftmax", With(Softmax(8, 2), seq_aux), 96, 24},
-      {"SequenceSoftmaxPost", With(With(Softmax(8, 3), post), seq_aux), 60, 5},
-      {"SequenceSigmoid", With(Sigmoid(16, 4), seq_aux), 120, 8},
-      {"SequenceOneTokenEach", With(Softmax(8, 2), seq_aux), 20, 1},
-      {"SequenceZeroMeansAll", With(Softmax(8, 2), seq_aux), 50, 0},
-      {"ZLossSoftmax", With(Softmax(8, 2), z_loss), 100},
-      {"ZLossSoftmaxPost", With(With(Softmax(8, 2), post), z_loss), 100},
-      {"ZLossSigmoid", With(Sigmoid(16, 2), z_loss), 100},
-      {"AllLosses", With(With(With(DeepSeekV3(), switch_aux), z_loss), rho(1.0f)), 70},
-      {"OneToken", With(Sigmoid(64, 6), z_loss), 1},
-      {"OneTokenSoftmax", With(Softmax(8, 2), switch_aux), 1},
+      {"DeepSeekV3SeqAux", With(DeepSeekV3(), SeqAux), 96, 32},
+      {"SwitchSoftmax", With(Softmax(8, 2), SwitchAux), 256},
+      {"SwitchSoftmaxPost", With(With(Softmax(8, 2), Post), SwitchAux), 100},
+      {"SwitchSigmoid", With(Sigmoid(16, 4), SwitchAux), 200},
+      {"SequenceSoftmax", With(Softmax(8, 2), SeqAux), 96, 24},
+      {"SequenceSoftmaxPost", With(With(Softmax(8, 3), Post), SeqAux), 60, 5},
+      {"SequenceSigmoid", With(Sigmoid(16, 4), SeqAux), 120, 8},
+      {"SequenceOneTokenEach", With(Softmax(8, 2), SeqAux), 20, 1},
+      {"SequenceZeroMeansAll", With(Softmax(8, 2), SeqAux), 50, 0},
+      {"ZLossSoftmax", With(Softmax(8, 2), ZLossTerm), 100},
+      {"ZLossSoftmaxPost", With(With(Softmax(8, 2), Post), ZLossTerm), 100},
+      {"ZLossSigmoid", With(Sigmoid(16, 2), ZLossTerm), 100},
+      {"AllLosses", With(With(With(DeepSeekV3(), SwitchAux), ZLossTerm), Rho(1.0f)), 70},
+      {"OneToken", With(Sigmoid(64, 6), ZLossTerm), 1},
+      {"OneTokenSoftmax", With(Softmax(8, 2), SwitchAux), 1},
       // k = E: every n_e = T, so the switch loss is the constant α (its gradient is 0).
-      {"KEqualsE", With(With(Softmax(6, 6), switch_aux), z_loss), 50},
-      {"KEqualsENoNorm", With(Softmax(6, 6), no_norm), 50},
+      {"KEqualsE", With(With(Softmax(6, 6), SwitchAux), ZLossTerm), 50},
+      {"KEqualsENoNorm", With(Softmax(6, 6), NoNorm), 50},
       {"KEqualsESigmoid", Sigmoid(5, 5), 40},
-      {"KEqualsEPost", With(Softmax(4, 4), post), 40},
-      {"OneExpert", With(With(Softmax(1, 1), switch_aux), z_loss), 20},
-      {"OneExpertSigmoid", With(Sigmoid(1, 1), no_norm), 20},
-      {"RaggedSixtyFive", With(Sigmoid(16, 2), switch_aux), 65},
+      {"KEqualsEPost", With(Softmax(4, 4), Post), 40},
+      {"OneExpert", With(With(Softmax(1, 1), SwitchAux), ZLossTerm), 20},
+      {"OneExpertSigmoid", With(Sigmoid(1, 1), NoNorm), 20},
+      {"RaggedSixtyFive", With(Sigmoid(16, 2), SwitchAux), 65},
   };
 }
 

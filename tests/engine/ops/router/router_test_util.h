@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engine/backend/exec_context.h"
 #include "engine/core/dtype.h"
+#include "engine/core/status.h"
 #include "engine/core/tensor.h"
 #include "engine/moe/moe_config.h"
-#include "engine/backend/exec_context.h"
-#include "engine/core/status.h"
 #include "engine/ops/router/router.h"
 #include "gtest/gtest.h"
 #include "tests/engine/ops/router/router_reference.h"
@@ -82,6 +82,29 @@ inline MoeConfig Sigmoid(int64_t experts, int64_t k) {
 MoeConfig With(MoeConfig c, auto edit) {
   edit(c);
   return c;
+}
+
+// Edits of a config for With(config, edit): the variants the router tests (CPU and CUDA) cover.
+inline void NoNorm(MoeConfig& c) { c.normalize_topk_weights = false; }
+inline void Post(MoeConfig& c) { c.softmax_before_topk = false; }
+inline void Bias(MoeConfig& c) { c.expert_bias = true; }
+inline void SwitchAux(MoeConfig& c) {
+  c.aux_loss = AuxLossType::kSwitch;
+  c.aux_loss_coeff = 0.01f;
+}
+inline void SeqAux(MoeConfig& c) {
+  c.aux_loss = AuxLossType::kSequence;
+  c.aux_loss_coeff = 0.02f;
+}
+inline void ZLossTerm(MoeConfig& c) { c.z_loss_coeff = 1e-3f; }
+inline auto Groups(int64_t groups, int64_t group_top_k) {
+  return [groups, group_top_k](MoeConfig& c) {
+    c.num_groups = groups;
+    c.group_top_k = group_top_k;
+  };
+}
+inline auto Rho(float rho) {
+  return [rho](MoeConfig& c) { c.routed_scaling_factor = rho; };
 }
 
 inline MoeConfig DeepSeekV3() {
