@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "tests/engine/cuda_test_util.h"
 #include "tests/engine/ops/gemm/gemm_test_util.h"
+#include "tests/engine/ops/grouped_gemm/grouped_gemm_reference.h"
 
 namespace moetrain::ops_test {
 namespace {
@@ -35,56 +36,6 @@ double ElementTolerance(int64_t inner) {
 std::vector<double> Abs(std::vector<double> v) {
   for (double& x : v) x = std::fabs(x);
   return v;
-}
-
-// y_g = x_g · w_gᵀ: x (R, K), w (G, N, K) -> y (R, N).
-std::vector<double> RefForward(const std::vector<double>& x, const std::vector<double>& w,
-                               const std::vector<int64_t>& offsets, int64_t n, int64_t k) {
-  std::vector<double> y(offsets.back() * n);
-  for (size_t g = 0; g + 1 < offsets.size(); ++g) {
-    for (int64_t r = offsets[g]; r < offsets[g + 1]; ++r) {
-      for (int64_t j = 0; j < n; ++j) {
-        double sum = 0.0;
-        for (int64_t p = 0; p < k; ++p) sum += x[r * k + p] * w[(g * n + j) * k + p];
-        y[r * n + j] = sum;
-      }
-    }
-  }
-  return y;
-}
-
-// dx_g = dy_g · w_g: dy (R, N), w (G, N, K) -> dx (R, K).
-std::vector<double> RefBackwardData(const std::vector<double>& dy, const std::vector<double>& w,
-                                    const std::vector<int64_t>& offsets, int64_t n, int64_t k) {
-  std::vector<double> dx(offsets.back() * k);
-  for (size_t g = 0; g + 1 < offsets.size(); ++g) {
-    for (int64_t r = offsets[g]; r < offsets[g + 1]; ++r) {
-      for (int64_t p = 0; p < k; ++p) {
-        double sum = 0.0;
-        for (int64_t j = 0; j < n; ++j) sum += dy[r * n + j] * w[(g * n + j) * k + p];
-        dx[r * k + p] = sum;
-      }
-    }
-  }
-  return dx;
-}
-
-// dw_g = [dw0_g +] dy_gᵀ · x_g: dy (R, N), x (R, K) -> dw (G, N, K).
-std::vector<double> RefBackwardWeight(const std::vector<double>& dy, const std::vector<double>& x,
-                                      const std::vector<int64_t>& offsets, int64_t n, int64_t k,
-                                      const std::vector<double>& dw0, bool accumulate) {
-  const int64_t groups = static_cast<int64_t>(offsets.size()) - 1;
-  std::vector<double> dw(groups * n * k);
-  for (int64_t g = 0; g < groups; ++g) {
-    for (int64_t j = 0; j < n; ++j) {
-      for (int64_t p = 0; p < k; ++p) {
-        double sum = accumulate ? dw0[(g * n + j) * k + p] : 0.0;
-        for (int64_t r = offsets[g]; r < offsets[g + 1]; ++r) sum += dy[r * n + j] * x[r * k + p];
-        dw[(g * n + j) * k + p] = sum;
-      }
-    }
-  }
-  return dw;
 }
 
 // Every element of got within tol·scale of want (NaN fails); stops after a few misses.
@@ -149,11 +100,11 @@ TEST_P(GroupedGemmCudaTest, ForwardMatchesCpu) {
     result = test_util::ToHost(gpu, y);
   }
   const std::vector<double> scale =
-      RefForward(Abs(p.x.values), Abs(p.w.values), p.offsets, p.n, p.k);
+      RefGroupedForward(Abs(p.x.values), Abs(p.w.values), p.offsets, p.n, p.k);
   const double tol = ElementTolerance(p.k);
   ExpectElementsClose(results[0], test_util::ToDoubles(y_cpu), scale, 2.0 * tol, "CUDA vs CPU");
-  ExpectElementsClose(results[0], RefForward(p.x.values, p.w.values, p.offsets, p.n, p.k), scale,
-                      tol, "CUDA vs float64");
+  ExpectElementsClose(results[0], RefGroupedForward(p.x.values, p.w.values, p.offsets, p.n, p.k),
+                      scale, tol, "CUDA vs float64");
   EXPECT_TRUE(test_util::SameBytes(results[0], results[1])) << "two identical calls differ";
 }
 
@@ -173,11 +124,12 @@ TEST_P(GroupedGemmCudaTest, BackwardDataMatchesCpu) {
     result = test_util::ToHost(gpu, dx);
   }
   const std::vector<double> scale =
-      RefBackwardData(Abs(p.dy.values), Abs(p.w.values), p.offsets, p.n, p.k);
+      RefGroupedBackwardData(Abs(p.dy.values), Abs(p.w.values), p.offsets, p.n, p.k);
   const double tol = ElementTolerance(p.n);
   ExpectElementsClose(results[0], test_util::ToDoubles(dx_cpu), scale, 2.0 * tol, "CUDA vs CPU");
-  ExpectElementsClose(results[0], RefBackwardData(p.dy.values, p.w.values, p.offsets, p.n, p.k),
-                      scale, tol, "CUDA vs float64");
+  ExpectElementsClose(results[0],
+                      RefGroupedBackwardData(p.dy.values, p.w.values, p.offsets, p.n, p.k), scale,
+                      tol, "CUDA vs float64");
   EXPECT_TRUE(test_util::SameBytes(results[0], results[1])) << "two identical calls differ";
 }
 
@@ -204,14 +156,14 @@ TEST_P(GroupedGemmCudaTest, BackwardWeightMatchesCpu) {
       MOETRAIN_ASSERT_OK(ops::GroupedGemmBackwardWeight(gpu, dy, x, p.offsets, dw, accumulate));
       result = test_util::ToHost(gpu, dw);
     }
-    const std::vector<double> scale = RefBackwardWeight(
+    const std::vector<double> scale = RefGroupedBackwardWeight(
         Abs(p.dy.values), Abs(p.x.values), p.offsets, p.n, p.k, Abs(dw0.values), accumulate);
     const double tol = ElementTolerance(MaxGroupRows(p.offsets));
     ExpectElementsClose(results[0], test_util::ToDoubles(dw_cpu), scale, 2.0 * tol, "CUDA vs CPU");
-    ExpectElementsClose(
-        results[0],
-        RefBackwardWeight(p.dy.values, p.x.values, p.offsets, p.n, p.k, dw0.values, accumulate),
-        scale, tol, "CUDA vs float64");
+    ExpectElementsClose(results[0],
+                        RefGroupedBackwardWeight(p.dy.values, p.x.values, p.offsets, p.n, p.k,
+                                                 dw0.values, accumulate),
+                        scale, tol, "CUDA vs float64");
     EXPECT_TRUE(test_util::SameBytes(results[0], results[1])) << "two identical calls differ";
 
     // A group without rows: exactly zero when overwriting, its old bits when accumulating.
@@ -293,7 +245,7 @@ TEST(GroupedGemmCudaEdgeTest, BackToBackCallsWithChangingOffsets) {
       MOETRAIN_ASSERT_OK(
           ops::GroupedGemmForward(Cpu(), x.tensor, w.tensor, offset_sets[call], y_cpu));
       const std::vector<double> scale =
-          RefForward(Abs(x.values), Abs(w.values), offset_sets[call], n, k);
+          RefGroupedForward(Abs(x.values), Abs(w.values), offset_sets[call], n, k);
       ExpectElementsClose(test_util::ToHost(gpu, outputs[call]), test_util::ToDoubles(y_cpu), scale,
                           2.0 * ElementTolerance(k), "CUDA vs CPU");
     }
