@@ -16,6 +16,7 @@
 #include "engine/core/dtype_math.h"
 #include "engine/core/philox_math.h"
 #include "engine/core/status.h"
+#include "engine/ops/common/cuda_elements.cuh"
 #include "engine/ops/common/cuda_launch.h"
 #include "engine/ops/elementwise/elementwise_cpu.h"
 #include "engine/ops/elementwise/elementwise_cuda.h"
@@ -27,19 +28,6 @@ namespace {
 // in pieces of at most this size, so that a large tensor (a checkpoint's) does not grow the
 // pinned buffer to its own size.
 constexpr size_t kStagingChunkBytes = size_t{64} << 20;
-
-__device__ __forceinline__ int64_t GridStart() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ int64_t GridStride() {
-  return static_cast<int64_t>(gridDim.x) * blockDim.x;
-}
-
-// An act element as f32: bf16 is held as its 16 bits.
-__device__ __forceinline__ float LoadAct(const float* p, int64_t i) { return p[i]; }
-__device__ __forceinline__ float LoadAct(const uint16_t* p, int64_t i) {
-  return BF16BitsToFloat(p[i]);
-}
 
 // dst (n) bf16 bits = src (n) f32, rounded to nearest even.
 __global__ void F32ToBF16Kernel(const float* __restrict__ src, uint16_t* __restrict__ dst,

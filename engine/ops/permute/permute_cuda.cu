@@ -23,6 +23,7 @@
 #include "engine/core/dtype.h"
 #include "engine/core/dtype_math.h"
 #include "engine/core/status.h"
+#include "engine/ops/common/cuda_elements.cuh"
 #include "engine/ops/common/cuda_launch.h"
 #include "engine/ops/elementwise/elementwise.h"
 #include "engine/ops/permute/permute_cpu.h"
@@ -47,16 +48,6 @@ constexpr unsigned long long kNoError = ~0ull;
 // topk_experts, the first position whose kept rows disagree with the offsets; then (E) the pairs
 // routed to each position.
 constexpr int kBadOrder = 0, kBadExpert = 1, kBadOffsets = 2, kNumErrorWords = 3;
-
-// An act element as f32 (bf16 is held as its 16 bits), and back, rounded to nearest even.
-__device__ __forceinline__ float LoadAct(const float* p, int64_t i) { return p[i]; }
-__device__ __forceinline__ float LoadAct(const uint16_t* p, int64_t i) {
-  return BF16BitsToFloat(p[i]);
-}
-__device__ __forceinline__ void StoreAct(float* p, int64_t i, float v) { p[i] = v; }
-__device__ __forceinline__ void StoreAct(uint16_t* p, int64_t i, float v) {
-  p[i] = FloatToBF16Bits(v);
-}
 
 // The grid of a kernel that gives each of `items` rows one block (grid-stride beyond the limit).
 int RowBlocks(int64_t items) { return static_cast<int>(BlocksFor(items, 1, INT_MAX)); }

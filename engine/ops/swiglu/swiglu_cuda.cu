@@ -8,25 +8,13 @@
 #include "engine/core/dtype.h"
 #include "engine/core/dtype_math.h"
 #include "engine/core/status.h"
+#include "engine/ops/common/cuda_elements.cuh"
 #include "engine/ops/common/cuda_launch.h"
 #include "engine/ops/swiglu/swiglu_cuda.h"
 #include "engine/ops/swiglu/swiglu_math.h"
 
 namespace moetrain::ops::cuda {
 namespace {
-
-__device__ __forceinline__ int64_t GridStart() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ int64_t GridStride() {
-  return static_cast<int64_t>(gridDim.x) * blockDim.x;
-}
-
-// An act output element from f32: bf16 is held as its 16 bits, rounded to nearest even.
-__device__ __forceinline__ void StoreAct(float* p, int64_t i, float x) { p[i] = x; }
-__device__ __forceinline__ void StoreAct(uint16_t* p, int64_t i, float x) {
-  p[i] = FloatToBF16Bits(x);
-}
 
 // out (R, F) act = silu(gate) ⊙ up; gate_up (R, 2F) f32. Pair i is row i / F, column i % F.
 template <typename Out>

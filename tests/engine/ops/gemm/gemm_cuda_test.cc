@@ -29,10 +29,6 @@ namespace {
 
 using namespace gemm_test;  // NOLINT: the shared helpers of the GEMM tests
 
-double ElementTolerance(int64_t k) {
-  return std::max(1e-5, 4.0 * static_cast<double>(k + 1) * std::ldexp(1.0, -24));
-}
-
 // S of every element of c (m, n): Σ_p |op(a)_ip · op(b)_pj| [+ |c0_ij|].
 std::vector<double> AbsSums(const std::vector<double>& a, const std::vector<double>& b,
                             const std::vector<double>& c0, int64_t m, int64_t n, int64_t k,
@@ -42,21 +38,6 @@ std::vector<double> AbsSums(const std::vector<double>& a, const std::vector<doub
   for (size_t i = 0; i < b.size(); ++i) abs_b[i] = std::fabs(b[i]);
   for (size_t i = 0; i < c0.size(); ++i) abs_c0[i] = std::fabs(c0[i]);
   return RefGemm(abs_a, abs_b, abs_c0, m, n, k, trans_a, trans_b, accumulate);
-}
-
-// Every element of got within tol·scale of want (NaN fails); stops at the first few misses.
-void ExpectElementsClose(const Tensor& got, const std::vector<double>& want,
-                         const std::vector<double>& scale, double tol, const std::string& what) {
-  ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size()));
-  int misses = 0;
-  for (int64_t i = 0; i < got.numel() && misses < 5; ++i) {
-    const double diff = std::fabs(static_cast<double>(got.data<float>()[i]) - want[i]);
-    if (!(diff <= tol * scale[i])) {
-      ADD_FAILURE() << what << ": element " << i << " is " << got.data<float>()[i] << ", want "
-                    << want[i] << " (bound " << tol * scale[i] << ")";
-      ++misses;
-    }
-  }
 }
 
 std::vector<double> Doubles(const Tensor& t) { return test_util::ToDoubles(t); }

@@ -3,6 +3,7 @@
 #ifndef MOETRAIN_TESTS_ENGINE_OPS_GEMM_GEMM_TEST_UTIL_H_
 #define MOETRAIN_TESTS_ENGINE_OPS_GEMM_GEMM_TEST_UTIL_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -164,6 +165,28 @@ inline GroupedProblem MakeGroupedProblem(DType dtype, const GroupedCase& c, uint
   p.w = RandomOperand(dtype, {p.groups, p.n, p.k}, rng);
   p.dy = RandomOperand(dtype, {p.rows, p.n}, rng);
   return p;
+}
+
+// The CUDA tests' bound on one f32-accumulated element with `inner` products, relative to the sum
+// of their magnitudes: 4·(inner + 1) float ulps, at least 1e-5.
+inline double ElementTolerance(int64_t inner) {
+  return std::max(1e-5, 4.0 * static_cast<double>(inner + 1) * std::ldexp(1.0, -24));
+}
+
+// Every element of got (f32) within tol·scale of want (NaN fails); stops after a few misses.
+inline void ExpectElementsClose(const Tensor& got, const std::vector<double>& want,
+                                const std::vector<double>& scale, double tol,
+                                const std::string& what) {
+  ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size()));
+  int misses = 0;
+  for (int64_t i = 0; i < got.numel() && misses < 5; ++i) {
+    const double diff = std::fabs(static_cast<double>(got.data<float>()[i]) - want[i]);
+    if (!(diff <= tol * scale[i])) {
+      ADD_FAILURE() << what << ": element " << i << " is " << got.data<float>()[i] << ", want "
+                    << want[i] << " (bound " << tol * scale[i] << ")";
+      ++misses;
+    }
+  }
 }
 
 }  // namespace moetrain::ops_test::gemm_test

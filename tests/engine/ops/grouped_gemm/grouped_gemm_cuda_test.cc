@@ -29,28 +29,9 @@ namespace {
 
 using namespace gemm_test;  // NOLINT: the shared helpers of the GEMM tests
 
-double ElementTolerance(int64_t inner) {
-  return std::max(1e-5, 4.0 * static_cast<double>(inner + 1) * std::ldexp(1.0, -24));
-}
-
 std::vector<double> Abs(std::vector<double> v) {
   for (double& x : v) x = std::fabs(x);
   return v;
-}
-
-// Every element of got within tol·scale of want (NaN fails); stops after a few misses.
-void ExpectElementsClose(const Tensor& got, const std::vector<double>& want,
-                         const std::vector<double>& scale, double tol, const std::string& what) {
-  ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size()));
-  int misses = 0;
-  for (int64_t i = 0; i < got.numel() && misses < 5; ++i) {
-    const double diff = std::fabs(static_cast<double>(got.data<float>()[i]) - want[i]);
-    if (!(diff <= tol * scale[i])) {
-      ADD_FAILURE() << what << ": element " << i << " is " << got.data<float>()[i] << ", want "
-                    << want[i] << " (bound " << tol * scale[i] << ")";
-      ++misses;
-    }
-  }
 }
 
 Tensor Clone(const Tensor& t) {
