@@ -21,6 +21,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_device.h"
 #include "engine/backend/device_query.h"
 #include "engine/backend/exec_context.h"
 #include "engine/core/rng.h"
@@ -37,8 +38,6 @@
 
 namespace moetrain {
 namespace {
-
-constexpr int kExitSkipped = 77;  // --device cuda without a usable GPU (ctest's skip convention)
 
 constexpr char kUsage[] = R"(usage: moe_layer_bench [--device cpu|cuda|cuda:N] [--json]
                        [--config NAME[,NAME...]] [--dtype f32|bf16] [--reps N]
@@ -542,27 +541,9 @@ int Main(int argc, char** argv) {
   }
 
   ExecContext ctx = ExecContext::Cpu();
-  if (device_name != "cpu") {
-    int index = 0;
-    const bool cuda =
-        device_name == "cuda" || (device_name.rfind("cuda:", 0) == 0 &&
-                                  absl::SimpleAtoi(device_name.substr(5), &index) && index >= 0);
-    if (!cuda) {
-      std::fprintf(stderr, "moe_layer_bench: --device %s: expected cpu, cuda or cuda:N\n",
-                   device_name.c_str());
-      return 2;
-    }
-    const DeviceReport report = QueryDevices();
-    if (report.gpus.empty()) {
-      std::fprintf(stderr, "no GPU: %s\n", report.no_gpu_reason.c_str());
-      return kExitSkipped;
-    }
-    absl::StatusOr<ExecContext> device_ctx = ExecContext::ForDevice(Device::Cuda(index));
-    if (!device_ctx.ok()) {
-      std::fprintf(stderr, "no GPU: %s\n", device_ctx.status().ToString().c_str());
-      return kExitSkipped;
-    }
-    ctx = *device_ctx;
+  if (const int exit_code = bench::OpenBenchDevice("moe_layer_bench", device_name, &ctx);
+      exit_code != 0) {
+    return exit_code;
   }
   const bool on_cpu = ctx.device().is_cpu();
 

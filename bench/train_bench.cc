@@ -1,32 +1,44 @@
-// Training throughput of a small MoE transformer, and its model FLOPs utilisation (MFU): model
-// FLOPs per token (6 × active matmul parameters + causal attention) × tokens/s, over the dense
-// bf16 GEMM rate of this machine measured in the same run (a 2048³ GEMM).
+// Training throughput of an MoE transformer, and its model FLOPs utilisation (MFU): model FLOPs
+// per token (6 × active matmul parameters + causal attention) × tokens/s, over the dense bf16
+// GEMM rate of the same device measured in the same run (2048³ on the CPU, 8192³ on a GPU).
 //
-//   train_bench [--json] [--steps N (default 4)] [--dtype bf16|f32]
+//   train_bench [--json] [--steps N (default 4)] [--dtype bf16|f32] [--device cpu|cuda|cuda:N]
+//               [--config default|d2048] [--layers L] [--hidden D] [--batch B]
 //
-// Model: d=512, 8 layers (the first dense), 8 heads, seq 512, E=16, k=2, expert_ffn_dim=512,
-// vocab 8192; 4 sequences per step, synthetic data. The first step (warm-up) is not timed.
+// Configs (synthetic data; the first step, a warm-up, is not timed):
+//   default  d=512, 8 layers (the first dense, ffn 2048), 8 heads, seq 512, E=16, k=2,
+//            expert_ffn_dim=512, vocab 8192; 4 sequences per step.
+//   d2048    d=2048, 8 layers (the first dense, ffn 5632), 16 heads of 128 (MHA), seq 2048,
+//            E=32, k=4, expert_ffn_dim=1408, 2 shared experts, vocab 32768; 8 sequences per step
+//            (16384 tokens): 2.36 B parameters, 0.6 B active per token; about 87 GiB by the memory
+//            estimate in bf16. For a GPU.
+// --layers, --hidden and --batch override the config's (heads stay; head_dim = hidden / heads).
+//
+// On a device the JSON also holds the peak device memory of the training steps and its breakdown:
+// the parameters (f32 masters, plus their compute copy below f32), grads and AdamW moments, in
+// exact bytes from the model's buffers and parameter list, and the rest (activations, workspaces)
+// = peak − those; "expected_memory_bytes" is those states plus the activations the memory
+// estimate (engine/train/memory_estimate.h) predicts.
+//
+// Exit status: 0 done; 1 an error; 2 bad usage; 77 --device cuda without a usable GPU ("no GPU:
+// <reason>" on stderr).
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
-#include "engine/core/rng.h"
+#include "absl/strings/numbers.h"
+#include "bench/bench_device.h"
+#include "engine/backend/device_query.h"
 #include "engine/model/transformer.h"
 #include "engine/ops/gemm/gemm.h"
+#include "engine/train/memory_estimate.h"
 #include "engine/train/trainer.h"
 #include "nlohmann/json.hpp"
 
 namespace moetrain {
 namespace {
-
-double DenseGemmGflops(DType dtype) {
-  absl::StatusOr<double> flops = ops::MeasureGemmFlops(ExecContext::Cpu(), dtype, 2048, 3);
-  if (!flops.ok()) std::exit(1);
-  return *flops / 1e9;
-}
 
 class Timer : public TrainObserver {
  public:
@@ -34,25 +46,8 @@ class Timer : public TrainObserver {
   std::vector<StepReport> reports;
 };
 
-int Main(int argc, char** argv) {
-  bool json = false;
-  int64_t steps = 4;
-  DType dtype = DType::kBF16;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--json") {
-      json = true;
-    } else if (arg == "--steps" && i + 1 < argc) {
-      steps = std::max(2, std::atoi(argv[++i]));
-    } else if (arg == "--dtype" && i + 1 < argc) {
-      dtype = std::string(argv[++i]) == "f32" ? DType::kF32 : DType::kBF16;
-    } else {
-      std::fprintf(stderr, "usage: train_bench [--json] [--steps N] [--dtype bf16|f32]\n");
-      return 2;
-    }
-  }
+TrainerConfig DefaultConfig() {
   TrainerConfig c;
-  c.job_id = "train_bench";
   c.model.vocab_size = 8192;
   c.model.hidden_size = 512;
   c.model.num_layers = 8;
@@ -64,24 +59,131 @@ int Main(int argc, char** argv) {
   c.model.moe.num_experts = 16;
   c.model.moe.top_k = 2;
   c.model.moe.expert_ffn_dim = 512;
+  c.data.seq_len = 512;
+  c.data.batch_size = 4;
+  return c;
+}
+
+TrainerConfig D2048Config() {
+  TrainerConfig c;
+  c.model.vocab_size = 32768;
+  c.model.hidden_size = 2048;
+  c.model.num_layers = 8;
+  c.model.num_heads = 16;
+  c.model.num_kv_heads = 16;
+  c.model.ffn_dim = 5632;
+  c.model.first_dense_layers = 1;
+  c.model.max_seq_len = 2048;
+  c.model.moe.num_experts = 32;
+  c.model.moe.top_k = 4;
+  c.model.moe.expert_ffn_dim = 1408;
+  c.model.moe.num_shared_experts = 2;
+  c.data.seq_len = 2048;
+  c.data.batch_size = 8;
+  return c;
+}
+
+int Usage() {
+  std::fprintf(stderr,
+               "usage: train_bench [--json] [--steps N] [--dtype bf16|f32] [--device cpu|cuda|"
+               "cuda:N] [--config default|d2048] [--layers L] [--hidden D] [--batch B]\n");
+  return 2;
+}
+
+// The config as the JSON states it.
+nlohmann::json Describe(const std::string& name, const TrainerConfig& c) {
+  const ModelConfig& m = c.model;
+  return {{"name", name},
+          {"vocab_size", m.vocab_size},
+          {"hidden_size", m.hidden_size},
+          {"num_layers", m.num_layers},
+          {"first_dense_layers", m.first_dense_layers},
+          {"ffn_dim", m.ffn_dim},
+          {"num_heads", m.num_heads},
+          {"num_kv_heads", m.num_kv_heads},
+          {"head_dim", m.resolved_head_dim()},
+          {"num_experts", m.moe.num_experts},
+          {"top_k", m.moe.top_k},
+          {"expert_ffn_dim", m.moe.expert_ffn_dim},
+          {"num_shared_experts", m.moe.num_shared_experts},
+          {"seq_len", c.data.seq_len},
+          {"batch_size", c.data.batch_size},
+          {"tokens_per_step", c.data.batch_size * c.data.seq_len}};
+}
+
+int Main(int argc, char** argv) {
+  bool json = false;
+  int64_t steps = 4;
+  DType dtype = DType::kBF16;
+  std::string device_name = "cpu", config_name = "default";
+  int64_t layers = 0, hidden = 0, batch = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const auto number = [&](int64_t* out) {
+      return i + 1 < argc && absl::SimpleAtoi(argv[++i], out) && *out > 0;
+    };
+    if (arg == "--json") {
+      json = true;
+    } else if (arg == "--steps" && i + 1 < argc) {
+      steps = std::max(2, std::atoi(argv[++i]));
+    } else if (arg == "--dtype" && i + 1 < argc) {
+      dtype = std::string(argv[++i]) == "f32" ? DType::kF32 : DType::kBF16;
+    } else if (arg == "--device" && i + 1 < argc) {
+      device_name = argv[++i];
+    } else if (arg == "--config" && i + 1 < argc) {
+      config_name = argv[++i];
+      if (config_name != "default" && config_name != "d2048") return Usage();
+    } else if (arg == "--layers") {
+      if (!number(&layers)) return Usage();
+    } else if (arg == "--hidden") {
+      if (!number(&hidden)) return Usage();
+    } else if (arg == "--batch") {
+      if (!number(&batch)) return Usage();
+    } else {
+      return Usage();
+    }
+  }
+
+  ExecContext ctx = ExecContext::Cpu();
+  if (const int exit_code = bench::OpenBenchDevice("train_bench", device_name, &ctx);
+      exit_code != 0) {
+    return exit_code;
+  }
+  const Device device = ctx.device();
+
+  TrainerConfig c = config_name == "d2048" ? D2048Config() : DefaultConfig();
+  if (layers > 0) c.model.num_layers = layers;
+  if (hidden > 0) c.model.hidden_size = hidden;
+  if (batch > 0) c.data.batch_size = batch;
+  c.job_id = "train_bench";
+  c.device = device;
   c.data.format = DataConfig::Format::kSynthetic;
   c.data.vocab_size = c.model.vocab_size;
   c.data.synthetic_vocab_size = c.model.vocab_size;
-  c.data.seq_len = 512;
-  c.data.batch_size = 4;
   c.compute_dtype = dtype;
   c.steps = steps;
   c.schedule.total_steps = steps;
   c.log_every = 1;
+
+  // The denominator first: the trainer's peak memory (reset when it is created) then does not
+  // hold the measurement's matrices.
+  const int64_t gemm_n = device.is_cpu() ? 2048 : 8192;
+  absl::StatusOr<double> gemm_flops = ops::MeasureGemmFlops(ctx, DType::kBF16, gemm_n, 3);
+  if (!gemm_flops.ok()) {
+    std::fprintf(stderr, "train_bench: dense GEMM: %s\n", gemm_flops.status().ToString().c_str());
+    return 1;
+  }
+  const double dense = *gemm_flops / 1e9;
+
   absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(c);
   if (!trainer.ok()) {
     std::fprintf(stderr, "train_bench: %s\n", trainer.status().ToString().c_str());
     return 1;
   }
-  std::fprintf(stderr, "train_bench: %lld steps of %lld tokens (%s)...\n",
-               static_cast<long long>(steps),
-               static_cast<long long>(c.data.batch_size * c.data.seq_len),
-               std::string(DTypeName(dtype)).c_str());
+  std::fprintf(
+      stderr, "train_bench: %lld steps of %lld tokens (%s, %s, config %s)...\n",
+      static_cast<long long>(steps), static_cast<long long>(c.data.batch_size * c.data.seq_len),
+      std::string(DTypeName(dtype)).c_str(), device.DebugString().c_str(), config_name.c_str());
   Timer timer;
   const absl::Status status = (*trainer)->Run(&timer);
   if (!status.ok()) {
@@ -94,19 +196,64 @@ int Main(int argc, char** argv) {
   std::sort(rates.begin(), rates.end());
   const double tokens_per_s = rates[rates.size() / 2];
   const double flops_per_token = TrainingFlopsPerToken(c.model, c.data.seq_len);
-  const double dense = DenseGemmGflops(DType::kBF16);
   const double mfu = flops_per_token * tokens_per_s / (dense * 1e9);
   nlohmann::json result = {{"dtype", std::string(DTypeName(dtype))},
                            {"tokens_per_s", tokens_per_s},
                            {"model_flops_per_token", flops_per_token},
                            {"dense_gemm_gflops_bf16", dense},
                            {"mfu", mfu},
-                           {"final_loss", timer.reports.back().loss}};
+                           {"final_loss", timer.reports.back().loss},
+                           {"device", device.DebugString()},
+                           {"dense_gemm_n", gemm_n},
+                           {"config", Describe(config_name, c)}};
+
+  // The model's states, exactly: the flat buffers the transformer allocates and AdamW's two f32
+  // moments per trainable parameter.
+  const Transformer& model = (*trainer)->model();
+  int64_t parameter_count = 0, trainable_count = 0;
+  for (const NamedParameter& p : model.parameters()) {
+    parameter_count += p.value.numel();
+    if (p.trainable) trainable_count += p.value.numel();
+  }
+  const int64_t buffer = model.master_buffer().numel();
+  const int64_t parameter_bytes =
+      buffer * (4 + (dtype == DType::kF32 ? 0 : static_cast<int64_t>(DTypeSize(dtype))));
+  const int64_t grad_bytes = model.grad_buffer().numel() * 4;
+  const int64_t optimizer_bytes = trainable_count * 2 * 4;
+  const int64_t states = parameter_bytes + grad_bytes + optimizer_bytes;
+  result["parameter_count"] = parameter_count;
+  if (!device.is_cpu()) {
+    int64_t peak = 0;
+    for (const StepReport& report : timer.reports) {
+      peak = std::max(peak, report.device_memory_peak_bytes);
+    }
+    const double activations = EstimateTrainingMemory(c).activations;
+    result["peak_memory_bytes"] = peak;
+    result["expected_memory_bytes"] = static_cast<double>(states) + activations;
+    result["memory_breakdown_bytes"] = {{"parameters", parameter_bytes},
+                                        {"grads", grad_bytes},
+                                        {"optimizer_state", optimizer_bytes},
+                                        {"activations_and_workspace", peak - states},
+                                        {"estimated_activations", activations}};
+    if (const DeviceRuntime* runtime = ctx.runtime(); runtime != nullptr) {
+      result["device_memory_total_bytes"] = runtime->memory_stats().total_bytes;
+    }
+  }
   if (json) {
     std::printf("%s\n", result.dump().c_str());
   } else {
     std::printf("%.0f tokens/s, %.2f GFLOP/token, dense bf16 %.1f GFLOP/s, MFU %.3f\n",
                 tokens_per_s, flops_per_token / 1e9, dense, mfu);
+    if (!device.is_cpu()) {
+      const double gib = 1024.0 * 1024.0 * 1024.0;
+      const int64_t peak = result["peak_memory_bytes"].get<int64_t>();
+      std::printf(
+          "peak device memory %.2f GiB: parameters %.2f, grads %.2f, optimizer %.2f, "
+          "activations and workspace %.2f GiB (estimated activations %.2f GiB)\n",
+          peak / gib, parameter_bytes / gib, grad_bytes / gib, optimizer_bytes / gib,
+          (peak - states) / gib,
+          result["memory_breakdown_bytes"]["estimated_activations"].get<double>() / gib);
+    }
   }
   return 0;
 }

@@ -7,6 +7,10 @@
 #include "engine/ops/attention/attention_cpu.h"
 #include "engine/ops/common/op_checks.h"
 
+#if MOETRAIN_HAVE_CUDA
+#include "engine/ops/attention/attention_cuda.h"
+#endif
+
 namespace moetrain::ops {
 namespace {
 
@@ -62,6 +66,11 @@ absl::Status CausalAttentionForward(const ExecContext& ctx, const AttentionShape
                                     TensorView q, TensorView k, TensorView v, TensorView out,
                                     TensorView lse) {
   MOETRAIN_RETURN_IF_ERROR(CheckForwardArgs(ctx, "attention", shape, q, k, v, out, lse));
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda) {
+    return cuda::CausalAttentionForward(ctx, shape, q, k, v, out, lse);
+  }
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "attention");
   cpu::CausalAttentionForward(ctx, shape, q, k, v, out, lse);
   return absl::OkStatus();
@@ -81,6 +90,11 @@ absl::Status CausalAttentionBackward(const ExecContext& ctx, const AttentionShap
   MOETRAIN_RETURN_IF_ERROR(CheckDense(d_q, "d_q", {rows, q_ld}));
   MOETRAIN_RETURN_IF_ERROR(CheckDense(d_k, "d_k", {rows, kv_ld}));
   MOETRAIN_RETURN_IF_ERROR(CheckDense(d_v, "d_v", {rows, kv_ld}));
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda) {
+    return cuda::CausalAttentionBackward(ctx, shape, q, k, v, out, lse, d_out, d_q, d_k, d_v);
+  }
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "attention backward");
   cpu::CausalAttentionBackward(ctx, shape, q, k, v, out, lse, d_out, d_q, d_k, d_v);
   return absl::OkStatus();

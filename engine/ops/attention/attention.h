@@ -7,12 +7,13 @@
 // than one (query block × key block) score tile per thread: it keeps the running max and sum of
 // each row (online softmax) and saves the row logsumexp for the backward, which recomputes tiles.
 //
-// Tiles are 64 × 64; tiles above the diagonal are skipped. The forward runs one task per
-// (b, h, query block); the backward one per (b, kv head, key block) for d_k and d_v (summing the
-// kv head's H / Hkv query heads) and one per (b, h, query block) for d_q, so every output has
-// one writer and the results are bit-identical run to run and for any thread count. Tensors
-// must be dense (row-major contiguous); a bad argument is InvalidArgument naming the tensor or
-// field and its value ("lse: expected (2, 8, 512) f32, got ...", "shape.head_dim = 7 ...").
+// Tiles are 64 × 64 (on CUDA, 32 × 32 from head_dim 65 on: attention_cuda.h); tiles above the
+// diagonal are skipped. The forward runs one task per (b, h, query block); the backward one per
+// (b, kv head, key block) for d_k and d_v (summing the kv head's H / Hkv query heads) and one per
+// (b, h, query block) for d_q, so every output has one writer and the results are bit-identical
+// run to run and for any thread count. Tensors must be dense (row-major contiguous); a bad
+// argument is InvalidArgument naming the tensor or field and its value ("lse: expected (2, 8,
+// 512) f32, got ...", "shape.head_dim = 7 ...").
 #ifndef MOETRAIN_ENGINE_OPS_ATTENTION_ATTENTION_H_
 #define MOETRAIN_ENGINE_OPS_ATTENTION_ATTENTION_H_
 

@@ -4,6 +4,9 @@
 #include "engine/core/status.h"
 #include "engine/ops/common/op_checks.h"
 #include "engine/ops/embedding/embedding_cpu.h"
+#if MOETRAIN_HAVE_CUDA
+#include "engine/ops/embedding/embedding_cuda.h"
+#endif
 
 namespace moetrain::ops {
 
@@ -19,6 +22,10 @@ absl::Status SplitTokens(const ExecContext& ctx, TensorView windows, int64_t voc
   }
   MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(inputs, "inputs", DType::kI32, {b * s}));
   MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(targets, "targets", DType::kI32, {b * s}));
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda)
+    return cuda::SplitTokens(ctx, windows, vocab, inputs, targets);
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "split tokens");
   return cpu::SplitTokens(windows, vocab, inputs, targets);
 }
@@ -31,6 +38,10 @@ absl::Status EmbeddingForward(const ExecContext& ctx, TensorView table, TensorVi
   MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(tokens, "embedding tokens", DType::kI32, {-1}));
   MOETRAIN_RETURN_IF_ERROR(
       CheckDenseTensor(out, "embedding out", DType::kF32, {tokens.dim(0), table.dim(1)}));
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda)
+    return cuda::EmbeddingForward(ctx, table, tokens, out);
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "embedding");
   return cpu::EmbeddingForward(ctx, table, tokens, out);
 }
@@ -43,6 +54,10 @@ absl::Status EmbeddingBackward(const ExecContext& ctx, TensorView tokens, Tensor
   MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(tokens, "embedding tokens", DType::kI32, {-1}));
   MOETRAIN_RETURN_IF_ERROR(
       CheckDenseTensor(d_out, "embedding d_out", DType::kF32, {tokens.dim(0), d_table.dim(1)}));
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda)
+    return cuda::EmbeddingBackward(ctx, tokens, d_out, d_table);
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "embedding backward");
   return cpu::EmbeddingBackward(ctx, tokens, d_out, d_table);
 }

@@ -49,9 +49,17 @@ absl::StatusOr<double> MeasureGemmFlops(const ExecContext& ctx, DType dtype, int
   MOETRAIN_ASSIGN_OR_RETURN(Tensor a, Tensor::Allocate(ctx.allocator(), dtype, {n, n}));
   MOETRAIN_ASSIGN_OR_RETURN(Tensor b, Tensor::Allocate(ctx.allocator(), dtype, {n, n}));
   MOETRAIN_ASSIGN_OR_RETURN(Tensor c, Tensor::Allocate(ctx.allocator(), DType::kF32, {n, n}));
-  // Zeros: the time of a GEMM does not depend on its values.
-  MOETRAIN_RETURN_IF_ERROR(Fill(ctx, a, 0.0f));
-  MOETRAIN_RETURN_IF_ERROR(Fill(ctx, b, 0.0f));
+  // Random values: a GPU multiplying zeros draws less power and holds higher clocks than it
+  // would on real operands, overstating the rate MFU is measured against.
+  {
+    MOETRAIN_ASSIGN_OR_RETURN(Tensor normal,
+                              Tensor::Allocate(ctx.allocator(), DType::kF32, {n, n}));
+    for (Tensor* operand : {&a, &b}) {
+      const Rng rng(/*seed=*/operand == &a ? 1 : 2, /*step=*/0, /*rank=*/0, /*stream_id=*/0);
+      MOETRAIN_RETURN_IF_ERROR(FillNormal(ctx, normal, rng, 0.0f, 1.0f));
+      MOETRAIN_RETURN_IF_ERROR(ConvertTensor(ctx, normal, *operand));
+    }
+  }
   std::vector<double> seconds;
   for (int i = 0; i <= reps; ++i) {
     const auto start = std::chrono::steady_clock::now();

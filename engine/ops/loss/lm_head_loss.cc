@@ -10,6 +10,9 @@
 #include "engine/ops/common/op_checks.h"
 #include "engine/ops/gemm/gemm.h"
 #include "engine/ops/loss/lm_head_loss_cpu.h"
+#if MOETRAIN_HAVE_CUDA
+#include "engine/ops/loss/lm_head_loss_cuda.h"
+#endif
 
 namespace moetrain::ops {
 namespace {
@@ -33,16 +36,29 @@ absl::Status CheckLmHeadArgs(const ExecContext& ctx, const LmHeadLossArgs& args)
 
 // The backend's parts of the loss, between the chunks' GEMMs.
 absl::Status CheckTargets(const ExecContext& ctx, TensorView targets, int64_t vocab) {
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda) return cuda::CheckTargets(ctx, targets, vocab);
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "lm_head");
   return cpu::CheckTargets(targets, vocab);
 }
 
-void CrossEntropyRows(const ExecContext& ctx, TensorView z, TensorView targets,
-                      TensorView token_loss, TensorView d_logits, float scale) {
+// On the device CheckTargets accepted (the CPU or a CUDA device); arguments checked.
+absl::Status CrossEntropyRowsOn(const ExecContext& ctx, TensorView z, TensorView targets,
+                                TensorView token_loss, TensorView d_logits, float scale) {
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda) {
+    return cuda::CrossEntropyRows(ctx, z, targets, token_loss, d_logits, scale);
+  }
+#endif
   cpu::CrossEntropyRows(ctx, z, targets, token_loss, d_logits, scale);
+  return absl::OkStatus();
 }
 
-double SumInOrder(const ExecContext& ctx, TensorView token_loss) {
+absl::StatusOr<double> SumInOrder(const ExecContext& ctx, TensorView token_loss) {
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda) return cuda::SumInOrder(ctx, token_loss);
+#endif
   return cpu::SumInOrder(token_loss);
 }
 
@@ -84,15 +100,16 @@ absl::StatusOr<float> LmHeadLoss(const ExecContext& ctx, const LmHeadLossArgs& a
     TensorView z = logits.Slice(0, rows);
     MOETRAIN_RETURN_IF_ERROR(Gemm(ctx, {.a = hidden, .b = args.weight, .c = z, .trans_b = true}));
     const TensorView dz = grads != nullptr ? d_logits.Slice(0, rows) : TensorView();
-    CrossEntropyRows(ctx, z, args.targets.Slice(t0, t0 + rows), token_loss.Slice(t0, t0 + rows), dz,
-                     scale);
+    MOETRAIN_RETURN_IF_ERROR(CrossEntropyRowsOn(ctx, z, args.targets.Slice(t0, t0 + rows),
+                                                token_loss.Slice(t0, t0 + rows), dz, scale));
     if (grads == nullptr) continue;
     MOETRAIN_RETURN_IF_ERROR(
         Gemm(ctx, {.a = dz, .b = args.weight, .c = grads->d_hidden.Slice(t0, t0 + rows)}));
     MOETRAIN_RETURN_IF_ERROR(Gemm(
         ctx, {.a = dz, .b = hidden, .c = grads->d_weight, .trans_a = true, .accumulate = true}));
   }
-  return static_cast<float>(SumInOrder(ctx, token_loss) / static_cast<double>(t));
+  MOETRAIN_ASSIGN_OR_RETURN(const double total, SumInOrder(ctx, token_loss));
+  return static_cast<float>(total / static_cast<double>(t));
 }
 
 }  // namespace
@@ -100,6 +117,24 @@ absl::StatusOr<float> LmHeadLoss(const ExecContext& ctx, const LmHeadLossArgs& a
 absl::StatusOr<float> LmHeadLossForward(const ExecContext& ctx, const LmHeadLossArgs& args,
                                         LmHeadLossWorkspace* workspace) {
   return LmHeadLoss(ctx, args, nullptr, workspace);
+}
+
+absl::Status CrossEntropyRows(const ExecContext& ctx, TensorView z, TensorView targets,
+                              TensorView token_loss, TensorView d_logits, float scale) {
+  MOETRAIN_RETURN_IF_ERROR(CheckDevices(
+      ctx, "cross-entropy rows",
+      {{"z", z}, {"targets", targets}, {"token_loss", token_loss}, {"d_logits", d_logits}}));
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(z, "cross-entropy z", DType::kF32, {-1, -1}));
+  const int64_t rows = z.dim(0), v = z.dim(1);
+  if (rows < 1) return absl::InvalidArgumentError("cross-entropy z: needs at least one row");
+  MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(targets, "cross-entropy targets", DType::kI32, {rows}));
+  MOETRAIN_RETURN_IF_ERROR(
+      CheckDenseTensor(token_loss, "cross-entropy token_loss", DType::kF32, {rows}));
+  if (!d_logits.empty()) {
+    MOETRAIN_RETURN_IF_ERROR(CheckAct(d_logits, "cross-entropy d_logits", {rows, v}));
+  }
+  MOETRAIN_RETURN_IF_ERROR(CheckTargets(ctx, targets, v));
+  return CrossEntropyRowsOn(ctx, z, targets, token_loss, d_logits, scale);
 }
 
 absl::StatusOr<float> LmHeadLossForwardBackward(const ExecContext& ctx, const LmHeadLossArgs& args,

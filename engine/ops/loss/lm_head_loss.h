@@ -48,6 +48,15 @@ absl::StatusOr<float> LmHeadLossForwardBackward(const ExecContext& ctx, const Lm
                                                 const LmHeadLossGrads& grads,
                                                 LmHeadLossWorkspace* workspace);
 
+// The step between a chunk's GEMMs on its own, so that the backends can be compared row by row:
+// for each row r of logits z (rows, V) f32 with rows >= 1, token_loss[r] (rows, f32) = its
+// cross-entropy against targets[r] (rows, i32 in [0, V)); with d_logits (rows, V) act (f32 or
+// bf16; may be empty), also d_logits[r] = scale · (softmax − one_hot). z is scratch: the CPU
+// overwrites it with its exponentials, CUDA leaves it. Checks the targets first (on CUDA that
+// waits), which the LM head loss does once for all its chunks.
+absl::Status CrossEntropyRows(const ExecContext& ctx, TensorView z, TensorView targets,
+                              TensorView token_loss, TensorView d_logits, float scale);
+
 }  // namespace moetrain::ops
 
 #endif  // MOETRAIN_ENGINE_OPS_LOSS_LM_HEAD_LOSS_H_

@@ -3,6 +3,9 @@
 #include "engine/core/status.h"
 #include "engine/ops/common/op_checks.h"
 #include "engine/ops/norm/rms_norm_cpu.h"
+#if MOETRAIN_HAVE_CUDA
+#include "engine/ops/norm/rms_norm_cuda.h"
+#endif
 
 namespace moetrain::ops {
 
@@ -15,6 +18,11 @@ absl::Status RmsNormForward(const ExecContext& ctx, TensorView x, TensorView wei
   MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(weight, "rms_norm weight", DType::kF32, {d}));
   MOETRAIN_RETURN_IF_ERROR(CheckAct(out, "rms_norm out", {t, d}));
   MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(rstd, "rms_norm rstd", DType::kF32, {t}));
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda) {
+    return cuda::RmsNormForward(ctx, x, weight, eps, out, rstd);
+  }
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "rms_norm");
   cpu::RmsNormForward(ctx, x, weight, eps, out, rstd);
   return absl::OkStatus();
@@ -35,6 +43,9 @@ absl::Status RmsNormBackward(const ExecContext& ctx, const RmsNormBackwardArgs& 
   MOETRAIN_RETURN_IF_ERROR(CheckAct(args.d_out, "rms_norm d_out", {t, d}));
   MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(args.d_x, "rms_norm d_x", DType::kF32, {t, d}));
   MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(args.d_weight, "rms_norm d_weight", DType::kF32, {d}));
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda) return cuda::RmsNormBackward(ctx, args);
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "rms_norm backward");
   cpu::RmsNormBackward(ctx, args);
   return absl::OkStatus();

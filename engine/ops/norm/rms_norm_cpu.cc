@@ -10,16 +10,17 @@
 namespace moetrain::cpu {
 namespace {
 
-// Σ a_i·b_i with 16 independent partial sums (so the loop vectorises) combined in a fixed order.
+// Σ a_i·b_i in the order of rms_norm_math.h: 16 independent partial sums (so the loop
+// vectorises), the tail, then the partials in lane order.
 MOETRAIN_CLONES float Dot(const float* a, const float* b, int64_t n) {
-  constexpr int kLanes = 16;
+  constexpr int kLanes = kRmsNormDotLanes;
   float lanes[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) lanes[j] += a[i + j] * b[i + j];
+    for (int j = 0; j < kLanes; ++j) lanes[j] = RmsNormDotTerm(lanes[j], a[i + j], b[i + j]);
   }
   float sum = 0.0f;
-  for (; i < n; ++i) sum += a[i] * b[i];
+  for (; i < n; ++i) sum = RmsNormDotTerm(sum, a[i], b[i]);
   for (int j = 0; j < kLanes; ++j) sum += lanes[j];
   return sum;
 }
@@ -65,9 +66,8 @@ void RmsNormBackward(const ExecContext& ctx, const ops::RmsNormBackwardArgs& arg
   const int64_t t = args.x.dim(0), d = args.x.dim(1);
   if (t == 0) return;
   // The weight gradient sums over tokens: each block of rows sums into its own partial row, and
-  // the partials are added in block order. Blocks depend only on T, not on the thread count.
-  constexpr int64_t kMaxBlocks = 64;
-  const int64_t block_rows = std::max<int64_t>((t + kMaxBlocks - 1) / kMaxBlocks, 16);
+  // the partials are added in block order (rms_norm_math.h).
+  const int64_t block_rows = RmsNormWeightGradBlockRows(t);
   const int64_t blocks = (t + block_rows - 1) / block_rows;
   std::vector<float> partials(blocks * d, 0.0f);
   const float* w = args.weight.data<float>();

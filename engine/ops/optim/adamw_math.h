@@ -1,13 +1,18 @@
 // The AdamW update per element, for the CPU and CUDA kernels alike (train/optimizer.h defines
-// the step; AdamWScalars carries its per-step numbers). The CPU's loops that inline these are
-// compiled with MOETRAIN_NO_FP_CONTRACT, so no clone fuses a multiply-add and every CPU gives
-// the same bits; a device kernel matches them only if it does not fuse either (nvcc --fmad=false).
+// the step; AdamWScalars carries its per-step numbers). Every operation rounds on its own, in
+// this order, on both sides, so every CPU and every GPU give the same bits:
+// - the CPU's loops that inline these are compiled with MOETRAIN_NO_FP_CONTRACT, so no clone fuses
+//   a multiply-add;
+// - on the device nvcc would fuse a·b + c into an FMA (its default), so the arithmetic goes
+//   through AdamWMul/Add/Sub/Div/Sqrt below, which are the IEEE round-to-nearest intrinsics there
+//   (never fused, and exact division and square root whatever -prec-div/-prec-sqrt say).
 //   m ← β1·m + (1 − β1)·g,  v ← β2·v + (1 − β2)·g²,
 //   p ← p·decay − step_size · m / (√v · inv_sqrt_bias2 + eps).
 #ifndef MOETRAIN_ENGINE_OPS_OPTIM_ADAMW_MATH_H_
 #define MOETRAIN_ENGINE_OPS_OPTIM_ADAMW_MATH_H_
 
 #include <math.h>
+#include <string.h>
 
 #include "engine/core/host_device.h"
 
@@ -23,22 +28,80 @@ struct AdamWScalars {
   float decay;  // 1 − lr·wd, or exactly 1 for parameters without weight decay
 };
 
+// One correctly rounded f32 operation each: plain operators on the host (whose callers forbid
+// contraction), the _rn intrinsics on the device (which nvcc never contracts).
+MOETRAIN_HOST_DEVICE float AdamWMul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+MOETRAIN_HOST_DEVICE float AdamWAdd(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+MOETRAIN_HOST_DEVICE float AdamWSub(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+MOETRAIN_HOST_DEVICE float AdamWDiv(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+// IEEE √ on both sides (sqrtss on x86-64; the CPU's AdamW loop calls std::sqrt, the same
+// correctly rounded function).
+MOETRAIN_HOST_DEVICE float AdamWSqrt(float x) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(x);
+#else
+  return sqrtf(x);
+#endif
+}
+
 MOETRAIN_HOST_DEVICE void AdamWMoments(float g, float* m, float* v, const AdamWScalars& s) {
-  *m = s.beta1 * *m + s.one_minus_beta1 * g;
-  *v = s.beta2 * *v + s.one_minus_beta2 * (g * g);
+  *m = AdamWAdd(AdamWMul(s.beta1, *m), AdamWMul(s.one_minus_beta1, g));
+  *v = AdamWAdd(AdamWMul(s.beta2, *v), AdamWMul(s.one_minus_beta2, AdamWMul(g, g)));
 }
 
 // The new parameter from the updated m and √v.
 MOETRAIN_HOST_DEVICE float AdamWParameter(float p, float m, float sqrt_v, const AdamWScalars& s) {
-  const float denom = sqrt_v * s.inv_sqrt_bias2 + s.eps;
-  return p * s.decay - s.step_size * (m / denom);
+  const float denom = AdamWAdd(AdamWMul(sqrt_v, s.inv_sqrt_bias2), s.eps);
+  return AdamWSub(AdamWMul(p, s.decay), AdamWMul(s.step_size, AdamWDiv(m, denom)));
 }
 
 // The whole update of one element.
 MOETRAIN_HOST_DEVICE void AdamWUpdateElement(float* p, float g, float* m, float* v,
                                              const AdamWScalars& s) {
   AdamWMoments(g, m, v, s);
-  *p = AdamWParameter(*p, *m, sqrtf(*v), s);
+  *p = AdamWParameter(*p, *m, AdamWSqrt(*v), s);
+}
+
+// Not NaN or ±Inf: the exponent field is not all ones. Testing the bits needs no float
+// compare, which -ffinite-math-only or a signalling NaN could upset.
+MOETRAIN_HOST_DEVICE bool AdamWIsFinite(float x) {
+#if defined(__CUDA_ARCH__)
+  const unsigned int bits = __float_as_uint(x);
+#else
+  unsigned int bits;
+  memcpy(&bits, &x, sizeof(bits));
+#endif
+  return (bits & 0x7F800000u) != 0x7F800000u;
+}
+
+// Whether one element of a saved AdamW state is valid: m finite, v non-negative and finite
+// (−0 counts as non-negative).
+MOETRAIN_HOST_DEVICE bool AdamWMomentsValid(float m, float v) {
+  return AdamWIsFinite(m) && v >= 0.0f && AdamWIsFinite(v);
 }
 
 }  // namespace moetrain

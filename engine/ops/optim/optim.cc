@@ -7,6 +7,9 @@
 #include "engine/core/status.h"
 #include "engine/ops/common/op_checks.h"
 #include "engine/ops/optim/optim_cpu.h"
+#if MOETRAIN_HAVE_CUDA
+#include "engine/ops/optim/optim_cuda.h"
+#endif
 
 namespace moetrain::ops {
 namespace {
@@ -48,6 +51,9 @@ absl::Status AdamWStep(const ExecContext& ctx, const AdamWStepArgs& args) {
       }
     }
   }
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda) return cuda::AdamWStep(ctx, args);
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "adamw");
   cpu::AdamWStep(ctx, args);
   return absl::OkStatus();
@@ -55,6 +61,9 @@ absl::Status AdamWStep(const ExecContext& ctx, const AdamWStepArgs& args) {
 
 absl::StatusOr<double> SquaredNorm(const ExecContext& ctx, absl::Span<const TensorView> tensors) {
   MOETRAIN_RETURN_IF_ERROR(CheckTensors(ctx, "squared norm", "tensors", tensors));
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda) return cuda::SquaredNorm(ctx, tensors);
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "squared norm");
   return cpu::SquaredNorm(ctx, tensors);
 }
@@ -62,6 +71,9 @@ absl::StatusOr<double> SquaredNorm(const ExecContext& ctx, absl::Span<const Tens
 absl::Status ScaleTensors(const ExecContext& ctx, absl::Span<const TensorView> tensors,
                           float scale) {
   MOETRAIN_RETURN_IF_ERROR(CheckTensors(ctx, "scale", "tensors", tensors));
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda) return cuda::ScaleTensors(ctx, tensors, scale);
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "scale");
   cpu::ScaleTensors(ctx, tensors, scale);
   return absl::OkStatus();
@@ -69,6 +81,9 @@ absl::Status ScaleTensors(const ExecContext& ctx, absl::Span<const TensorView> t
 
 absl::StatusOr<bool> AllFinite(const ExecContext& ctx, absl::Span<const TensorView> tensors) {
   MOETRAIN_RETURN_IF_ERROR(CheckTensors(ctx, "all finite", "tensors", tensors));
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda) return cuda::AllFinite(ctx, tensors);
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "all finite");
   return cpu::AllFinite(ctx, tensors);
 }
@@ -87,6 +102,10 @@ absl::Status CheckAdamWMoments(const ExecContext& ctx, std::string_view m_name, 
     return absl::InvalidArgumentError(absl::StrCat("adamw state: ", m.DebugString(), " and ",
                                                    v.DebugString(), " differ in size"));
   }
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda)
+    return cuda::CheckAdamWMoments(ctx, m_name, m, v_name, v);
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "adamw state");
   return cpu::CheckAdamWMoments(m_name, m, v_name, v);
 }

@@ -2,7 +2,8 @@
 // among threads as one flat range): the AdamW update, the squared norm of the gradients, scaling
 // them, the NaN/Inf check, and the check of a saved AdamW state. Tensors are dense f32 unless
 // said otherwise. Every result is independent of the thread count: updates are elementwise, and
-// the norm is summed over fixed blocks in a fixed order.
+// the norm is summed over fixed blocks in a fixed order. The CUDA backend (optim_cuda.h) gives
+// the CPU's bits for every finite result: the same rounding per operation, the same order.
 #ifndef MOETRAIN_ENGINE_OPS_OPTIM_OPTIM_H_
 #define MOETRAIN_ENGINE_OPS_OPTIM_OPTIM_H_
 
@@ -21,7 +22,7 @@ namespace moetrain::ops {
 
 // Tensor i: params[i] updated from grads[i] with its moments exp_avg[i] and exp_avg_sq[i] (all of
 // params[i]'s shape), by `decaying` when weight_decay[i] and by `plain` otherwise. Bit-identical
-// on every CPU: the loops are never contracted into FMAs.
+// on every CPU and GPU: no multiply-add is ever fused (adamw_math.h).
 struct AdamWStepArgs {
   absl::Span<const TensorView> params;
   absl::Span<const TensorView> grads;

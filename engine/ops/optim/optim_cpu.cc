@@ -18,10 +18,8 @@ namespace {
 constexpr int64_t kStepGrain = 1 << 15;
 // The lighter passes (scale, NaN check) move 4–8 bytes an element.
 constexpr int64_t kLightGrain = 1 << 16;
-// The norm sums squares block by block, each block in kNormLanes interleaved partial sums, then
-// adds the blocks in order: a fixed order whatever the thread count or ISA.
-constexpr int64_t kNormBlock = 1 << 16;
-constexpr int kNormLanes = 16;
+// The norm sums squares in the fixed order of kNormBlock and kNormLanes (optim_cpu.h), whatever
+// the thread count or ISA.
 // Elements the NaN check scans between looks at whether another chunk already found one.
 constexpr int64_t kFiniteTile = 1 << 14;
 // AdamW runs its three loops (below) over tiles this long, so the tile stays in L1 between them.
@@ -166,20 +164,24 @@ bool AllFinite(const ExecContext& ctx, absl::Span<const TensorView> tensors) {
   return !found.load();
 }
 
+absl::Status AdamWMomentsError(std::string_view m_name, std::string_view v_name, int64_t j,
+                               float m_j, float v_j) {
+  if (!AdamWIsFinite(m_j)) {
+    return absl::InvalidArgumentError(absl::StrCat(absl::string_view(m_name.data(), m_name.size()),
+                                                   "[", j, "] = ", m_j, " is not finite"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(absl::string_view(v_name.data(), v_name.size()),
+                                                 "[", j, "] = ", v_j,
+                                                 " must be non-negative and finite"));
+}
+
 absl::Status CheckAdamWMoments(std::string_view m_name, TensorView m, std::string_view v_name,
                                TensorView v) {
-  const absl::string_view m_label(m_name.data(), m_name.size());
-  const absl::string_view v_label(v_name.data(), v_name.size());
   const float* m_data = m.data<float>();
   const float* v_data = v.data<float>();
   for (int64_t j = 0; j < m.numel(); ++j) {
-    if (!std::isfinite(m_data[j])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(m_label, "[", j, "] = ", m_data[j], " is not finite"));
-    }
-    if (!(v_data[j] >= 0.0f) || !std::isfinite(v_data[j])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(v_label, "[", j, "] = ", v_data[j], " must be non-negative and finite"));
+    if (!AdamWMomentsValid(m_data[j], v_data[j])) {
+      return AdamWMomentsError(m_name, v_name, j, m_data[j], v_data[j]);
     }
   }
   return absl::OkStatus();

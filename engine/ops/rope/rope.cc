@@ -6,6 +6,9 @@
 #include "engine/core/status.h"
 #include "engine/ops/common/op_checks.h"
 #include "engine/ops/rope/rope_cpu.h"
+#if MOETRAIN_HAVE_CUDA
+#include "engine/ops/rope/rope_cuda.h"
+#endif
 
 namespace moetrain::ops {
 
@@ -23,6 +26,9 @@ absl::Status ApplyRope(const ExecContext& ctx, const AttentionShape& shape, floa
     return absl::InvalidArgumentError(absl::StrCat(
         "x: ", cols, " columns are not a positive multiple of shape.head_dim = ", shape.head_dim));
   }
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda) return cuda::ApplyRope(ctx, shape, theta, inverse, x);
+#endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "rope");
   cpu::ApplyRope(ctx, shape, theta, inverse, x);
   return absl::OkStatus();

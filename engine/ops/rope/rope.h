@@ -1,6 +1,7 @@
 // Rotary position embedding (rope_math.h) of query or key heads in place, at positions 0..S-1 of
-// each sequence. Its cos/sin tables, computed in double, are cached per (S, Dh, θ). Each element
-// is written by one thread: results do not depend on the thread count.
+// each sequence. Its cos/sin tables, computed in double on the host, are cached per (S, Dh, θ)
+// (rope_table.h); the CUDA backend rotates by a device copy of the same table, so both give the
+// same bits. Each element is written by one thread: results do not depend on the thread count.
 #ifndef MOETRAIN_ENGINE_OPS_ROPE_ROPE_H_
 #define MOETRAIN_ENGINE_OPS_ROPE_ROPE_H_
 

@@ -108,19 +108,6 @@ T* Ptr(const TensorView& v) {
   return static_cast<T*>(v.raw());
 }
 
-// Copies `bytes` of device memory at `device` to `host` and waits for it (and so for everything
-// queued before it on the compute stream).
-absl::Status ReadToHost(const CudaOp& op, const char* name, const void* device, size_t bytes,
-                        void* host) {
-  absl::MutexLock lock(&op.context->staging_mutex());
-  MOETRAIN_ASSIGN_OR_RETURN(void* const staging, op.context->PinnedStaging(bytes));
-  MOETRAIN_CUDA_RETURN_IF_ERROR(
-      name, cudaMemcpyAsync(staging, device, bytes, cudaMemcpyDeviceToHost, op.stream));
-  MOETRAIN_CUDA_RETURN_IF_ERROR(name, cudaStreamSynchronize(op.stream));
-  std::memcpy(host, staging, bytes);
-  return absl::OkStatus();
-}
-
 // Grid-stride position of the calling thread, and the stride.
 __device__ int64_t ThreadIndex() {
   return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;

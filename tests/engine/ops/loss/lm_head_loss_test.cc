@@ -148,6 +148,47 @@ TEST(LmHeadLossTest, RejectsBadTargetsAndDtypes) {
   EXPECT_EQ(loss.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(LmHeadLossTest, CrossEntropyRowsMatchTheReferenceAndCheckArguments) {
+  std::mt19937 rng(21);
+  const int64_t rows = 4, v = 23;
+  const std::vector<float> z = Normal(rng, rows * v, 0.0f, 3.0f);
+  const std::vector<int32_t> y = {0, 22, 5, 5};
+  const float scale = 0.3f;
+  for (DType act : {DType::kF32, DType::kBF16}) {
+    Tensor z_t = MakeTensor(DType::kF32, {rows, v}, z), y_t = FromInts(y);
+    Tensor loss = Tensor::Empty(DType::kF32, {rows}), d = Tensor::Empty(act, {rows, v});
+    ASSERT_OK(ops::CrossEntropyRows(Cpu(), z_t, y_t, loss, d, scale));
+    std::vector<double> want_d(rows * v);
+    for (int64_t r = 0; r < rows; ++r) {
+      const double max = *std::max_element(z.begin() + r * v, z.begin() + (r + 1) * v);
+      double sum = 0.0;
+      for (int64_t i = 0; i < v; ++i) sum += std::exp(z[r * v + i] - max);
+      const double lse = max + std::log(sum);
+      EXPECT_NEAR(loss.data<float>()[r], lse - z[r * v + y[r]], 1e-5) << "row " << r;
+      for (int64_t i = 0; i < v; ++i) {
+        want_d[r * v + i] = scale * (std::exp(z[r * v + i] - lse) - (i == y[r] ? 1.0 : 0.0));
+      }
+    }
+    EXPECT_LT(RelError(ToDoubles(d), want_d), act == DType::kBF16 ? 1e-2 : 1e-5);
+    // Without d_logits: the losses only.
+    Tensor z2 = MakeTensor(DType::kF32, {rows, v}, z), loss2 = Tensor::Empty(DType::kF32, {rows});
+    ASSERT_OK(ops::CrossEntropyRows(Cpu(), z2, y_t, loss2, Tensor(), scale));
+    for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(loss2.data<float>()[r], loss.data<float>()[r]);
+  }
+  Tensor z_t = MakeTensor(DType::kF32, {rows, v}, z), loss = Tensor::Empty(DType::kF32, {rows});
+  const absl::Status bad =
+      ops::CrossEntropyRows(Cpu(), z_t, FromInts({0, 1, 23, 2}), loss, Tensor(), scale);
+  EXPECT_TRUE(
+      test_util::IsInvalidArgument(bad, "targets[2] = 23 is outside the vocabulary [0, 23)"))
+      << bad;
+  EXPECT_EQ(ops::CrossEntropyRows(Cpu(), z_t, FromInts({0, 1, 2}), loss, Tensor(), scale).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ops::CrossEntropyRows(Cpu(), z_t, FromInts({0, 1, 2, 3}), loss,
+                                  Tensor::Empty(DType::kF32, {rows, v + 1}), scale)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(LmHeadLossTest, UniformLogitsGiveLogV) {
   // All-zero weights: every logit is 0, so the loss is log V exactly (up to rounding).
   const int64_t t = 9, d = 4, v = 37;

@@ -32,8 +32,6 @@ namespace {
 constexpr double kDelta = 2e-6;
 constexpr double kFloor = 1e-35;
 
-uint32_t FreshSeed() { return std::random_device{}(); }
-
 // (rows, F): one pair, F no multiple of 2, 4 or 8, a wide row, many rows, and no pairs at all.
 const Size kSizes[] = {{1, 1}, {37, 23}, {5, 1001}, {3000, 301}, {0, 8}, {4, 0}};
 
@@ -60,9 +58,7 @@ double BF16Ulp(double x) { return x == 0.0 ? 0.0 : std::ldexp(1.0, std::ilogb(x)
 
 TEST(SwigluCudaTest, ForwardMatchesTheCpuAndRepeats) {
   MOETRAIN_GPU_CONTEXT_OR_SKIP(gpu);
-  const uint32_t seed = FreshSeed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  std::mt19937 rng(seed);
+  MOETRAIN_FRESH_RNG(rng);
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     for (const Size& size : kSizes) {
       const int64_t rows = size.rows, f = size.cols;
@@ -90,9 +86,7 @@ TEST(SwigluCudaTest, ForwardMatchesTheCpuAndRepeats) {
 
 TEST(SwigluCudaTest, BackwardMatchesTheCpuAndRepeats) {
   MOETRAIN_GPU_CONTEXT_OR_SKIP(gpu);
-  const uint32_t seed = FreshSeed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  std::mt19937 rng(seed);
+  MOETRAIN_FRESH_RNG(rng);
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     for (const Size& size : kSizes) {
       const int64_t rows = size.rows, f = size.cols;
