@@ -3,10 +3,12 @@
 //
 // Every rank of a group calls the same collectives in the same order (an asynchronous one counts
 // where it is started, not where it is waited for). Buffers are host memory for the local and Gloo
-// communicators, device memory for NCCL; they must stay alive and untouched until the operation's
-// Wait returns. A failed or timed-out collective fails with a Status (DeadlineExceeded for a
-// timeout, Unavailable for a lost peer); the communicator is then broken and every later call
-// fails too, so a gang whose rank died fails within the timeout instead of hanging.
+// communicators; NCCL takes device memory on its rank's GPU and host memory too (small host buffers
+// such as scalars and counts: it stages them through device memory of its own). Every buffer must
+// stay alive and untouched until the operation's Wait returns. A failed or timed-out collective
+// fails with a Status (DeadlineExceeded for a timeout, Unavailable for a lost peer); the
+// communicator is then broken and every later call fails too, so a gang whose rank died fails
+// within the timeout instead of hanging.
 #ifndef MOETRAIN_ENGINE_COMM_COMMUNICATOR_H_
 #define MOETRAIN_ENGINE_COMM_COMMUNICATOR_H_
 
@@ -42,10 +44,10 @@ class CommRequest {
 };
 
 struct AllToAllVArgs {
-  const void* send = nullptr;         // Σ send_counts elements, rank by rank
-  std::vector<int64_t> send_counts;   // (size) elements for each destination rank
-  void* recv = nullptr;               // Σ recv_counts elements, rank by rank
-  std::vector<int64_t> recv_counts;   // (size) elements from each source rank
+  const void* send = nullptr;        // Σ send_counts elements, rank by rank
+  std::vector<int64_t> send_counts;  // (size) elements for each destination rank
+  void* recv = nullptr;              // Σ recv_counts elements, rank by rank
+  std::vector<int64_t> recv_counts;  // (size) elements from each source rank
   DType dtype = DType::kF32;
 };
 
@@ -57,8 +59,16 @@ class Communicator {
   virtual int size() const = 0;
   virtual std::string backend() const = 0;  // "local", "gloo" or "nccl"
 
+  // Whether a collective started on this communicator reads its device buffers only after the
+  // device work queued before the Start call has written them (NCCL with an order_after_stream:
+  // the collective's stream waits for an event on the compute stream). When false, the caller
+  // synchronises its ExecContext before starting a collective on device memory. Either way, Wait
+  // returns only once the collective is done, so ops issued after Wait see its results.
+  virtual bool orders_after_device_work() const { return false; }
+
   // All-to-all with per-rank counts; send and recv must not overlap.
-  virtual absl::StatusOr<std::unique_ptr<CommRequest>> StartAllToAllV(const AllToAllVArgs& args) = 0;
+  virtual absl::StatusOr<std::unique_ptr<CommRequest>> StartAllToAllV(
+      const AllToAllVArgs& args) = 0;
   // Sum of `count` elements over all ranks, in place. dtype: f32, i32 or i64.
   virtual absl::StatusOr<std::unique_ptr<CommRequest>> StartAllReduceSum(void* data, int64_t count,
                                                                          DType dtype) = 0;

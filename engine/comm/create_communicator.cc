@@ -38,11 +38,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(const CommOptio
     }
     case CommBackend::kNccl:
       if (!options.cuda) {
-        return absl::InvalidArgumentError("the nccl communicator takes device buffers, not host");
+        return absl::InvalidArgumentError(
+            "the nccl communicator serves GPU training (cuda = true), not a CPU one");
       }
       return CreateNcclCommunicator({.group = options.group,
                                      .cuda_device = options.cuda_device,
-                                     .cuda_stream = options.cuda_stream});
+                                     .cuda_stream = options.cuda_stream,
+                                     .order_after_stream = options.order_after_stream});
     case CommBackend::kAuto:
       break;
   }

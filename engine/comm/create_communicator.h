@@ -20,15 +20,17 @@ enum class CommBackend {
 
 struct CommOptions {
   CommBackend backend = CommBackend::kAuto;
-  bool cuda = false;   // the collectives' buffers are device memory
-  GroupOptions group;  // store may stay null for a world of one on the local backend
+  bool cuda = false;                      // the collectives' buffers are device memory
+  GroupOptions group;                     // store may stay null for a world of one (local or nccl)
   std::string listen_host = "127.0.0.1";  // gloo: see GlooOptions
   int cuda_device = -1;                   // nccl: see NcclOptions
   void* cuda_stream = nullptr;            // nccl: see NcclOptions
+  void* order_after_stream = nullptr;     // nccl: see NcclOptions
 };
 
 // InvalidArgument for a backend that cannot serve the request (local with size > 1, gloo with
-// device buffers, nccl with host buffers); otherwise what that backend's factory returns.
+// device buffers, nccl without cuda); otherwise what that backend's factory returns (nccl:
+// Unimplemented in a build without NCCL, FailedPrecondition where there is no usable GPU).
 absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(const CommOptions& options);
 
 }  // namespace moetrain

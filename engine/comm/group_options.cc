@@ -4,8 +4,10 @@
 
 namespace moetrain {
 
-absl::Status GroupOptions::Validate() const {
-  if (store == nullptr) return absl::InvalidArgumentError("communicator options: store is null");
+absl::Status GroupOptions::Validate(bool needs_store) const {
+  if (needs_store && store == nullptr) {
+    return absl::InvalidArgumentError("communicator options: store is null");
+  }
   if (size < 1) {
     return absl::InvalidArgumentError(absl::StrCat("communicator size = ", size, " < 1"));
   }

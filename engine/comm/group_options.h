@@ -14,7 +14,8 @@ namespace moetrain {
 
 struct GroupOptions {
   // Where the ranks publish their addresses (Gloo) or the unique id (NCCL). Subgroups made later
-  // meet through it too, so the communicator keeps a reference.
+  // meet through it too, so the communicator keeps a reference. NCCL needs none for a world of one
+  // (it makes its id locally and splits subgroups without the store).
   std::shared_ptr<KeyValueStore> store;
   // Namespaces this group's keys in the store. Make it unique per job attempt (e.g.
   // "job-7/attempt-2/world"): ranks of two groups under one prefix would meet the wrong peers.
@@ -25,8 +26,9 @@ struct GroupOptions {
   // others fail within this much time (DeadlineExceeded or Unavailable), not hang.
   absl::Duration timeout = absl::Seconds(60);
 
-  // InvalidArgument naming the field: no store, rank outside [0, size), timeout not positive.
-  absl::Status Validate() const;
+  // InvalidArgument naming the field: no store (unless !needs_store), rank outside [0, size),
+  // timeout not positive.
+  absl::Status Validate(bool needs_store = true) const;
 };
 
 }  // namespace moetrain

@@ -45,20 +45,21 @@ namespace {
 
 class NcclRequest final : public CommRequest {
  public:
-  NcclRequest(std::shared_ptr<NcclGroup> group, std::string what, cudaEvent_t event,
+  NcclRequest(std::shared_ptr<NcclGroup> group, std::string what, NcclEnqueued enqueued,
               absl::Time deadline)
-      : group_(std::move(group)), what_(std::move(what)), event_(event), deadline_(deadline) {}
-  ~NcclRequest() override {
-    absl::MutexLock lock(&mu_);
-    if (event_ != nullptr) cudaEventDestroy(event_);
-  }
+      : group_(std::move(group)),
+        what_(std::move(what)),
+        enqueued_(std::move(enqueued)),
+        deadline_(deadline) {}
+  // The buffers (and the staging) must outlive the collective: one never waited for is waited
+  // for here, at most until its deadline.
+  ~NcclRequest() override { Wait().IgnoreError(); }
 
   absl::Status Wait() override {
     absl::MutexLock lock(&mu_);
-    if (event_ == nullptr) return status_;
-    status_ = group_->AwaitEvent(event_, deadline_, what_);
-    cudaEventDestroy(event_);
-    event_ = nullptr;
+    if (done_) return status_;
+    status_ = group_->Complete(enqueued_, deadline_, what_);
+    done_ = true;
     return status_;
   }
 
@@ -66,7 +67,8 @@ class NcclRequest final : public CommRequest {
   const std::shared_ptr<NcclGroup> group_;
   const std::string what_;
   absl::Mutex mu_;
-  cudaEvent_t event_ ABSL_GUARDED_BY(mu_);  // null once waited for
+  NcclEnqueued enqueued_ ABSL_GUARDED_BY(mu_);
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   const absl::Time deadline_;
 };
@@ -79,6 +81,7 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return options_.group.rank; }
   int size() const override { return options_.group.size; }
   std::string backend() const override { return "nccl"; }
+  bool orders_after_device_work() const override { return options_.order_after_stream != nullptr; }
 
   absl::StatusOr<std::unique_ptr<CommRequest>> StartAllToAllV(const AllToAllVArgs& args) override {
     MOETRAIN_RETURN_IF_ERROR(CheckAllToAllV(Op("all_to_all_v"), args));
@@ -88,34 +91,40 @@ class NcclCommunicator final : public Communicator {
       send_offsets[r] = send_offsets[r - 1] + args.send_counts[r - 1] * element;
       recv_offsets[r] = recv_offsets[r - 1] + args.recv_counts[r - 1] * element;
     }
-    const auto* send = static_cast<const char*>(args.send);
-    auto* recv = static_cast<char*>(args.recv);
-    return Launch("all_to_all_v", [&](ncclComm_t comm, cudaStream_t stream) -> absl::Status {
-      // This rank's own chunk is a copy; peers with nothing to exchange are left out.
-      if (const size_t own = args.send_counts[rank()] * element; own > 0) {
-        MOETRAIN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(recv + recv_offsets[rank()],
-                                                      send + send_offsets[rank()], own,
-                                                      cudaMemcpyDeviceToDevice, stream));
-      }
-      MOETRAIN_RETURN_IF_ERROR(NcclStatus(ncclGroupStart(), "ncclGroupStart", comm));
-      absl::Status status;
-      for (int peer = 0; peer < size() && status.ok(); ++peer) {
-        if (peer == rank()) continue;
-        if (const size_t bytes = args.send_counts[peer] * element; bytes > 0) {
-          status =
-              NcclStatus(ncclSend(send + send_offsets[peer], bytes, ncclUint8, peer, comm, stream),
-                         "ncclSend", comm);
-        }
-        if (const size_t bytes = args.recv_counts[peer] * element; bytes > 0 && status.ok()) {
-          status =
-              NcclStatus(ncclRecv(recv + recv_offsets[peer], bytes, ncclUint8, peer, comm, stream),
-                         "ncclRecv", comm);
-        }
-      }
-      // The group must be closed even when a call inside it failed.
-      const absl::Status ended = NcclStatus(ncclGroupEnd(), "ncclGroupEnd", comm);
-      return status.ok() ? ended : status;
-    });
+    const size_t send_bytes = send_offsets[size() - 1] + args.send_counts[size() - 1] * element;
+    const size_t recv_bytes = recv_offsets[size() - 1] + args.recv_counts[size() - 1] * element;
+    const NcclBuffer buffers[] = {{.data = args.send, .bytes = send_bytes, .read = true},
+                                  {.data = args.recv, .bytes = recv_bytes, .written = true}};
+    return Launch(
+        "all_to_all_v", buffers,
+        [&](ncclComm_t comm, cudaStream_t stream, absl::Span<void* const> device) -> absl::Status {
+          const auto* send = static_cast<const char*>(device[0]);
+          auto* recv = static_cast<char*>(device[1]);
+          // This rank's own chunk is a copy; peers with nothing to exchange are left out.
+          if (const size_t own = args.send_counts[rank()] * element; own > 0) {
+            MOETRAIN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(recv + recv_offsets[rank()],
+                                                          send + send_offsets[rank()], own,
+                                                          cudaMemcpyDeviceToDevice, stream));
+          }
+          MOETRAIN_RETURN_IF_ERROR(NcclStatus(ncclGroupStart(), "ncclGroupStart", comm));
+          absl::Status status;
+          for (int peer = 0; peer < size() && status.ok(); ++peer) {
+            if (peer == rank()) continue;
+            if (const size_t bytes = args.send_counts[peer] * element; bytes > 0) {
+              status = NcclStatus(
+                  ncclSend(send + send_offsets[peer], bytes, ncclUint8, peer, comm, stream),
+                  "ncclSend", comm);
+            }
+            if (const size_t bytes = args.recv_counts[peer] * element; bytes > 0 && status.ok()) {
+              status = NcclStatus(
+                  ncclRecv(recv + recv_offsets[peer], bytes, ncclUint8, peer, comm, stream),
+                  "ncclRecv", comm);
+            }
+          }
+          // The group must be closed even when a call inside it failed.
+          const absl::Status ended = NcclStatus(ncclGroupEnd(), "ncclGroupEnd", comm);
+          return status.ok() ? ended : status;
+        });
   }
 
   absl::StatusOr<std::unique_ptr<CommRequest>> StartAllReduceSum(void* data, int64_t count,
@@ -124,42 +133,58 @@ class NcclCommunicator final : public Communicator {
     const ncclDataType_t type = dtype == DType::kF32   ? ncclFloat32
                                 : dtype == DType::kI32 ? ncclInt32
                                                        : ncclInt64;
-    return Launch("all_reduce_sum", [&](ncclComm_t comm, cudaStream_t stream) {
-      if (count == 0) return absl::OkStatus();
-      return NcclStatus(ncclAllReduce(data, data, count, type, ncclSum, comm, stream),
+    const NcclBuffer buffers[] = {{.data = data,
+                                   .bytes = static_cast<size_t>(count) * DTypeSize(dtype),
+                                   .read = true,
+                                   .written = true}};
+    return Launch("all_reduce_sum", buffers,
+                  [&](ncclComm_t comm, cudaStream_t stream, absl::Span<void* const> device) {
+                    if (count == 0) return absl::OkStatus();
+                    return NcclStatus(
+                        ncclAllReduce(device[0], device[0], count, type, ncclSum, comm, stream),
                         "ncclAllReduce", comm);
-    });
+                  });
   }
 
   absl::StatusOr<std::unique_ptr<CommRequest>> StartAllGather(const void* send, void* recv,
                                                               int64_t count, DType dtype) override {
     MOETRAIN_RETURN_IF_ERROR(CheckAllGather(Op("all_gather"), send, recv, count, dtype));
-    return Launch("all_gather", [&](ncclComm_t comm, cudaStream_t stream) {
-      if (count == 0) return absl::OkStatus();
-      return NcclStatus(
-          ncclAllGather(send, recv, count * DTypeSize(dtype), ncclUint8, comm, stream),
-          "ncclAllGather", comm);
-    });
+    const size_t bytes = static_cast<size_t>(count) * DTypeSize(dtype);
+    const NcclBuffer buffers[] = {{.data = send, .bytes = bytes, .read = true},
+                                  {.data = recv, .bytes = bytes * size(), .written = true}};
+    return Launch("all_gather", buffers,
+                  [&](ncclComm_t comm, cudaStream_t stream, absl::Span<void* const> device) {
+                    if (count == 0) return absl::OkStatus();
+                    return NcclStatus(
+                        ncclAllGather(device[0], device[1], bytes, ncclUint8, comm, stream),
+                        "ncclAllGather", comm);
+                  });
   }
 
   absl::StatusOr<std::unique_ptr<CommRequest>> StartBroadcast(void* data, int64_t count,
                                                               DType dtype, int root) override {
     MOETRAIN_RETURN_IF_ERROR(CheckBroadcast(Op("broadcast"), data, count, dtype, root));
-    return Launch("broadcast", [&](ncclComm_t comm, cudaStream_t stream) {
-      if (count == 0) return absl::OkStatus();
-      return NcclStatus(
-          ncclBroadcast(data, data, count * DTypeSize(dtype), ncclUint8, root, comm, stream),
-          "ncclBroadcast", comm);
-    });
+    const size_t bytes = static_cast<size_t>(count) * DTypeSize(dtype);
+    // Only the root's values are read; every rank's are written.
+    const NcclBuffer buffers[] = {
+        {.data = data, .bytes = bytes, .read = rank() == root, .written = true}};
+    return Launch("broadcast", buffers,
+                  [&](ncclComm_t comm, cudaStream_t stream, absl::Span<void* const> device) {
+                    if (count == 0) return absl::OkStatus();
+                    return NcclStatus(
+                        ncclBroadcast(device[0], device[0], bytes, ncclUint8, root, comm, stream),
+                        "ncclBroadcast", comm);
+                  });
   }
 
   // An all-reduce of one integer kept on the device: NCCL has no barrier of its own.
   absl::StatusOr<std::unique_ptr<CommRequest>> StartBarrier() override {
-    return Launch("barrier", [&](ncclComm_t comm, cudaStream_t stream) {
-      return NcclStatus(
-          ncclAllReduce(group_->scratch(), group_->scratch(), 1, ncclInt32, ncclSum, comm, stream),
-          "ncclAllReduce", comm);
-    });
+    return Launch("barrier", {},
+                  [&](ncclComm_t comm, cudaStream_t stream, absl::Span<void* const>) {
+                    return NcclStatus(ncclAllReduce(group_->scratch(), group_->scratch(), 1,
+                                                    ncclInt32, ncclSum, comm, stream),
+                                      "ncclAllReduce", comm);
+                  });
   }
 
   absl::StatusOr<std::unique_ptr<Communicator>> Subgroup(const std::vector<int>& ranks) override {
@@ -181,13 +206,16 @@ class NcclCommunicator final : public Communicator {
     return {.backend = "nccl", .op = op, .rank = rank(), .size = size()};
   }
 
-  // Enqueues `enqueue`'s NCCL calls on the group's stream and returns a request for them.
-  absl::StatusOr<std::unique_ptr<CommRequest>> Launch(
-      absl::string_view op, absl::FunctionRef<absl::Status(ncclComm_t, cudaStream_t)> enqueue) {
+  // Enqueues `enqueue`'s NCCL calls on the group's stream, on the device addresses of `buffers`,
+  // and returns a request for them.
+  absl::StatusOr<std::unique_ptr<CommRequest>> Launch(absl::string_view op,
+                                                      absl::Span<const NcclBuffer> buffers,
+                                                      NcclGroup::EnqueueFn enqueue) {
     const std::string what = group_->Describe(op);
     const absl::Time deadline = absl::Now() + options_.group.timeout;
-    MOETRAIN_ASSIGN_OR_RETURN(cudaEvent_t event, group_->Enqueue(what, deadline, enqueue));
-    return std::make_unique<NcclRequest>(group_, what, event, deadline);
+    MOETRAIN_ASSIGN_OR_RETURN(NcclEnqueued enqueued,
+                              group_->Enqueue(what, deadline, buffers, enqueue));
+    return std::make_unique<NcclRequest>(group_, what, std::move(enqueued), deadline);
   }
 
   const std::shared_ptr<NcclGroup> group_;
@@ -218,10 +246,15 @@ absl::StatusOr<ncclUniqueId> IdFromHex(const std::string& hex, const std::string
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclOptions& options) {
   const GroupOptions& group = options.group;
-  MOETRAIN_RETURN_IF_ERROR(group.Validate());
+  // A world of one has nobody to tell its id: it needs no store.
+  MOETRAIN_RETURN_IF_ERROR(group.Validate(/*needs_store=*/group.size > 1));
   const std::string key = absl::StrCat(group.prefix, "/nccl_unique_id");
   ncclUniqueId id;
-  if (group.rank == 0) {
+  if (group.size == 1) {
+    // Alone: no rendezvous, so the lack of a GPU is said before NCCL's bootstrap starts.
+    MOETRAIN_RETURN_IF_ERROR(NcclGroup::UsableDevice(options).status());
+    MOETRAIN_RETURN_IF_ERROR(NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId", nullptr));
+  } else if (group.rank == 0) {
     MOETRAIN_RETURN_IF_ERROR(NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId", nullptr));
     MOETRAIN_RETURN_IF_ERROR(group.store->Set(key, IdToHex(id)));
   } else {

@@ -3,8 +3,12 @@
 
 #include "engine/comm/nccl_group.h"
 
+#include <algorithm>
+#include <bit>
+#include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -15,6 +19,12 @@ namespace {
 
 // How often a waiting host thread looks at the stream and at NCCL's error state.
 constexpr absl::Duration kPollInterval = absl::Microseconds(50);
+// Staged host buffers start at multiples of this (what cudaMalloc aligns to), so that NCCL gets
+// addresses as aligned as a device buffer's; staging buffers are at least kMinStagingBytes, so the
+// trainer's scalars and reports never make a group allocate twice.
+constexpr size_t kStagingAlignment = 256;
+constexpr size_t kMinStagingBytes = size_t{64} << 10;
+constexpr size_t kNotStaged = ~size_t{0};
 
 // Makes `device` current for the scope and restores the previous one after.
 class DeviceScope {
@@ -48,6 +58,38 @@ absl::Status Prefixed(absl::string_view what, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
 }
 
+// Whether `data` is host memory (pageable or pinned), which NCCL cannot take, rather than memory
+// the GPU `device` addresses (its own or managed memory). Memory of another GPU is an error.
+absl::StatusOr<bool> IsHostMemory(const void* data, int device) {
+  cudaPointerAttributes attributes{};
+  const cudaError_t error = cudaPointerGetAttributes(&attributes, data);
+  if (error == cudaErrorInvalidValue) {
+    // Runtimes before CUDA 11 call memory they do not know invalid instead of unregistered.
+    cudaGetLastError();
+    return true;
+  }
+  MOETRAIN_RETURN_IF_ERROR(CudaStatus(error, "cudaPointerGetAttributes"));
+  switch (attributes.type) {
+    case cudaMemoryTypeDevice:
+      if (attributes.device != device) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("a buffer is memory of cuda:", attributes.device,
+                         ", not of this rank's cuda:", device));
+      }
+      return false;
+    case cudaMemoryTypeManaged:
+      return false;
+    case cudaMemoryTypeUnregistered:
+    case cudaMemoryTypeHost:
+      break;
+  }
+  return true;
+}
+
+size_t RoundUp(size_t bytes, size_t multiple) {
+  return (bytes + multiple - 1) / multiple * multiple;
+}
+
 }  // namespace
 
 absl::Status CudaStatus(cudaError_t error, absl::string_view call) {
@@ -72,8 +114,7 @@ absl::Status NcclStatus(ncclResult_t result, absl::string_view call, ncclComm_t 
   }
 }
 
-absl::StatusOr<std::shared_ptr<NcclGroup>> NcclGroup::Init(const ncclUniqueId& id,
-                                                           const NcclOptions& options) {
+absl::StatusOr<int> NcclGroup::UsableDevice(const NcclOptions& options) {
   const std::string what =
       absl::StrCat("nccl init of rank ", options.group.rank, " of ", options.group.size,
                    " (group '", options.group.prefix, "')");
@@ -91,6 +132,15 @@ absl::StatusOr<std::shared_ptr<NcclGroup>> NcclGroup::Init(const ncclUniqueId& i
     return absl::InvalidArgumentError(absl::StrCat(what, ": cuda_device = ", device,
                                                    " but this machine has ", devices, " devices"));
   }
+  return device;
+}
+
+absl::StatusOr<std::shared_ptr<NcclGroup>> NcclGroup::Init(const ncclUniqueId& id,
+                                                           const NcclOptions& options) {
+  const std::string what =
+      absl::StrCat("nccl init of rank ", options.group.rank, " of ", options.group.size,
+                   " (group '", options.group.prefix, "')");
+  MOETRAIN_ASSIGN_OR_RETURN(const int device, UsableDevice(options));
   std::shared_ptr<NcclGroup> group(new NcclGroup(options, device));
   DeviceScope scope;
   MOETRAIN_RETURN_IF_ERROR(scope.Enter(device));
@@ -122,6 +172,16 @@ NcclGroup::~NcclGroup() {
     }
     if (comm_ != nullptr) ncclCommDestroy(comm_);
     comm_ = nullptr;
+    if (on_device && order_event_ != nullptr) cudaEventDestroy(order_event_);
+    order_event_ = nullptr;
+  }
+  if (on_device) {
+    absl::MutexLock lock(&staging_mu_);
+    for (const std::unique_ptr<NcclStaging>& staging : staging_) {
+      cudaFree(staging->device);
+      cudaFreeHost(staging->host);
+    }
+    staging_.clear();
   }
   if (on_device && scratch_ != nullptr) cudaFree(scratch_);
   if (on_device && owns_stream_) cudaStreamDestroy(stream_);
@@ -132,24 +192,114 @@ std::string NcclGroup::Describe(absl::string_view op) const {
                       " (group '", options_.group.prefix, "')");
 }
 
-absl::StatusOr<cudaEvent_t> NcclGroup::Enqueue(const std::string& what, absl::Time deadline,
-                                               EnqueueFn enqueue) {
+absl::StatusOr<NcclEnqueued> NcclGroup::Enqueue(const std::string& what, absl::Time deadline,
+                                                absl::Span<const NcclBuffer> buffers,
+                                                EnqueueFn enqueue) {
   absl::MutexLock lock(&mu_);
   MOETRAIN_RETURN_IF_ERROR(Broken(what));
   DeviceScope scope;
   MOETRAIN_RETURN_IF_ERROR(scope.Enter(device_));
-  absl::Status status = enqueue(comm_, stream_);
-  if (status.ok()) status = AwaitReady(deadline);
-  if (!status.ok()) return Fail(Prefixed(what, status));
-  cudaEvent_t event = nullptr;
-  MOETRAIN_RETURN_IF_ERROR(
-      CudaStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate"));
-  status = CudaStatus(cudaEventRecord(event, stream_), "cudaEventRecord");
-  if (!status.ok()) {
-    cudaEventDestroy(event);
-    return status;
+
+  // Where each buffer lives: device buffers are used as they are, host ones get a place in one
+  // staging buffer.
+  std::vector<void*> device(buffers.size());
+  std::vector<size_t> offsets(buffers.size(), kNotStaged);
+  bool any_device = false, any_read = false;
+  size_t staged = 0;
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    const NcclBuffer& buffer = buffers[i];
+    device[i] = const_cast<void*>(buffer.data);
+    if (buffer.bytes == 0) continue;
+    absl::StatusOr<bool> host = IsHostMemory(buffer.data, device_);
+    if (!host.ok()) return Prefixed(what, host.status());
+    if (!*host) {
+      any_device = true;
+      continue;
+    }
+    offsets[i] = staged;
+    staged += RoundUp(buffer.bytes, kStagingAlignment);
+    any_read = any_read || buffer.read;
   }
-  return event;
+  NcclEnqueued enqueued;
+  if (staged > 0) {
+    absl::StatusOr<NcclStaging*> staging = AcquireStaging(staged);
+    if (!staging.ok()) return Prefixed(what, staging.status());
+    enqueued.staging = *staging;
+  }
+
+  // From here on the stream gets work: a failure breaks the group, since this rank's collective
+  // may be half issued. The staging buffer goes back, as no later collective of a broken group
+  // uses it.
+  auto failed = [&](const absl::Status& status) -> absl::Status {
+    if (enqueued.staging != nullptr) ReleaseStaging(enqueued.staging);
+    if (enqueued.event != nullptr) cudaEventDestroy(enqueued.event);
+    return Fail(Prefixed(what, status));
+  };
+  // Device buffers are read (and written) only after the ops queued on order_after_stream so far;
+  // host buffers already hold their values, so they need not wait for the device.
+  const auto order = static_cast<cudaStream_t>(options_.order_after_stream);
+  if (any_device && order_event_ != nullptr && order != stream_) {
+    absl::Status status =
+        CudaStatus(cudaEventRecord(order_event_, order), "cudaEventRecord(order_after_stream)");
+    if (status.ok()) {
+      status = CudaStatus(cudaStreamWaitEvent(stream_, order_event_, 0), "cudaStreamWaitEvent");
+    }
+    if (!status.ok()) return failed(status);
+  }
+  // Host buffers: into pinned memory now (a copy from pageable memory on the stream would wait for
+  // the stream), then one copy to the device on the stream.
+  if (enqueued.staging != nullptr) {
+    auto* host = static_cast<char*>(enqueued.staging->host);
+    auto* dev = static_cast<char*>(enqueued.staging->device);
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      if (offsets[i] == kNotStaged) continue;
+      device[i] = dev + offsets[i];
+      if (buffers[i].read) std::memcpy(host + offsets[i], buffers[i].data, buffers[i].bytes);
+      if (buffers[i].written) {
+        enqueued.copy_out.push_back(
+            {const_cast<void*>(buffers[i].data), offsets[i], buffers[i].bytes});
+      }
+    }
+    if (any_read) {
+      const absl::Status status = CudaStatus(
+          cudaMemcpyAsync(dev, host, staged, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+      if (!status.ok()) return failed(status);
+    }
+  }
+  absl::Status status = enqueue(comm_, stream_, device);
+  // NCCL must have taken the calls before anything else goes on the stream.
+  if (status.ok()) status = AwaitReady(deadline);
+  if (!status.ok()) return failed(status);
+  if (!enqueued.copy_out.empty()) {
+    status = CudaStatus(cudaMemcpyAsync(enqueued.staging->host, enqueued.staging->device, staged,
+                                        cudaMemcpyDeviceToHost, stream_),
+                        "cudaMemcpyAsync");
+    if (!status.ok()) return failed(status);
+  }
+  status = CudaStatus(cudaEventCreateWithFlags(&enqueued.event, cudaEventDisableTiming),
+                      "cudaEventCreate");
+  if (status.ok()) status = CudaStatus(cudaEventRecord(enqueued.event, stream_), "cudaEventRecord");
+  if (!status.ok()) return failed(status);
+  return enqueued;
+}
+
+absl::Status NcclGroup::Complete(NcclEnqueued& enqueued, absl::Time deadline,
+                                 const std::string& what) {
+  absl::Status status = AwaitEvent(enqueued.event, deadline, what);
+  cudaEventDestroy(enqueued.event);
+  enqueued.event = nullptr;
+  if (status.ok()) {
+    for (const NcclEnqueued::CopyOut& copy : enqueued.copy_out) {
+      std::memcpy(copy.host, static_cast<const char*>(enqueued.staging->host) + copy.offset,
+                  copy.bytes);
+    }
+  }
+  enqueued.copy_out.clear();
+  // After a failure a copy into the staging buffer may still be queued behind the aborted
+  // collective: the buffer stays taken (the broken group makes no more collectives anyway).
+  if (enqueued.staging != nullptr && status.ok()) ReleaseStaging(enqueued.staging);
+  enqueued.staging = nullptr;
+  return status;
 }
 
 absl::Status NcclGroup::AwaitEvent(cudaEvent_t event, absl::Time deadline,
@@ -256,9 +406,44 @@ absl::Status NcclGroup::AllocateResources() {
     MOETRAIN_RETURN_IF_ERROR(CudaStatus(cudaStreamCreate(&stream_), "cudaStreamCreate"));
     owns_stream_ = true;
   }
+  if (options_.order_after_stream != nullptr) {
+    absl::MutexLock lock(&mu_);
+    MOETRAIN_RETURN_IF_ERROR(CudaStatus(
+        cudaEventCreateWithFlags(&order_event_, cudaEventDisableTiming), "cudaEventCreate"));
+  }
   MOETRAIN_RETURN_IF_ERROR(
       CudaStatus(cudaMalloc(reinterpret_cast<void**>(&scratch_), sizeof(int)), "cudaMalloc"));
   return CudaStatus(cudaMemset(scratch_, 0, sizeof(int)), "cudaMemset");
+}
+
+absl::StatusOr<NcclStaging*> NcclGroup::AcquireStaging(size_t bytes) {
+  absl::MutexLock lock(&staging_mu_);
+  NcclStaging* best = nullptr;
+  for (const std::unique_ptr<NcclStaging>& staging : staging_) {
+    if (staging->in_use || staging->bytes < bytes) continue;
+    if (best == nullptr || staging->bytes < best->bytes) best = staging.get();
+  }
+  if (best == nullptr) {
+    auto fresh = std::make_unique<NcclStaging>();
+    fresh->bytes = std::max(kMinStagingBytes, std::bit_ceil(bytes));
+    MOETRAIN_RETURN_IF_ERROR(
+        CudaStatus(cudaMallocHost(&fresh->host, fresh->bytes), "cudaMallocHost(staging)"));
+    const absl::Status allocated =
+        CudaStatus(cudaMalloc(&fresh->device, fresh->bytes), "cudaMalloc(staging)");
+    if (!allocated.ok()) {
+      cudaFreeHost(fresh->host);
+      return allocated;
+    }
+    best = fresh.get();
+    staging_.push_back(std::move(fresh));
+  }
+  best->in_use = true;
+  return best;
+}
+
+void NcclGroup::ReleaseStaging(NcclStaging* staging) {
+  absl::MutexLock lock(&staging_mu_);
+  staging->in_use = false;
 }
 
 }  // namespace moetrain

@@ -229,8 +229,11 @@ absl::Status MoeLayer::Route(const MoeWeights& weights) {
   const ops::RouterArgs router_args = {logits_, weights.expert_bias, tokens_per_sequence_};
   MOETRAIN_RETURN_IF_ERROR(ops::RouterForward(ctx_, config_, router_args, &routing_));
   if (UsesGroupCounts(config_, parallel_)) {
-    // f_e counts the pairs (and tokens) of every rank of the count group.
-    MOETRAIN_RETURN_IF_ERROR(ctx_.Synchronize());
+    // f_e counts the pairs (and tokens) of every rank of the count group. The all-reduce reads the
+    // counts RouterForward wrote (Wait then orders RouterAuxLoss after it).
+    if (!parallel_.count_group->orders_after_device_work()) {
+      MOETRAIN_RETURN_IF_ERROR(ctx_.Synchronize());
+    }
     MOETRAIN_ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> request,
                               parallel_.count_group->StartAllReduceSum(
                                   routing_.aux_counts.view().raw(), e + 1, DType::kI64));

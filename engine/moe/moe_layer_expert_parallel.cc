@@ -20,9 +20,12 @@ absl::Status MoeLayer::RunChunks(
   if (!overlap) MOETRAIN_RETURN_IF_ERROR(other());
   // Destroyed before returning, an unfinished request waits: no buffer is written after an error.
   std::vector<ExchangeRequest> dispatched(chunks), combined(chunks);
-  // The exchanges read what the ops wrote: each starts once they are done.
+  // The exchanges read what the ops wrote: each starts once they are done, waited for on the host
+  // unless the group orders its collectives after the queued device work itself (NCCL: an event),
+  // so that the host goes on queuing the next chunk's GEMMs while an exchange travels.
+  const bool ordered = handle_.group != nullptr && handle_.group->orders_after_device_work();
   auto start_dispatch = [&](int c) -> absl::Status {
-    MOETRAIN_RETURN_IF_ERROR(ctx_.Synchronize());
+    if (!ordered) MOETRAIN_RETURN_IF_ERROR(ctx_.Synchronize());
     DispatchArgs args = dispatch;
     args.chunk = c;
     MOETRAIN_ASSIGN_OR_RETURN(dispatched[c], StartDispatch(args));
@@ -37,7 +40,7 @@ absl::Status MoeLayer::RunChunks(
     if (handle_.chunk_first_expert(c) < handle_.chunk_last_expert(c)) {
       for (int s = 0; s < handle_.group_size; ++s) MOETRAIN_RETURN_IF_ERROR(compute(c, s));
     }
-    MOETRAIN_RETURN_IF_ERROR(ctx_.Synchronize());
+    if (!ordered) MOETRAIN_RETURN_IF_ERROR(ctx_.Synchronize());
     CombineArgs args = combine;
     args.chunk = c;
     MOETRAIN_ASSIGN_OR_RETURN(combined[c], StartCombine(args));

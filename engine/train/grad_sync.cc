@@ -72,11 +72,15 @@ GradSync::~GradSync() {
 }
 
 absl::Status GradSync::StartThrough(int64_t stage) {
-  if (next_ < buckets_.size() && buckets_[next_].last_stage <= stage) {
-    MOETRAIN_RETURN_IF_ERROR(ctx_.Synchronize());
-  }
+  // A bucket's all-reduce reads what backward wrote: a group that does not order its collectives
+  // after the queued device work (NCCL does, with an event) needs the ops done first.
+  bool synchronized = false;
   for (; next_ < buckets_.size() && buckets_[next_].last_stage <= stage; ++next_) {
     Bucket& bucket = buckets_[next_];
+    if (!synchronized && !bucket.group->orders_after_device_work()) {
+      MOETRAIN_RETURN_IF_ERROR(ctx_.Synchronize());
+      synchronized = true;
+    }
     MOETRAIN_ASSIGN_OR_RETURN(
         bucket.request, bucket.group->StartAllReduceSum(grads_ + bucket.begin,
                                                         bucket.end - bucket.begin, DType::kF32));

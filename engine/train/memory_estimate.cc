@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/core/dtype.h"
+#include "engine/core/status.h"
 
 namespace moetrain {
 namespace {
@@ -194,6 +195,38 @@ absl::Status CheckMemoryEstimate(const MemoryEstimate& estimate, int64_t limit_b
       FormatBytes(static_cast<double>(limit_bytes)), " available (",
       absl::string_view(limit_name.data(), limit_name.size()),
       "): make the model or train.micro_batch_size smaller, or use more expert-parallel ranks"));
+}
+
+MemoryPlacement PlaceTrainingMemory(const TrainerConfig& config, const MemoryEstimate& estimate) {
+  if (config.device.is_cpu()) return {.host = estimate.total(), .device = 0};
+  // The snapshot holds the f32 masters (as many bytes as the f32 grads) and both moments.
+  return {.host = estimate.gradients + estimate.optimizer, .device = estimate.total()};
+}
+
+absl::Status CheckTrainingMemory(const TrainerConfig& config, const MemoryEstimate& estimate,
+                                 int64_t host_limit_bytes, std::string_view host_limit_name) {
+  if (config.device.is_cpu()) {
+    return host_limit_bytes > 0 ? CheckMemoryEstimate(estimate, host_limit_bytes, host_limit_name)
+                                : absl::OkStatus();
+  }
+  const MemoryPlacement placement = PlaceTrainingMemory(config, estimate);
+  MOETRAIN_ASSIGN_OR_RETURN(const ExecContext ctx, ExecContext::ForDevice(config.device));
+  const int64_t device_bytes =
+      ctx.runtime() != nullptr ? ctx.runtime()->memory_stats().total_bytes : 0;
+  if (device_bytes > 0 && placement.device > static_cast<double>(device_bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the model needs about ", estimate.DebugString(), " of ", config.device.DebugString(),
+        "'s memory, more than its ", FormatBytes(static_cast<double>(device_bytes)),
+        ": make the model or train.micro_batch_size smaller, or use more expert-parallel ranks"));
+  }
+  if (host_limit_bytes > 0 && placement.host > static_cast<double>(host_limit_bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a checkpoint of the model copies about ", FormatBytes(placement.host),
+        " (f32 weights and optimizer moments) from ", config.device.DebugString(),
+        " into host memory, more than the ", FormatBytes(static_cast<double>(host_limit_bytes)),
+        " available (", absl::string_view(host_limit_name.data(), host_limit_name.size()), ")"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace moetrain

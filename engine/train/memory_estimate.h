@@ -1,6 +1,7 @@
-// The host memory one rank of a training job will hold, estimated from its config before anything
-// is allocated, so that a model too large for the machine is refused with both figures named
-// instead of ending the process (std::bad_alloc, or the kernel's OOM killer).
+// The memory one rank of a training job will hold (host memory, or a device's: see
+// PlaceTrainingMemory), estimated from its config before anything is allocated, so that a model too
+// large for the machine is refused with both figures named instead of ending the process
+// (std::bad_alloc, or the kernel's OOM killer).
 //
 // The estimate mirrors what Trainer::Create and the first step allocate
 // (engine/model/parameters.cc, block.cc, moe_layer.cc, transformer.cc, optimizer.cc): every
@@ -52,6 +53,23 @@ absl::StatusOr<int64_t> MachineMemoryBytes();
 // limit's name (`limit_name`, e.g. "--memory-limit") tells a person what to change.
 absl::Status CheckMemoryEstimate(const MemoryEstimate& estimate, int64_t limit_bytes,
                                  std::string_view limit_name);
+
+// Where one rank's estimated memory lives. On the CPU all of it is host memory. On a device
+// (config.device) all of it is device memory, since parameters, grads, moments and activations
+// live there, and the host holds only, while a checkpoint is written, a copy of the f32 masters
+// and moments (trainer_checkpoint.cc): as large as the gradients plus the optimizer state.
+struct MemoryPlacement {
+  double host = 0;
+  double device = 0;  // 0 on the CPU
+};
+MemoryPlacement PlaceTrainingMemory(const TrainerConfig& config, const MemoryEstimate& estimate);
+
+// CheckMemoryEstimate for the rank of `config`, each part against its own memory: on the CPU the
+// whole estimate against `host_limit_bytes`; on a device, the device part against the device's
+// memory (DeviceMemoryStats.total_bytes: the device is opened, and its error returned when it
+// cannot be) and the host part against `host_limit_bytes`. A host limit ≤ 0 is not checked.
+absl::Status CheckTrainingMemory(const TrainerConfig& config, const MemoryEstimate& estimate,
+                                 int64_t host_limit_bytes, std::string_view host_limit_name);
 
 }  // namespace moetrain
 

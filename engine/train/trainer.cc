@@ -64,6 +64,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& co
                                                          std::shared_ptr<Communicator> world) {
   MOETRAIN_RETURN_IF_ERROR(config.Validate());
   MOETRAIN_ASSIGN_OR_RETURN(const ExecContext ctx, ExecContext::ForDevice(config.device));
+  // The steps report the peak since the trainer started (StepReport).
+  if (ctx.runtime() != nullptr) ctx.runtime()->ResetPeakMemory();
   std::unique_ptr<Trainer> trainer(new Trainer(ctx));
   trainer->config_ = config;
   if (trainer->config_.schedule.total_steps == 0)
@@ -180,6 +182,15 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
     MOETRAIN_RETURN_IF_ERROR(UpdateWeights(grad_norm, stats, &report));
   }
   MOETRAIN_RETURN_IF_ERROR(model_->ZeroGrads());
+  // On a device the update and the zeroing above are only queued: the step's time (and its
+  // memory) includes them once they are done. The next step's token copy would wait for them
+  // anyway, so this costs no overlap.
+  MOETRAIN_RETURN_IF_ERROR(ctx_.Synchronize());
+  if (const DeviceRuntime* runtime = ctx_.runtime(); runtime != nullptr) {
+    const DeviceMemoryStats memory = runtime->memory_stats();
+    report.device_memory_bytes = memory.in_use_bytes;
+    report.device_memory_peak_bytes = memory.peak_bytes;
+  }
   ++step_;
   tokens_seen_ += stats.tokens();
   report.step = step_;

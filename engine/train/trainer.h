@@ -52,8 +52,9 @@ struct TrainerConfig {
   ModelConfig model;
   DataConfig data;  // data.batch_size: sequences per optimizer step, all ranks; data.seq_len: S
   ParallelConfig parallel;
-  // The device this rank computes on. Only the CPU is served by this build's ops; another device
-  // is refused by Validate.
+  // The device this rank computes on: parameters, grads, optimizer state and activations live
+  // there. A CUDA device needs a build with CUDA and a usable GPU (else Validate refuses it).
+  // Checkpoints do not record it: a job's checkpoint resumes on any device.
   Device device = Device::Cpu();
   DType compute_dtype = DType::kF32;
   int64_t steps = 100;  // optimizer steps in all (a resumed job continues to it)
@@ -100,6 +101,10 @@ struct StepReport {
   int64_t dropped_tokens = 0;
   int64_t tokens_seen = 0;
   bool skipped = false;  // a non-finite step whose update was skipped
+  // This rank's device memory held by tensors at the end of the step, and the most held at once
+  // since the trainer started (the caching allocator's view); 0 on the CPU.
+  int64_t device_memory_bytes = 0;
+  int64_t device_memory_peak_bytes = 0;
 };
 
 // A checkpoint the trainer wrote.

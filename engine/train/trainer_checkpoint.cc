@@ -12,6 +12,7 @@
 //                "optim": "optim-rank00000.safetensors", "dense": true, "experts": [0, 4]}, …]}
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -22,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/core/allocator.h"
 #include "engine/core/log.h"
 #include "engine/core/status.h"
 #include "engine/ops/elementwise/elementwise.h"
@@ -79,6 +81,63 @@ absl::Status RestoreNamedTensor(const ExecContext& ctx, const std::string& path,
     return absl::DataLossError(absl::StrCat(path, ": tensor ", name, " is missing"));
   }
   return RestoreTensor(ctx, path, it->second, name, dst);
+}
+
+using NamedViews = std::vector<std::pair<std::string, TensorView>>;
+
+// Copies the tensors of `named` (dense, on ctx's device) into host memory and points each entry
+// at its copy, which `keep` holds. Those that lie inside `buffer` (the model's flat master
+// buffer) come over in one copy of the span they cover (the shard's tensors are adjacent there,
+// with only alignment padding between them); any other tensor in a copy of its own. Each copy
+// returns once its bytes are on the host (CopyTensor), so the snapshot is of the state as it is
+// now, and the compute stream stalls only for the copies.
+absl::Status SnapshotToHost(const ExecContext& ctx, TensorView buffer, NamedViews* named,
+                            std::vector<Tensor>* keep) {
+  const char* base = static_cast<const char*>(buffer.raw());
+  const size_t buffer_bytes = static_cast<size_t>(buffer.numel()) * DTypeSize(buffer.dtype());
+  const auto in_buffer = [&](const TensorView& t) {
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(t.raw());
+    const uintptr_t first = reinterpret_cast<uintptr_t>(base);
+    const size_t bytes = static_cast<size_t>(t.numel()) * DTypeSize(t.dtype());
+    return t.numel() > 0 && t.device() == buffer.device() && begin >= first &&
+           begin - first + bytes <= buffer_bytes;
+  };
+  size_t lo = buffer_bytes, hi = 0;
+  for (const auto& [name, view] : *named) {
+    if (!in_buffer(view)) continue;
+    const size_t begin = static_cast<size_t>(static_cast<const char*>(view.raw()) - base);
+    lo = std::min(lo, begin);
+    hi = std::max(hi, begin + static_cast<size_t>(view.numel()) * DTypeSize(view.dtype()));
+  }
+  char* span = nullptr;
+  if (lo < hi) {
+    // Copied as the buffer's elements: every view in it starts and ends on an element.
+    const size_t element = DTypeSize(buffer.dtype());
+    lo = lo / element * element;
+    hi = (hi + element - 1) / element * element;
+    const int64_t elements = static_cast<int64_t>((hi - lo) / element);
+    MOETRAIN_ASSIGN_OR_RETURN(Tensor host,
+                              Tensor::Allocate(CpuAllocator(), buffer.dtype(), {elements}));
+    MOETRAIN_RETURN_IF_ERROR(ops::CopyTensor(
+        ctx, TensorView(const_cast<char*>(base) + lo, buffer.dtype(), {elements}, buffer.device()),
+        host));
+    span = static_cast<char*>(host.view().raw());
+    keep->push_back(std::move(host));
+  }
+  for (auto& [name, view] : *named) {
+    if (view.device().is_cpu()) continue;
+    if (span != nullptr && in_buffer(view)) {
+      const size_t at = static_cast<size_t>(static_cast<const char*>(view.raw()) - base) - lo;
+      view = TensorView(span + at, view.dtype(), view.shape());
+      continue;
+    }
+    MOETRAIN_ASSIGN_OR_RETURN(Tensor host,
+                              Tensor::Allocate(CpuAllocator(), view.dtype(), view.shape()));
+    MOETRAIN_RETURN_IF_ERROR(ops::CopyTensor(ctx, view, host));
+    view = host.view();
+    keep->push_back(std::move(host));
+  }
+  return absl::OkStatus();
 }
 
 // The ranks R of the files model-rankR.safetensors a manifest lists.
@@ -289,7 +348,16 @@ absl::StatusOr<std::string> Trainer::CommitCheckpointOnRanks(const std::string& 
 absl::StatusOr<CheckpointReport> Trainer::SaveCheckpoint() {
   const auto start = std::chrono::steady_clock::now();
   MOETRAIN_ASSIGN_OR_RETURN(const std::string tmp_dir, BeginCheckpointOnRanks());
-  const CheckpointContents contents = CheckpointContentsOfRank();
+  CheckpointContents contents = CheckpointContentsOfRank();
+  // The files are written from host memory: a device's tensors are copied over first, all of
+  // them before any file is written. The copies live until this returns.
+  std::vector<Tensor> snapshot;
+  if (!ctx_.device().is_cpu() && WritesShard()) {
+    MOETRAIN_RETURN_IF_ERROR(
+        SnapshotToHost(ctx_, model_->master_buffer(), &contents.model_tensors, &snapshot));
+    MOETRAIN_RETURN_IF_ERROR(
+        SnapshotToHost(ctx_, model_->master_buffer(), &contents.optim_tensors, &snapshot));
+  }
   MOETRAIN_ASSIGN_OR_RETURN(ShardReports shards, WriteShard(tmp_dir, contents));
   MOETRAIN_ASSIGN_OR_RETURN(std::string path,
                             CommitCheckpointOnRanks(tmp_dir, contents, std::move(shards)));

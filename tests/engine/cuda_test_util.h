@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -58,5 +59,12 @@ inline bool SameBytes(const TensorView& a, const TensorView& b) {
   ASSERT_TRUE(name##_or_.ok()) << "the GPU is there but its context is not: "                  \
                                << name##_or_.status();                                         \
   const ::moetrain::ExecContext name = *name##_or_
+
+// `std::mt19937 name` seeded afresh on every run, the seed in the trace of every failure below
+// it (so a failing input can be replayed).
+#define MOETRAIN_FRESH_RNG(name)                                 \
+  const uint32_t name##_seed_ = std::random_device{}();          \
+  SCOPED_TRACE(::testing::Message() << "seed " << name##_seed_); \
+  std::mt19937 name(name##_seed_)
 
 #endif  // MOETRAIN_TESTS_ENGINE_CUDA_TEST_UTIL_H_

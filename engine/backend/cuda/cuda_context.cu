@@ -159,6 +159,16 @@ absl::Status CudaContext::Synchronize() {
   return absl::OkStatus();
 }
 
+DeviceMemoryStats CudaContext::memory_stats() const {
+  const CachingAllocatorStats stats = allocator_->stats();
+  return {.in_use_bytes = stats.allocated_bytes,
+          .peak_bytes = stats.peak_allocated_bytes,
+          .reserved_bytes = stats.reserved_bytes,
+          .total_bytes = static_cast<int64_t>(properties_.totalGlobalMem)};
+}
+
+void CudaContext::ResetPeakMemory() { allocator_->ResetPeak(); }
+
 absl::Status CudaContext::StreamWait(cudaStream_t waiter, cudaStream_t signaler) {
   absl::MutexLock lock(&event_mu_);
   // The wait captures the event's state at this call, so one event serves every ordering.

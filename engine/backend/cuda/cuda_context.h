@@ -48,6 +48,10 @@ class CudaContext final : public DeviceRuntime {
   CachingAllocator& caching_allocator() { return *allocator_; }
   // Waits for the compute stream (and so for every op issued on it).
   absl::Status Synchronize() override;
+  DeviceMemoryStats memory_stats() const override;
+  void ResetPeakMemory() override;
+  void* compute_stream_handle() const override { return compute_; }
+  void* comm_stream_handle() const override { return comm_; }
 
   // Makes this device the calling thread's current one (each op does before it issues work: a
   // process may drive several devices from several threads).

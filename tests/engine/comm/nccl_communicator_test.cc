@@ -53,6 +53,18 @@ TEST_F(NcclCommunicatorTest, RankWaitingForAnIdNobodyPublishesTimesOut) {
   EXPECT_THAT(status.message(), HasSubstr("'world/nccl_unique_id'"));
 }
 
+TEST_F(NcclCommunicatorTest, WorldOfOneNeedsNoStoreButTwoDo) {
+  if (!NcclCommunicatorBuilt()) GTEST_SKIP() << "built without NCCL";
+  NcclOptions alone = Nccl(0, 1);
+  alone.group.store = nullptr;
+  const absl::Status status = CreateNcclCommunicator(alone).status();
+  // Without a GPU it gets as far as looking for one; with one it works.
+  EXPECT_TRUE(status.ok() || absl::IsFailedPrecondition(status)) << status;
+  NcclOptions pair = Nccl(0, 2);
+  pair.group.store = nullptr;
+  EXPECT_EQ(CreateNcclCommunicator(pair).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(NcclCommunicatorTest, MalformedIdIsDataLoss) {
   if (!NcclCommunicatorBuilt()) GTEST_SKIP() << "built without NCCL";
   MOETRAIN_ASSERT_OK(store_->Set("world/nccl_unique_id", "not hex"));

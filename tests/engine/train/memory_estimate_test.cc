@@ -168,5 +168,39 @@ TEST(MemoryEstimateTest, HostileSizesGiveAHugeFiniteEstimate) {
             absl::StatusCode::kResourceExhausted);
 }
 
+// A GPU job's parameters, grads, moments and activations are device memory; the host holds only
+// a checkpoint's copy of the weights and moments. On the CPU everything is host memory, and the
+// check is CheckMemoryEstimate's.
+TEST(MemoryEstimateTest, PlacesADeviceJobsMemoryOnTheDevice) {
+  TrainerConfig config;
+  config.compute_dtype = DType::kBF16;
+  const MemoryEstimate estimate = EstimateTrainingMemory(config);
+  const MemoryPlacement on_cpu = PlaceTrainingMemory(config, estimate);
+  EXPECT_EQ(on_cpu.host, estimate.total());
+  EXPECT_EQ(on_cpu.device, 0.0);
+  config.device = Device::Cuda(0);
+  const MemoryPlacement on_gpu = PlaceTrainingMemory(config, estimate);
+  EXPECT_EQ(on_gpu.device, estimate.total());
+  EXPECT_EQ(on_gpu.host, estimate.gradients + estimate.optimizer);
+  EXPECT_LT(on_gpu.host, estimate.total());
+
+  config.device = Device::Cpu();
+  const int64_t too_small = static_cast<int64_t>(estimate.total() / 2);
+  EXPECT_EQ(CheckTrainingMemory(config, estimate, too_small, "--memory-limit").code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(CheckTrainingMemory(config, estimate, 0, "--memory-limit").ok());
+  config.device = Device::Cuda(0);
+  const absl::Status on_device = CheckTrainingMemory(config, estimate, 0, "--memory-limit");
+  if (absl::StatusOr<ExecContext> gpu = ExecContext::ForDevice(config.device); !gpu.ok()) {
+    // No GPU here: the device's own error, not a guess at its memory.
+    EXPECT_EQ(on_device.code(), gpu.status().code()) << on_device;
+  } else {
+    // A host limit that the whole estimate exceeds but the checkpoint copy fits in.
+    EXPECT_TRUE(CheckTrainingMemory(config, estimate, static_cast<int64_t>(on_gpu.host) + 1,
+                                    "--memory-limit")
+                    .ok());
+  }
+}
+
 }  // namespace
 }  // namespace moetrain

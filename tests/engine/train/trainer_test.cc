@@ -15,30 +15,13 @@
 
 #include "engine/train/checkpoint.h"
 #include "gtest/gtest.h"
+#include "tests/engine/tensor_test_util.h"
 #include "tests/engine/train/tiny_trainer_config.h"
 
 namespace moetrain {
 namespace {
 
-#define MOETRAIN_ASSERT_OK(expr)          \
-  do {                                    \
-    const absl::Status status_ = (expr);  \
-    ASSERT_TRUE(status_.ok()) << status_; \
-  } while (0)
-
-// A fresh directory under the test temp dir, removed at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = ::testing::TempDir() + "/trainer_test.XXXXXX";
-    path_ = mkdtemp(pattern.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using testing_config::TempDir;
 
 TrainerConfig TinyConfig(const std::string& checkpoint_dir) {
   return testing_config::TinyTrainerConfig(checkpoint_dir);
@@ -264,6 +247,81 @@ TEST(TrainerTest, NonFiniteStepsAreSkippedWhenTheSpecSaysSo) {
   ASSERT_EQ(recorder.reports.size(), 2u);
   EXPECT_TRUE(recorder.reports[0].skipped);
   EXPECT_EQ((*a)->step(), 2);
+}
+
+// Whether `json` anywhere holds a key that mentions a device, or a value naming one.
+bool MentionsADevice(const nlohmann::json& json, std::string* where) {
+  const auto names_device = [](std::string text) {
+    std::transform(text.begin(), text.end(), text.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    return text.find("device") != std::string::npos || text.rfind("cuda", 0) == 0 ||
+           text == "cpu" || text.rfind("gpu", 0) == 0;
+  };
+  if (json.is_object()) {
+    for (const auto& [key, value] : json.items()) {
+      if (names_device(key) || MentionsADevice(value, where)) {
+        *where = key + (where->empty() ? "" : "." + *where);
+        return true;
+      }
+    }
+  } else if (json.is_array()) {
+    for (const nlohmann::json& value : json) {
+      if (MentionsADevice(value, where)) return true;
+    }
+  } else if (json.is_string() && names_device(json.get<std::string>())) {
+    *where = json.get<std::string>();
+    return true;
+  }
+  return false;
+}
+
+// A checkpoint is the same files on every device (a GPU job's resumes on the CPU and the
+// reverse): nothing in it names the device that wrote it, and a trainer of the same job resumes
+// it whatever its device field says. Only the devices this machine has are tried here;
+// trainer_cuda_test resumes across devices where there is a GPU.
+TEST(TrainerTest, CheckpointsRecordNoDeviceAndResumeOnAnyDevice) {
+  TempDir dir;
+  TrainerConfig config = TinyConfig(dir.path());
+  config.steps = 4;
+  {
+    auto writer = Trainer::Create(config);
+    MOETRAIN_ASSERT_OK(writer.status());
+    MOETRAIN_ASSERT_OK((*writer)->Run(nullptr));
+  }
+  const std::string step_dir = dir.path() + "/tiny/" + CheckpointStepDirName(4);
+  auto loaded = LoadCheckpoint(step_dir);
+  MOETRAIN_ASSERT_OK(loaded.status());
+  std::string where;
+  EXPECT_FALSE(MentionsADevice(loaded->manifest, &where)) << "manifest: " << where;
+  where.clear();
+  EXPECT_FALSE(MentionsADevice(loaded->hf_config, &where)) << "config.json: " << where;
+
+  int resumed_on = 0;
+  for (const Device device : {Device::Cpu(), Device::Cuda(0)}) {
+    if (!ExecContext::ForDevice(device).ok()) continue;  // no such device here
+    TrainerConfig reader_config = TinyConfig(dir.path());
+    reader_config.device = device;
+    auto reader = Trainer::Create(reader_config);
+    MOETRAIN_ASSERT_OK(reader.status());
+    MOETRAIN_ASSERT_OK((*reader)->Resume(nullptr));
+    EXPECT_EQ((*reader)->step(), 4) << device.DebugString();
+    // Not on to step 8: its checkpoint would collide with the next device's resume.
+    ++resumed_on;
+  }
+  EXPECT_GE(resumed_on, 1);
+}
+
+// A CUDA job where there is no usable GPU (or no CUDA in the build) is refused when the trainer
+// is built, naming why, before anything is allocated.
+TEST(TrainerTest, ADeviceThisMachineLacksIsRefused) {
+  const absl::StatusOr<ExecContext> gpu = ExecContext::ForDevice(Device::Cuda(0));
+  if (gpu.ok()) GTEST_SKIP() << "this machine has cuda:0";
+  TrainerConfig config = TinyConfig("");
+  config.device = Device::Cuda(0);
+  auto trainer = Trainer::Create(config);
+  ASSERT_FALSE(trainer.ok());
+  EXPECT_EQ(trainer.status().code(), gpu.status().code()) << trainer.status();
+  EXPECT_EQ(trainer.status().message(), gpu.status().message());
 }
 
 TEST(TrainerTest, InvalidConfigNamesTheField) {
