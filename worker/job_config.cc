@@ -1,6 +1,12 @@
 #include "worker/job_config.h"
 
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "engine/backend/device_query.h"
 #include "engine/core/status.h"
 #include "moetrain/v1/job_spec.h"
 #include "moetrain/v1/trainer_support.h"
@@ -49,8 +55,18 @@ DataConfig::Format FormatFromSpec(v1::DataConfig::Format f) {
 
 }  // namespace
 
+absl::Status CheckUsableGpu(const DeviceReport& report) {
+  if (!report.gpus.empty()) return absl::OkStatus();
+  // UNAVAILABLE: the job is fine, this machine is not (another worker's GPUs may run it). Only a
+  // worker whose GPUs vanished after it started sees this: one without any GPU cannot offer CUDA.
+  return absl::UnavailableError(
+      absl::StrCat("resources.device = CUDA: no usable GPU on this machine (",
+                   report.no_gpu_reason.empty() ? "no reason given" : report.no_gpu_reason, ")"));
+}
+
 absl::StatusOr<TrainerConfig> TrainerConfigFromSpec(const v1::JobSpec& raw_spec,
-                                                    const std::string& checkpoint_dir) {
+                                                    const std::string& checkpoint_dir,
+                                                    int cuda_device) {
   MOETRAIN_ASSIGN_OR_RETURN(v1::JobSpec spec, ResolveJobSpec(raw_spec));
   const v1::ModelConfig& model = spec.model();
   const v1::TrainConfig& train = spec.train();
@@ -58,6 +74,12 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromSpec(const v1::JobSpec& raw_spec,
   const int64_t ranks = spec.resources().workers() * spec.resources().devices_per_worker();
 
   TrainerConfig c;
+  if (spec.resources().device() == v1::ResourceConfig::CUDA) {
+    // Said here, naming the field, before TrainerConfig::Validate opens the device (whose error
+    // would name only "device cuda:0").
+    MOETRAIN_RETURN_IF_ERROR(CheckUsableGpu(QueryDevices()));
+    c.device = Device::Cuda(cuda_device);
+  }
   c.job_id = spec.name();
   c.model.vocab_size = model.vocab_size();
   c.model.hidden_size = model.hidden_size();
@@ -114,6 +136,57 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromSpec(const v1::JobSpec& raw_spec,
   c.keep_last = static_cast<int>(spec.checkpoint().keep_last());
   MOETRAIN_RETURN_IF_ERROR(c.Validate());
   return c;
+}
+
+absl::StatusOr<DeviceFlag> ParseDeviceFlag(const std::string& text) {
+  DeviceFlag flag;
+  if (text == "cpu") return flag;
+  flag.device = v1::ResourceConfig::CUDA;
+  if (text == "cuda") return flag;
+  const std::string prefix = "cuda:";
+  if (text.rfind(prefix, 0) != 0 || text.size() == prefix.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--devices = '", text, "' is neither 'cpu', 'cuda' (every GPU) nor 'cuda:I,J,...'"));
+  }
+  std::set<int> seen;
+  for (absl::string_view index : absl::StrSplit(text.substr(prefix.size()), ',')) {
+    int value = 0;
+    if (!absl::SimpleAtoi(index, &value) || value < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--devices = '", text, "': '", index, "' is not a device index"));
+    }
+    if (!seen.insert(value).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--devices = '", text, "': GPU ", value, " is listed twice"));
+    }
+    flag.indexes.push_back(value);
+  }
+  return flag;
+}
+
+absl::StatusOr<OfferedDevices> DevicesOffered(const std::string& text, const DeviceFlag& flag,
+                                              const DeviceReport& report) {
+  OfferedDevices offered;
+  if (flag.device != v1::ResourceConfig::CUDA) return offered;
+  if (report.gpus.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--devices = '", text, "': no usable GPU on this machine (",
+                     report.no_gpu_reason.empty() ? "no reason given" : report.no_gpu_reason, ")"));
+  }
+  if (!flag.indexes.empty() && report.gpus.size() < flag.indexes.size()) {
+    // CUDA shows the listed GPUs up to the first that does not exist: that one is the culprit.
+    return absl::FailedPreconditionError(
+        absl::StrCat("--devices = '", text, "': GPU ", flag.indexes[report.gpus.size()],
+                     " does not exist on this machine or is not usable (CUDA sees only the first ",
+                     report.gpus.size(), " of the listed GPUs: ", DescribeDevices(report), ")"));
+  }
+  offered.device = v1::ResourceConfig::CUDA;
+  offered.count = static_cast<int>(flag.indexes.empty() ? report.gpus.size() : flag.indexes.size());
+  offered.memory_bytes = report.gpus.front().memory_bytes;
+  for (int i = 0; i < offered.count; ++i) {
+    offered.memory_bytes = std::min(offered.memory_bytes, report.gpus[i].memory_bytes);
+  }
+  return offered;
 }
 
 }  // namespace moetrain

@@ -9,6 +9,7 @@
 #include <new>
 #include <optional>
 #include <stdexcept>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -26,19 +27,25 @@
 namespace moetrain {
 namespace {
 
-// FLOP/s of a dense GEMM in `dtype` on this process's team: measured on first use, then kept
-// (about a second per dtype, once per worker process).
-double PeakFlops(DType dtype) {
+// FLOP/s of a dense GEMM in `dtype` on ctx's device (this process's team on the CPU, cuBLAS on a
+// GPU): measured on first use, then kept per (device, dtype) (about a second each, once per worker
+// process). A GPU needs a large GEMM to reach its rate: 8192³ there, 1024³ on the CPU.
+double PeakFlops(const ExecContext& ctx, DType dtype) {
   static std::mutex mu;
-  static std::map<DType, double>* peaks = new std::map<DType, double>();
+  using Key = std::tuple<DeviceType, int, DType>;
+  static std::map<Key, double>* peaks = new std::map<Key, double>();
   std::lock_guard<std::mutex> lock(mu);
-  auto it = peaks->find(dtype);
+  const Key key{ctx.device().type, ctx.device().index, dtype};
+  auto it = peaks->find(key);
   if (it != peaks->end()) return it->second;
-  absl::StatusOr<double> measured = ops::MeasureGemmFlops(ExecContext::Cpu(), dtype, /*n=*/1024);
+  const int64_t n = ctx.device().is_cpu() ? 1024 : 8192;
+  absl::StatusOr<double> measured = ops::MeasureGemmFlops(ctx, dtype, n);
   const double peak = measured.ok() ? *measured : 0.0;
-  if (!measured.ok())
-    Log(absl::StrCat("cannot measure the GEMM peak: ", measured.status().ToString()));
-  peaks->emplace(dtype, peak);
+  if (!measured.ok()) {
+    Log(absl::StrCat("cannot measure the GEMM peak on ", ctx.device().DebugString(), ": ",
+                     measured.status().ToString()));
+  }
+  peaks->emplace(key, peak);
   return peak;
 }
 
@@ -73,6 +80,8 @@ class ReportingObserver : public TrainObserver {
     m->set_z_loss(report.z_loss);
     m->set_dropped_tokens(report.dropped_tokens);
     m->set_step_seconds(report.step_seconds);
+    m->set_device_memory_bytes(report.device_memory_bytes);
+    m->set_device_memory_peak_bytes(report.device_memory_peak_bytes);
     if (peak_flops_ > 0) {
       m->set_mfu(flops_per_token_ * report.tokens_per_s / (peak_flops_ * assignment_.world_size()));
     }
@@ -98,6 +107,7 @@ class ReportingObserver : public TrainObserver {
   }
 
   void ReportCheckpoint(const CheckpointReport& report) {
+    if (!environment_.reports_checkpoints) return;
     v1::ReportCheckpointRequest request;
     Address(&request);
     request.set_step(report.step);
@@ -137,6 +147,10 @@ void ReportEnd(const v1::Assignment& assignment, const RankEnvironment& environm
   request.set_step(step);
   request.set_failure_kind(failure_kind);
   request.set_worker_draining(worker_draining);
+  if (environment.on_end) {
+    environment.on_end(std::move(request));
+    return;
+  }
   environment.reporter->Enqueue(std::move(request));
 }
 
@@ -162,14 +176,18 @@ absl::Status CheckMemory(const v1::Assignment& assignment, const RankEnvironment
     request.add_lines(line);
     environment.reporter->Enqueue(std::move(request));
   }
-  if (limit <= 0) return absl::OkStatus();
-  return CheckMemoryEstimate(estimate, limit, "the worker's --memory-limit");
+  // On a GPU the device part goes against the GPU's memory, the checkpoint's host copy against
+  // the limit.
+  return CheckTrainingMemory(config, estimate, limit, "the worker's --memory-limit");
 }
 
 // The gang's world: the ranks meet through the coordinator's rendezvous of this attempt, so a
 // restarted gang never meets the ranks of an earlier attempt.
-absl::StatusOr<std::shared_ptr<Communicator>> WorldCommunicator(
-    const v1::Assignment& assignment, const RankEnvironment& environment) {
+// On a GPU (`device`) it is NCCL, on the device's communication stream, its collectives ordered
+// after the compute stream's ops by events (a world of one included, without a store).
+absl::StatusOr<std::shared_ptr<Communicator>> WorldCommunicator(const v1::Assignment& assignment,
+                                                                const RankEnvironment& environment,
+                                                                Device device) {
   CommOptions options;
   options.group.rank = assignment.rank();
   options.group.size = assignment.world_size();
@@ -178,6 +196,13 @@ absl::StatusOr<std::shared_ptr<Communicator>> WorldCommunicator(
     options.group.store = std::make_shared<CoordinatorKeyValueStore>(
         environment.connection, assignment.job_id(), assignment.attempt());
     options.listen_host = environment.comm_host.empty() ? "127.0.0.1" : environment.comm_host;
+  }
+  if (device.type == DeviceType::kCuda) {
+    MOETRAIN_ASSIGN_OR_RETURN(const ExecContext ctx, ExecContext::ForDevice(device));
+    options.cuda = true;
+    options.cuda_device = device.index;
+    options.cuda_stream = ctx.runtime()->comm_stream_handle();
+    options.order_after_stream = ctx.runtime()->compute_stream_handle();
   }
   MOETRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, CreateCommunicator(options));
   return std::shared_ptr<Communicator>(std::move(world));
@@ -190,8 +215,12 @@ absl::StatusOr<v1::AttemptOutcome> Train(const v1::Assignment& assignment,
   // The trainer writes to <checkpoint_dir>/<job_id>: split the job's directory accordingly.
   const std::filesystem::path root(assignment.checkpoint_dir());
   const std::filesystem::path parent = root.has_parent_path() ? root.parent_path() : ".";
-  MOETRAIN_ASSIGN_OR_RETURN(TrainerConfig config,
-                            TrainerConfigFromSpec(assignment.spec(), parent.string()));
+  // The spec says CPU or CUDA; the worker says which of its GPUs this rank has (so that the
+  // config's validation opens that GPU, not GPU 0 from every rank's thread).
+  MOETRAIN_ASSIGN_OR_RETURN(
+      TrainerConfig config,
+      TrainerConfigFromSpec(assignment.spec(), parent.string(),
+                            environment.device.is_cpu() ? 0 : environment.device.index));
   config.job_id = root.filename().string();
   // Before anything is read or written: the spec's paths stay where the operator allows.
   MOETRAIN_RETURN_IF_ERROR(
@@ -204,17 +233,27 @@ absl::StatusOr<v1::AttemptOutcome> Train(const v1::Assignment& assignment,
         config.parallel.DebugString(), " has ", config.parallel.world_size()));
   }
   MOETRAIN_RETURN_IF_ERROR(CheckMemory(assignment, environment, config));
-  absl::StatusOr<std::shared_ptr<Communicator>> world = WorldCommunicator(assignment, environment);
+  // A GPU this rank cannot use is said as such, not as a gang that could not meet.
+  MOETRAIN_RETURN_IF_ERROR(ExecContext::ForDevice(config.device).status());
+  absl::StatusOr<std::shared_ptr<Communicator>> world =
+      WorldCommunicator(assignment, environment, config.device);
   if (!world.ok()) {
     // The gang could not meet (a peer that never came, a fenced rendezvous, this worker's network
     // setup): another attempt, on other workers maybe, may well meet.
     return absl::UnavailableError(
         absl::StrCat("the ranks could not meet: ", world.status().ToString()));
   }
+  // Measured on the rank's device before the trainer exists, so that the measurement's matrices
+  // are not in the peak device memory the trainer reports.
+  MOETRAIN_ASSIGN_OR_RETURN(const ExecContext device_ctx, ExecContext::ForDevice(config.device));
+  // A GPU's MFU is against its dense bf16 rate (cuBLASLt), whatever the job's precision; the CPU
+  // measures the job's own dtype.
+  const double peak_flops =
+      PeakFlops(device_ctx, config.device.is_cpu() ? config.compute_dtype : DType::kBF16);
   MOETRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(config, *world));
   ReportingObserver observer(assignment, environment, control,
-                             TrainingFlopsPerToken(config.model, config.data.seq_len),
-                             PeakFlops(config.compute_dtype), trainer->best_possible_loss());
+                             TrainingFlopsPerToken(config.model, config.data.seq_len), peak_flops,
+                             trainer->best_possible_loss());
   const absl::Status resumed = trainer->Resume(&observer);
   if (absl::IsNotFound(resumed)) {
     if (!assignment.resume_checkpoint().empty()) {

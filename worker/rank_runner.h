@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "engine/core/device.h"
 #include "engine/train/trainer.h"
 #include "moetrain/v1/connect.h"
 #include "moetrain/v1/worker.pb.h"
@@ -42,6 +43,16 @@ struct RankEnvironment {
   absl::Duration comm_timeout = absl::Seconds(60);
   std::vector<std::string> data_roots;  // see WorkerOptions::data_roots
   int64_t memory_limit_bytes = 0;       // see WorkerOptions::memory_limit_bytes
+  // The device this rank computes on, for a job whose spec asks for CUDA (a CPU job stays on the
+  // CPU): on a GPU worker, the rank's GPU; its world communicator is then NCCL.
+  Device device = Device::Cpu();
+  // A worker running several ranks of one assignment speaks for them as its first rank, which is
+  // all the coordinator takes from it: the other ranks leave checkpoint reports to the first (the
+  // checkpoint is committed collectively, so the first's report covers every rank's part), and
+  // every rank hands its end report to on_end, which the worker combines into one. Unset: the
+  // rank enqueues its own end report.
+  bool reports_checkpoints = true;
+  std::function<void(v1::ReportAttemptEndRequest)> on_end;
 };
 
 // Whether another attempt could succeed where one failed with `status`: PERMANENT for the codes

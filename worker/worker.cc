@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/core/log.h"
 #include "moetrain/v1/proto_time.h"
+#include "worker/assignment_ranks.h"
 
 namespace moetrain {
 namespace {
@@ -51,7 +52,7 @@ Worker::Worker(Connection connection, WorkerOptions options)
   reporter.max_backoff = options_.max_backoff;
   reporter.on_fenced = [this](const std::string& job_id, int64_t attempt) {
     absl::MutexLock lock(&mu_);
-    StopRank(job_id, attempt, StopRequest::kStop);
+    StopAssignment(job_id, attempt, StopRequest::kStop);
   };
   reporter.on_worker_unknown = [this](const std::string& id) { OnWorkerUnknown(id); };
   reporter.on_attempt_resolved = [this](const std::string& job_id, int64_t attempt) {
@@ -60,18 +61,26 @@ Worker::Worker(Connection connection, WorkerOptions options)
   reporter_ = std::make_unique<Reporter>(&connection_, std::move(reporter));
 }
 
+bool Worker::AssignmentEntry::finished() const {
+  return std::all_of(ranks.begin(), ranks.end(), [](const auto& rank) { return rank->finished; });
+}
+
 Worker::~Worker() {
   Shutdown();
   reporter_->Stop();
-  std::map<AttemptKey, std::unique_ptr<RankEntry>> ranks;
+  std::map<AttemptKey, std::unique_ptr<AssignmentEntry>> assignments;
   {
     absl::MutexLock lock(&mu_);
-    for (auto& [key, rank] : ranks_) rank->control.stop.store(StopRequest::kStop);
-    ranks.swap(ranks_);
+    for (auto& [key, entry] : assignments_) {
+      for (auto& rank : entry->ranks) rank->control.stop.store(StopRequest::kStop);
+    }
+    assignments.swap(assignments_);
   }
   // Joined without the lock: a rank's thread takes it as it ends.
-  for (auto& [key, rank] : ranks) {
-    if (rank->thread.joinable()) rank->thread.join();
+  for (auto& [key, entry] : assignments) {
+    for (auto& rank : entry->ranks) {
+      if (rank->thread.joinable()) rank->thread.join();
+    }
   }
 }
 
@@ -84,10 +93,12 @@ void Worker::Shutdown() {
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return;
   shutting_down_ = true;
-  for (auto& [key, rank] : ranks_) {
-    rank->control.worker_draining.store(true);
-    StopRequest none = StopRequest::kNone;
-    rank->control.stop.compare_exchange_strong(none, StopRequest::kCheckpointAndStop);
+  for (auto& [key, entry] : assignments_) {
+    for (auto& rank : entry->ranks) {
+      rank->control.worker_draining.store(true);
+      StopRequest none = StopRequest::kNone;
+      rank->control.stop.compare_exchange_strong(none, StopRequest::kCheckpointAndStop);
+    }
   }
   if (call_context_ != nullptr) call_context_->TryCancel();
   changed_.SignalAll();
@@ -105,6 +116,7 @@ absl::Status Worker::Register() {
   request.set_version(options_.version);
   request.mutable_resources()->set_device(options_.device);
   request.mutable_resources()->set_device_count(options_.device_count);
+  request.mutable_resources()->set_device_memory_bytes(options_.device_memory_bytes);
   request.mutable_resources()->set_threads(options_.threads);
   grpc::ClientContext context;
   connection_.Prepare(&context, options_.call_timeout);
@@ -200,8 +212,8 @@ absl::Status Worker::Run() {
   {
     absl::MutexLock lock(&mu_);
     auto all_finished = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return std::all_of(ranks_.begin(), ranks_.end(),
-                         [](const auto& entry) { return entry.second->finished; });
+      return std::all_of(assignments_.begin(), assignments_.end(),
+                         [](const auto& entry) { return entry.second->finished(); });
     };
     while (!all_finished()) changed_.Wait(&mu_);
   }
@@ -239,27 +251,54 @@ grpc::Status Worker::Poll() {
   call_context_ = nullptr;
   if (!status.ok()) return status;
   for (const v1::AttemptRef& stop : response.cancel()) {
-    StopRank(stop.job_id(), stop.attempt(), StopRequest::kStop);
+    StopAssignment(stop.job_id(), stop.attempt(), StopRequest::kStop);
   }
-  if (response.has_assignment()) StartRank(response.assignment());
+  if (response.has_assignment()) StartAssignment(response.assignment());
   return status;
 }
 
-void Worker::StartRank(const v1::Assignment& assignment) {
+void Worker::StartAssignment(const v1::Assignment& assignment) {
   const AttemptKey key(assignment.job_id(), assignment.attempt());
-  if (shutting_down_ || ranks_.count(key) != 0) return;  // a repeat of one we run
-  // One rank at a time: the coordinator sends the assignment again once this worker is free.
-  for (const auto& [other, rank] : ranks_) {
-    if (!rank->finished) return;
+  if (shutting_down_ || assignments_.count(key) != 0) return;  // a repeat of one we run
+  // One assignment at a time: the coordinator sends the assignment again once this worker is free.
+  for (const auto& [other, entry] : assignments_) {
+    if (!entry->finished()) return;
   }
-  auto entry = std::make_unique<RankEntry>();
+  auto owned = std::make_unique<AssignmentEntry>();
+  AssignmentEntry* entry = owned.get();
   entry->assignment = assignment;
   entry->worker_id = worker_id_;
-  RankEntry* rank = entry.get();
-  ranks_.emplace(key, std::move(entry));
+  assignments_.emplace(key, std::move(owned));
+  absl::StatusOr<std::vector<LocalRank>> ranks =
+      ExpandAssignment(assignment, options_.device, options_.device_count);
+  if (!ranks.ok()) {
+    // Not this worker's to run (more devices than it has): the attempt fails at once, saying why,
+    // instead of a gang that never meets. The entry, with no rank, stays until that end report is
+    // delivered, so that a redelivery of the assignment is not refused twice.
+    Log(absl::StrCat("refusing job ", assignment.job_id(), " attempt ", assignment.attempt(),
+                     " rank ", assignment.rank(), ": ", ranks.status().message()));
+    v1::ReportAttemptEndRequest end;
+    end.set_worker_id(worker_id_);
+    end.set_job_id(assignment.job_id());
+    end.set_attempt(assignment.attempt());
+    end.set_rank(assignment.rank());
+    end.set_outcome(v1::ATTEMPT_OUTCOME_FAILED);
+    end.set_message(std::string(ranks.status().message()));
+    end.set_failure_kind(FailureKindOf(ranks.status()));
+    entry->end_reports = 1;
+    reporter_->Enqueue(std::move(end));
+    return;
+  }
+  const int32_t first = assignment.rank();
+  const int32_t count = static_cast<int32_t>(ranks->size());
   Log(absl::StrCat("starting job ", assignment.job_id(), " (", assignment.spec().name(),
-                   ") attempt ", assignment.attempt(), " rank ", assignment.rank(), "/",
-                   assignment.world_size(),
+                   ") attempt ", assignment.attempt(), " rank ",
+                   count == 1 ? absl::StrCat(first) : absl::StrCat(first, "..", first + count - 1),
+                   "/", assignment.world_size(),
+                   options_.device == v1::ResourceConfig::CUDA
+                       ? absl::StrCat(" on ", ranks->front().device.DebugString(),
+                                      count == 1 ? "" : absl::StrCat("..", count - 1))
+                       : "",
                    assignment.resume_checkpoint().empty()
                        ? ""
                        : absl::StrCat(", resuming from ", assignment.resume_checkpoint())));
@@ -273,21 +312,56 @@ void Worker::StartRank(const v1::Assignment& assignment) {
   environment.comm_timeout = options_.comm_timeout;
   environment.memory_limit_bytes = options_.memory_limit_bytes;
   environment.data_roots = options_.data_roots;
-  rank->thread = std::thread([this, rank, environment] {
-    RunRank(rank->assignment, environment, &rank->control);
-    absl::MutexLock lock(&mu_);
-    rank->finished = true;
-    changed_.SignalAll();
-  });
-  // Tell the coordinator at once that the rank started.
+  // The coordinator takes one end report per worker and attempt, from its first rank: a single
+  // rank reports its own; several hand theirs to the worker, which enqueues them combined when
+  // the last one ends. Only the first reports checkpoints (RankEnvironment).
+  entry->end_reports = 1;
+  for (LocalRank& local : *ranks) {
+    auto owned_rank = std::make_unique<RankThread>();
+    RankThread* rank = owned_rank.get();
+    rank->assignment = std::move(local.assignment);
+    entry->ranks.push_back(std::move(owned_rank));
+    RankEnvironment rank_environment = environment;
+    rank_environment.device = local.device;
+    if (count > 1) {
+      rank_environment.reports_checkpoints = rank->assignment.rank() == first;
+      // Written by the rank's own thread before it marks itself finished (under mu_ below).
+      rank_environment.on_end = [rank](v1::ReportAttemptEndRequest end) {
+        rank->end = std::move(end);
+      };
+    }
+    rank->thread = std::thread(
+        [this, entry, rank, first, count, rank_environment = std::move(rank_environment)] {
+          RunRank(rank->assignment, rank_environment, &rank->control);
+          absl::MutexLock lock(&mu_);
+          rank->finished = true;
+          if (count > 1) {
+            entry->rank_ends.push_back(std::move(rank->end));
+            // Queued before the last rank counts as finished, as a single rank's own report is:
+            // Run's wind-down flushes the reporter once every rank has finished and must find it
+            // there. Enqueue only queues (the reporter calls back from its own thread, unlocked),
+            // so calling it under mu_ is safe, as StartAssignment's refusal does.
+            if (static_cast<int32_t>(entry->rank_ends.size()) == count) {
+              reporter_->Enqueue(CombineRankEnds(first, entry->rank_ends));
+            }
+          }
+          changed_.SignalAll();
+        });
+  }
+  // Tell the coordinator at once that the ranks started.
   heartbeat_now_ = true;
   changed_.SignalAll();
 }
 
-void Worker::StopRank(const std::string& job_id, int64_t attempt, StopRequest request) {
-  auto it = ranks_.find(AttemptKey(job_id, attempt));
-  if (it == ranks_.end() || it->second->finished) return;
-  if (it->second->control.stop.exchange(request) != request) {
+void Worker::StopAssignment(const std::string& job_id, int64_t attempt, StopRequest request) {
+  auto it = assignments_.find(AttemptKey(job_id, attempt));
+  if (it == assignments_.end()) return;
+  bool changed = false;
+  for (auto& rank : it->second->ranks) {
+    if (rank->finished) continue;
+    if (rank->control.stop.exchange(request) != request) changed = true;
+  }
+  if (changed) {
     Log(absl::StrCat("stopping job ", job_id, " attempt ", attempt,
                      request == StopRequest::kStop ? " (cancelled)" : " (checkpoint first)"));
   }
@@ -299,24 +373,28 @@ void Worker::OnWorkerUnknown(const std::string& id) {
   Log(absl::StrCat("the coordinator no longer knows worker ", id,
                    ": stopping its ranks (they were given away) and registering again"));
   registered_ = false;
-  for (auto& [key, rank] : ranks_) {
-    if (rank->worker_id == id) StopRank(key.first, key.second, StopRequest::kStop);
+  for (auto& [key, entry] : assignments_) {
+    if (entry->worker_id == id) StopAssignment(key.first, key.second, StopRequest::kStop);
   }
   changed_.SignalAll();
 }
 
 void Worker::OnAttemptResolved(const std::string& job_id, int64_t attempt) {
-  std::unique_ptr<RankEntry> done;
+  std::unique_ptr<AssignmentEntry> done;
   {
     absl::MutexLock lock(&mu_);
-    auto it = ranks_.find(AttemptKey(job_id, attempt));
-    if (it == ranks_.end()) return;
+    auto it = assignments_.find(AttemptKey(job_id, attempt));
+    if (it == assignments_.end()) return;
+    // One end report per rank: the assignment is over when the last of them is resolved.
+    if (++it->second->resolved < it->second->end_reports) return;
     done = std::move(it->second);
-    ranks_.erase(it);
+    assignments_.erase(it);
     changed_.SignalAll();
   }
-  // The end report was the rank's last act: its thread is ending.
-  if (done->thread.joinable()) done->thread.join();
+  // The end reports were the ranks' last acts: their threads are ending.
+  for (auto& rank : done->ranks) {
+    if (rank->thread.joinable()) rank->thread.join();
+  }
 }
 
 absl::Status Worker::MayWriteCheckpoints() {
@@ -367,13 +445,15 @@ void Worker::HeartbeatLoop() {
       if (!registered_) continue;
       request.set_worker_id(worker_id_);
       registered = RegisteredConnection();
-      for (const auto& [key, rank] : ranks_) {
-        if (rank->worker_id != worker_id_) continue;
+      // One entry per assignment, as its first rank (the one the coordinator gave this worker):
+      // the coordinator stops any rank it did not give. The ranks step together.
+      for (const auto& [key, entry] : assignments_) {
+        if (entry->worker_id != worker_id_ || entry->ranks.empty()) continue;
         v1::RunningAttempt* running = request.add_running();
         running->set_job_id(key.first);
         running->set_attempt(key.second);
-        running->set_rank(rank->assignment.rank());
-        running->set_step(rank->control.step.load());
+        running->set_rank(entry->assignment.rank());
+        running->set_step(entry->ranks.front()->control.step.load());
       }
     }
     grpc::ClientContext context;
@@ -398,7 +478,7 @@ void Worker::HeartbeatLoop() {
       lease_until_ = std::max(lease_until_, sent + heartbeat_timeout_ - heartbeat_interval_);
     }
     for (const v1::AttemptRef& stop : response.cancel()) {
-      StopRank(stop.job_id(), stop.attempt(), StopRequest::kStop);
+      StopAssignment(stop.job_id(), stop.attempt(), StopRequest::kStop);
     }
   }
 }

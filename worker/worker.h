@@ -1,6 +1,8 @@
 // The worker daemon's logic: registers with the coordinator, heartbeats, takes assignments by
-// long poll, runs one rank at a time (RunRank on a thread of its own), and delivers its reports in
-// order through a Reporter. Used by `moetrain-worker` and, in-process, by `moetrain run`.
+// long poll, runs one assignment at a time, and delivers its reports in order through a Reporter.
+// An assignment is ranks [rank, rank + devices_per_worker) of one attempt: each rank runs RunRank
+// on a thread of its own, on its own device of the worker (assignment_ranks.h), and the ranks are
+// stopped together and done together. Used by `moetrain-worker` and, in-process, by `moetrain run`.
 //
 // Faults:
 //   coordinator unreachable   training goes on; calls are retried with backoff. Checkpoints are
@@ -8,11 +10,12 @@
 //                             coordinator for heartbeat_timeout means the job may already run
 //                             elsewhere, so the worker keeps out of its directory until it hears
 //                             back.
-//   stale attempt             a report answered FAILED_PRECONDITION, or a cancel order: the rank
-//                             stops at the next step boundary without a checkpoint.
+//   stale attempt             a report answered FAILED_PRECONDITION, or a cancel order: the
+//                             attempt's ranks stop at the next step boundary without a
+//                             checkpoint.
 //   worker unknown / lost     (NOT_FOUND) every rank stops without a checkpoint (they have been
 //                             given away) and the worker registers again under a new id.
-//   Shutdown (SIGTERM)        the running rank saves a checkpoint at the next step boundary and
+//   Shutdown (SIGTERM)        every running rank saves a checkpoint at the next step boundary and
 //                             reports STOPPED with worker_draining; Run returns once its reports
 //                             are delivered (or after shutdown_timeout) and a last heartbeat has
 //                             said draining (best effort, 2 s). Before the first registration, or
@@ -44,7 +47,10 @@ struct WorkerOptions {
   std::string name;  // for people; the host name by default
   v1::ResourceConfig::Device device = v1::ResourceConfig::CPU;
   int device_count = 1;  // ranks it can run at once (1 on CPU)
-  int threads = 1;       // OpenMP threads of a rank
+  // Memory of one device, the smallest of them (QueryDevices); 0 = unknown (CPU). Registered as
+  // WorkerResources.device_memory_bytes.
+  int64_t device_memory_bytes = 0;
+  int threads = 1;  // OpenMP threads of a rank
   std::string version;
   // How long one GetAssignment waits at the coordinator (a cancel still arrives at once).
   absl::Duration poll_wait = absl::Seconds(10);
@@ -89,12 +95,28 @@ class Worker {
   std::string worker_id();
 
  private:
-  struct RankEntry {
-    v1::Assignment assignment;
-    std::string worker_id;  // the registration it was started under
+  // One rank of an assignment.
+  struct RankThread {
+    v1::Assignment assignment;  // rank() = this rank
     RankControl control;
     std::thread thread;
-    bool finished = false;  // RunRank returned: its end report is queued
+    bool finished = false;  // RunRank returned: its end report is queued (or kept in `end`)
+    // Of an assignment of several ranks: the rank's end report, combined with its siblings' into
+    // the assignment's one when the last of them ends.
+    v1::ReportAttemptEndRequest end;
+  };
+  // An assignment: its ranks, in order (rank first + i on device i), or none when it was refused.
+  struct AssignmentEntry {
+    v1::Assignment assignment;  // as delivered: rank() = the first rank
+    std::string worker_id;      // the registration it was started under
+    std::vector<std::unique_ptr<RankThread>> ranks;
+    int end_reports = 0;  // enqueued or to come: one (the ranks' combined, or the refusal's)
+    int resolved = 0;     // end reports delivered or dropped; at end_reports the entry goes
+    // Of several ranks: their end reports in the order they ended, combined once all are in.
+    std::vector<v1::ReportAttemptEndRequest> rank_ends;
+
+    // Every rank's RunRank has returned.
+    bool finished() const;
   };
   using AttemptKey = std::pair<std::string, int64_t>;  // (job id, attempt)
 
@@ -110,8 +132,9 @@ class Worker {
   // coordinator gives it no new rank (an idle worker would else look IDLE until its heartbeats
   // time out). Best effort, within 2 s.
   void SendDrainingHeartbeat() ABSL_LOCKS_EXCLUDED(mu_);
-  void StartRank(const v1::Assignment& assignment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void StopRank(const std::string& job_id, int64_t attempt, StopRequest request)
+  void StartAssignment(const v1::Assignment& assignment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stops every rank of the assignment.
+  void StopAssignment(const std::string& job_id, int64_t attempt, StopRequest request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnWorkerUnknown(const std::string& worker_id) ABSL_LOCKS_EXCLUDED(mu_);
   void OnAttemptResolved(const std::string& job_id, int64_t attempt) ABSL_LOCKS_EXCLUDED(mu_);
@@ -134,7 +157,7 @@ class Worker {
   // The send time of the last heartbeat the coordinator answered, plus its timeout (less one
   // interval of margin): until then no other worker can have been given our ranks.
   absl::Time lease_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  std::map<AttemptKey, std::unique_ptr<RankEntry>> ranks_ ABSL_GUARDED_BY(mu_);
+  std::map<AttemptKey, std::unique_ptr<AssignmentEntry>> assignments_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   bool heartbeat_now_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_heartbeats_ ABSL_GUARDED_BY(mu_) = false;

@@ -15,44 +15,42 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "engine/backend/device_query.h"
 #include "engine/core/log.h"
+#include "engine/core/status.h"
 #include "engine/train/memory_estimate.h"
 #include "moetrain/v1/connect.h"
+#include "worker/job_config.h"
 #include "worker/rendezvous_store.h"
 #include "worker/worker.h"
 
 namespace {
 
-// "cpu", or "cuda:0,1" (the devices this worker may use; their count is what it offers).
+// "cpu", "cuda" (every GPU) or "cuda:0,2" (those GPUs). A CUDA flag needs the GPUs now: a worker
+// that cannot use them fails at start instead of being given CUDA jobs it would fail.
 absl::Status ParseDevices(const std::string& text, moetrain::WorkerOptions* options) {
-  if (text == "cpu") {
-    options->device = moetrain::v1::ResourceConfig::CPU;
-    options->device_count = 1;
-    return absl::OkStatus();
-  }
-  const std::string prefix = "cuda:";
-  if (text.rfind(prefix, 0) == 0 && text.size() > prefix.size()) {
-    int count = 0;
-    for (absl::string_view index : absl::StrSplit(text.substr(prefix.size()), ',')) {
-      int value = 0;
-      if (!absl::SimpleAtoi(index, &value) || value < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--devices = '", text, "': '", index, "' is not a device index"));
-      }
-      ++count;
+  MOETRAIN_ASSIGN_OR_RETURN(const moetrain::DeviceFlag flag, moetrain::ParseDeviceFlag(text));
+  moetrain::DeviceReport report;
+  if (flag.device == moetrain::v1::ResourceConfig::CUDA) {
+    // The ranks see exactly these devices, renumbered from 0. Set before the first CUDA call
+    // (QueryDevices), which reads it once per process.
+    if (!flag.indexes.empty()) {
+      setenv("CUDA_VISIBLE_DEVICES", absl::StrJoin(flag.indexes, ",").c_str(), 1);
     }
-    options->device = moetrain::v1::ResourceConfig::CUDA;
-    options->device_count = count;
-    // The ranks see exactly these devices.
-    setenv("CUDA_VISIBLE_DEVICES", text.substr(prefix.size()).c_str(), 1);
-    return absl::OkStatus();
+    report = moetrain::QueryDevices();
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--devices = '", text, "' is neither 'cpu' nor 'cuda:I,J,...'"));
+  MOETRAIN_ASSIGN_OR_RETURN(const moetrain::OfferedDevices offered,
+                            moetrain::DevicesOffered(text, flag, report));
+  options->device = offered.device;
+  options->device_count = offered.count;
+  options->device_memory_bytes = offered.memory_bytes;
+  if (flag.device == moetrain::v1::ResourceConfig::CUDA) {
+    moetrain::Log(absl::StrCat("--devices = '", text, "': ", moetrain::DescribeDevices(report)));
+  }
+  return absl::OkStatus();
 }
 
 std::string HostName() {
@@ -97,7 +95,9 @@ int main(int argc, char** argv) {
   app.add_option("--tls-ca", connect.tls_ca_file, "PEM CA to verify the coordinator (enables TLS)");
   app.add_option("--tls-cert", connect.tls_cert_file, "PEM client certificate, for mTLS");
   app.add_option("--tls-key", connect.tls_key_file, "PEM key of --tls-cert");
-  app.add_option("--devices", devices, "what this worker offers: 'cpu' or 'cuda:0,1,...'")
+  app.add_option("--devices", devices,
+                 "what this worker offers: 'cpu', 'cuda' (every GPU) or 'cuda:0,2' (those GPUs); "
+                 "a CUDA choice fails at start where the GPUs are not usable")
       ->capture_default_str();
   app.add_option("--threads", options.threads, "CPU threads of a rank (default: all)")
       ->check(CLI::PositiveNumber);

@@ -88,15 +88,18 @@ TEST_F(FailureKindTest, IoErrorsAreTransientWhateverTheErrno) {
   }
 }
 
-TEST_F(FailureKindTest, UnsupportedPrecisionAndDeviceArePermanent) {
-  for (const char* yaml :
-       {"name: kinds\nresources: {device: CUDA}\n", "name: kinds\ntrain: {precision: FP8}\n"}) {
-    absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(yaml);
-    ASSERT_TRUE(spec.ok()) << spec.status();
-    absl::StatusOr<TrainerConfig> config = TrainerConfigFromSpec(*spec, dir_.string());
-    ASSERT_FALSE(config.ok()) << yaml;
-    EXPECT_EQ(FailureKindOf(config.status()), v1::FAILURE_KIND_PERMANENT) << config.status();
-  }
+TEST_F(FailureKindTest, AnUnsupportedPrecisionIsPermanentAMissingGpuIsNot) {
+  absl::StatusOr<v1::JobSpec> fp8 = ParseJobSpecYaml("name: kinds\ntrain: {precision: FP8}\n");
+  ASSERT_TRUE(fp8.ok()) << fp8.status();
+  absl::StatusOr<TrainerConfig> config = TrainerConfigFromSpec(*fp8, dir_.string());
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(FailureKindOf(config.status()), v1::FAILURE_KIND_PERMANENT) << config.status();
+  // A CUDA job on a machine without a usable GPU: the job is fine, the place is not (a worker
+  // whose GPUs vanished after it started; one without any cannot offer CUDA).
+  DeviceReport no_gpus;
+  no_gpus.no_gpu_reason = "cudaErrorNoDevice";
+  const absl::Status no_gpu = CheckUsableGpu(no_gpus);
+  EXPECT_EQ(FailureKindOf(no_gpu), v1::FAILURE_KIND_TRANSIENT) << no_gpu;
 }
 
 TEST_F(FailureKindTest, TokenIdsPastTheVocabularyArePermanentAMissingFileIsNot) {

@@ -4,8 +4,11 @@
 #include "worker/job_config.h"
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "engine/backend/device_query.h"
 #include "gtest/gtest.h"
 #include "moetrain/v1/job_spec.h"
 
@@ -75,14 +78,128 @@ TEST(JobConfigTest, WhatTheEngineCannotRunIsRefusedNamingTheField) {
       TrainerConfigFromSpec(Spec("name: x\ntrain: {precision: FP8}\n"));
   EXPECT_TRUE(absl::IsUnimplemented(fp8.status())) << fp8.status();
   EXPECT_NE(fp8.status().message().find("train.precision = FP8"), std::string::npos);
-  absl::StatusOr<TrainerConfig> cuda =
-      TrainerConfigFromSpec(Spec("name: x\nresources: {device: CUDA}\n"));
-  EXPECT_TRUE(absl::IsUnimplemented(cuda.status())) << cuda.status();
-  EXPECT_NE(cuda.status().message().find("resources.device = CUDA"), std::string::npos);
+  EXPECT_NE(fp8.status().message().find("on any device"), std::string::npos) << fp8.status();
   absl::StatusOr<TrainerConfig> invalid = TrainerConfigFromSpec(
       Spec("name: x\nresources: {workers: 3}\nparallel: {expert_parallel: 2}\n"));
   EXPECT_TRUE(absl::IsInvalidArgument(invalid.status())) << invalid.status();
   EXPECT_NE(invalid.status().message().find("parallel.expert_parallel = 2"), std::string::npos);
+}
+
+GpuInfo Gpu(int index, int64_t memory_bytes) {
+  GpuInfo gpu;
+  gpu.index = index;
+  gpu.name = "GPU";
+  gpu.memory_bytes = memory_bytes;
+  return gpu;
+}
+
+DeviceReport Report(std::vector<GpuInfo> gpus, std::string no_gpu_reason = "") {
+  DeviceReport report;
+  report.gpus = std::move(gpus);
+  report.no_gpu_reason = std::move(no_gpu_reason);
+  return report;
+}
+
+TEST(JobConfigTest, ACudaSpecGetsTheFirstGpuOrFailsAtOnceWithoutOne) {
+  const DeviceReport report = QueryDevices();
+  absl::StatusOr<TrainerConfig> cuda =
+      TrainerConfigFromSpec(Spec("name: x\nresources: {device: CUDA}\n"));
+  if (!report.gpus.empty()) {
+    ASSERT_TRUE(cuda.ok()) << cuda.status();
+    EXPECT_EQ(cuda->device, Device::Cuda(0));
+    return;
+  }
+  // No GPU here: the error names the field and says why, with the CUDA error (or the build).
+  EXPECT_TRUE(absl::IsUnavailable(cuda.status())) << cuda.status();
+  EXPECT_NE(
+      cuda.status().message().find("resources.device = CUDA: no usable GPU on this machine ("),
+      std::string::npos)
+      << cuda.status();
+  EXPECT_NE(cuda.status().message().find(report.no_gpu_reason), std::string::npos) << cuda.status();
+  absl::StatusOr<TrainerConfig> cpu = TrainerConfigFromSpec(Spec("name: x\n"));
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_TRUE(cpu->device.is_cpu());
+}
+
+TEST(JobConfigTest, CheckUsableGpuNamesTheFieldAndTheReason) {
+  EXPECT_TRUE(CheckUsableGpu(Report({Gpu(0, 0)})).ok());
+  const absl::Status none = CheckUsableGpu(
+      Report({}, "cudaGetDeviceCount failed: cudaErrorNoDevice: no CUDA-capable device"));
+  EXPECT_TRUE(absl::IsUnavailable(none)) << none;
+  EXPECT_EQ(none.message(),
+            "resources.device = CUDA: no usable GPU on this machine (cudaGetDeviceCount failed: "
+            "cudaErrorNoDevice: no CUDA-capable device)");
+}
+
+TEST(JobConfigTest, DeviceFlagParses) {
+  absl::StatusOr<DeviceFlag> cpu = ParseDeviceFlag("cpu");
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ(cpu->device, v1::ResourceConfig::CPU);
+  absl::StatusOr<DeviceFlag> all = ParseDeviceFlag("cuda");
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->device, v1::ResourceConfig::CUDA);
+  EXPECT_TRUE(all->indexes.empty());
+  absl::StatusOr<DeviceFlag> list = ParseDeviceFlag("cuda:0,2");
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(list->device, v1::ResourceConfig::CUDA);
+  EXPECT_EQ(list->indexes, (std::vector<int>{0, 2}));
+  for (const auto& [text, message] : std::vector<std::pair<std::string, std::string>>{
+           {"cuda:0,0", "--devices = 'cuda:0,0': GPU 0 is listed twice"},
+           {"cuda:1,-1", "'-1' is not a device index"},
+           {"cuda:0,,1", "'' is not a device index"},
+           {"cuda:x", "'x' is not a device index"},
+           {"cuda:", "is neither 'cpu', 'cuda' (every GPU) nor 'cuda:I,J,...'"},
+           {"gpu", "is neither"},
+           {"CUDA", "is neither"}}) {
+    absl::StatusOr<DeviceFlag> bad = ParseDeviceFlag(text);
+    EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << text << ": " << bad.status();
+    EXPECT_NE(bad.status().message().find(message), std::string::npos) << bad.status();
+  }
+}
+
+TEST(JobConfigTest, DevicesOfferedCountsGpusAndTakesTheSmallestMemory) {
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  const DeviceReport three = Report({Gpu(0, 80 * kGiB), Gpu(1, 40 * kGiB), Gpu(2, 80 * kGiB)});
+  absl::StatusOr<OfferedDevices> all = DevicesOffered("cuda", *ParseDeviceFlag("cuda"), three);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->device, v1::ResourceConfig::CUDA);
+  EXPECT_EQ(all->count, 3);
+  EXPECT_EQ(all->memory_bytes, 40 * kGiB);
+  // "cuda:0,2" with CUDA_VISIBLE_DEVICES=0,2: the report holds exactly the two.
+  const DeviceReport two = Report({Gpu(0, 80 * kGiB), Gpu(1, 96 * kGiB)});
+  absl::StatusOr<OfferedDevices> list =
+      DevicesOffered("cuda:0,2", *ParseDeviceFlag("cuda:0,2"), two);
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(list->count, 2);
+  EXPECT_EQ(list->memory_bytes, 80 * kGiB);
+
+  // The CPU never looks at the GPUs.
+  absl::StatusOr<OfferedDevices> cpu = DevicesOffered("cpu", *ParseDeviceFlag("cpu"), Report({}));
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ(cpu->device, v1::ResourceConfig::CPU);
+  EXPECT_EQ(cpu->count, 1);
+  EXPECT_EQ(cpu->memory_bytes, 0);
+}
+
+TEST(JobConfigTest, DevicesOfferedFailsWithoutTheGpusItAsksFor) {
+  const DeviceReport none = Report({}, "cudaGetDeviceCount failed: cudaErrorNoDevice");
+  for (const std::string text : {"cuda", "cuda:0", "cuda:1,3"}) {
+    absl::StatusOr<OfferedDevices> offered = DevicesOffered(text, *ParseDeviceFlag(text), none);
+    EXPECT_TRUE(absl::IsFailedPrecondition(offered.status())) << offered.status();
+    EXPECT_EQ(offered.status().message(),
+              "--devices = '" + text +
+                  "': no usable GPU on this machine (cudaGetDeviceCount failed: "
+                  "cudaErrorNoDevice)");
+  }
+  // "cuda:0,5" on a machine of 2 GPUs: CUDA shows GPU 0 and hides 5.
+  const DeviceReport one = Report({Gpu(0, int64_t{80} << 30)});
+  absl::StatusOr<OfferedDevices> missing =
+      DevicesOffered("cuda:0,5", *ParseDeviceFlag("cuda:0,5"), one);
+  EXPECT_TRUE(absl::IsFailedPrecondition(missing.status())) << missing.status();
+  EXPECT_NE(missing.status().message().find(
+                "--devices = 'cuda:0,5': GPU 5 does not exist on this machine or is not usable"),
+            std::string::npos)
+      << missing.status();
 }
 
 }  // namespace
