@@ -97,22 +97,34 @@ void EventPrinter::PrintStep(const v1::StepMetrics& m, absl::Time time) {
   if (m.has_best_possible_loss()) best_possible_loss_ = m.best_possible_loss();
   if (options_.json) {
     // Exactly the keys `moetrain run --json` has always printed: scripts read them.
-    const json line = {{"step", m.step()},
-                       {"loss", m.loss()},
-                       {"eval_loss", NullOr(m.has_eval_loss(), m.eval_loss())},
-                       {"lr", m.lr()},
-                       {"grad_norm", NullOr(std::isfinite(m.grad_norm()), m.grad_norm())},
-                       {"tokens_per_s", m.tokens_per_s()},
-                       {"expert_load_max_over_mean", m.expert_load_max_over_mean()},
-                       {"aux_loss", m.aux_loss()},
-                       {"tokens_seen", m.tokens_seen()}};
+    json line = {{"step", m.step()},
+                 {"loss", m.loss()},
+                 {"eval_loss", NullOr(m.has_eval_loss(), m.eval_loss())},
+                 {"lr", m.lr()},
+                 {"grad_norm", NullOr(std::isfinite(m.grad_norm()), m.grad_norm())},
+                 {"tokens_per_s", m.tokens_per_s()},
+                 {"expert_load_max_over_mean", m.expert_load_max_over_mean()},
+                 {"aux_loss", m.aux_loss()},
+                 {"tokens_seen", m.tokens_seen()}};
+    // Only a job on a device reports its memory (0 on the CPU), and only it gets these keys,
+    // so a CPU run prints what it always has.
+    if (m.device_memory_bytes() > 0 || m.device_memory_peak_bytes() > 0) {
+      line["device_memory_bytes"] = m.device_memory_bytes();
+      line["device_memory_peak_bytes"] = m.device_memory_peak_bytes();
+    }
     PrintJson(Dump(line));
     return;
   }
   const std::string eval = m.has_eval_loss() ? absl::StrFormat("  eval %.4f", m.eval_loss()) : "";
-  const std::string stats =
-      absl::StrFormat("loss %.4f%s  lr %.2e  |g| %.3f  %.0f tok/s  load %.2f", m.loss(), eval,
-                      m.lr(), m.grad_norm(), m.tokens_per_s(), m.expert_load_max_over_mean());
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  const std::string memory =
+      m.device_memory_bytes() > 0 || m.device_memory_peak_bytes() > 0
+          ? absl::StrFormat("  mem %.2f GiB (peak %.2f GiB)", m.device_memory_bytes() / kGiB,
+                            m.device_memory_peak_bytes() / kGiB)
+          : "";
+  const std::string stats = absl::StrFormat(
+      "loss %.4f%s  lr %.2e  |g| %.3f  %.0f tok/s  load %.2f%s", m.loss(), eval, m.lr(),
+      m.grad_norm(), m.tokens_per_s(), m.expert_load_max_over_mean(), memory);
   const std::string count = options_.total_steps > 0
                                 ? absl::StrFormat("step %d/%d", m.step(), options_.total_steps)
                                 : absl::StrFormat("step %d", m.step());

@@ -76,6 +76,8 @@ std::string StepOfTotal(const v1::Job& job) {
                       job.spec().train().steps());
 }
 
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
 std::string DescribeMetrics(const v1::StepMetrics& m, int64_t total_steps) {
   std::vector<std::string> parts = {
       absl::StrCat("step ", m.step(), "/", total_steps),
@@ -93,6 +95,11 @@ std::string DescribeMetrics(const v1::StepMetrics& m, int64_t total_steps) {
   parts.push_back(absl::StrFormat("aux loss %.4g", m.aux_loss()));
   if (m.dropped_tokens() > 0) parts.push_back(absl::StrCat("dropped tokens ", m.dropped_tokens()));
   if (m.mfu() > 0) parts.push_back(absl::StrFormat("MFU %.1f%%", 100 * m.mfu()));
+  if (m.device_memory_bytes() > 0 || m.device_memory_peak_bytes() > 0) {
+    parts.push_back(absl::StrFormat("device memory %.2f GiB (peak %.2f GiB)",
+                                    m.device_memory_bytes() / kGiB,
+                                    m.device_memory_peak_bytes() / kGiB));
+  }
   parts.push_back(absl::StrFormat("step time %.3fs", m.step_seconds()));
   return absl::StrJoin(parts, ", ");
 }
@@ -202,9 +209,13 @@ std::string FormatWorkersTable(const v1::ListWorkersResponse& response, absl::Ti
   for (const v1::WorkerInfo& worker : response.workers()) {
     const std::string state(
         absl::StripPrefix(v1::WorkerState_Name(worker.state()), "WORKER_STATE_"));
-    const std::string devices =
+    std::string devices =
         absl::StrCat(absl::AsciiStrToLower(v1::ResourceConfig::Device_Name(worker.device())), " x",
                      worker.device_count());
+    // Each device's memory, where the worker knows it (its GPUs; 0 on the CPU).
+    if (worker.device_memory_bytes() > 0) {
+      absl::StrAppendFormat(&devices, " (%.1f GiB)", worker.device_memory_bytes() / kGiB);
+    }
     const std::string job =
         worker.current_job_id().empty()
             ? "-"

@@ -1,8 +1,8 @@
 // The `moetrain` command line.
 //
-// In this process, on the CPU:
+// In this process, on the CPU or one GPU:
 //   moetrain run SPEC.yaml [--checkpoint-dir DIR] [--steps N] [--resume] [--json]
-//                [--memory-limit SIZE]
+//                [--memory-limit SIZE] [--device cpu|cuda]
 //   moetrain eval --checkpoint DIR/step-XXXXXXXX --data-path FILE --data-format llmc|u16|text
 //                 [--batches N] [--json]
 // Against a coordinator (flags: --coordinator, --token-file, --tls-ca, --tls-cert, --tls-key):
@@ -101,7 +101,8 @@ int main(int argc, char** argv) {
   app.footer(kExitCodes);
 
   moetrain::RunOptions run;
-  CLI::App* run_cmd = app.add_subcommand("run", "train a job in this process on the CPU");
+  CLI::App* run_cmd =
+      app.add_subcommand("run", "train a job in this process, on the CPU or on one GPU");
   run_cmd->add_option("spec", run.spec_path, "job spec (.yaml, .yml or .json)")->required();
   run_cmd->add_option("--checkpoint-dir", run.checkpoint_dir,
                       "checkpoint root (default: checkpoint.dir of the spec, else ./checkpoints); "
@@ -114,6 +115,11 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--memory-limit", run.memory_limit,
                       "host memory the job may use, e.g. 8GiB (default: the machine's memory); a "
                       "model whose estimate exceeds it is refused (exit 2)");
+  run_cmd
+      ->add_option("--device", run.device,
+                   "cpu or cuda: overrides resources.device of the spec; cuda trains on this "
+                   "machine's first GPU and fails at once (exit 2) where there is none")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
 
   moetrain::EvalOptions eval;
   CLI::App* eval_cmd =

@@ -17,6 +17,7 @@
 #include "client/event_printer.h"
 #include "client/job_follower.h"
 #include "client/terminal_text.h"
+#include "engine/backend/device_query.h"
 #include "engine/core/log.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/memory_estimate.h"
@@ -92,13 +93,31 @@ int RunJob(const RunOptions& options) {
   absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(options.spec_path);
   if (!spec.ok()) return Fail(spec.status(), 2);
   if (options.steps > 0) spec->mutable_train()->set_steps(options.steps);
+  if (options.device == "cpu") {
+    spec->mutable_resources()->set_device(v1::ResourceConfig::CPU);
+  } else if (options.device == "cuda") {
+    spec->mutable_resources()->set_device(v1::ResourceConfig::CUDA);
+  } else if (!options.device.empty()) {
+    return Fail(absl::InvalidArgumentError(
+                    absl::StrCat("--device = '", options.device, "' is neither 'cpu' nor 'cuda'")),
+                2);
+  }
+  const bool cuda = spec->resources().device() == v1::ResourceConfig::CUDA;
   std::string checkpoint_dir = options.checkpoint_dir;
   if (checkpoint_dir.empty()) checkpoint_dir = spec->checkpoint().dir();
   if (checkpoint_dir.empty()) checkpoint_dir = "checkpoints";
   spec->mutable_checkpoint()->set_dir(checkpoint_dir);
-  // Everything the worker would refuse, refused here before anything starts.
+  // Everything the worker would refuse, refused here before anything starts: a CUDA job on a
+  // machine without a usable GPU too (TrainerConfigFromSpec names the field and the CUDA error).
   absl::StatusOr<TrainerConfig> config = TrainerConfigFromSpec(*spec, checkpoint_dir);
   if (!config.ok()) return Fail(config.status(), 2);
+  if (spec->resources().devices_per_worker() > 1) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "resources.devices_per_worker = ", spec->resources().devices_per_worker(),
+                    ": moetrain run trains on one rank (one ", cuda ? "GPU" : "CPU",
+                    "); submit the job to a coordinator (moetrain submit)")),
+                2);
+  }
   if (config->parallel.world_size() > 1) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
                     "resources.workers = ", spec->resources().workers(),
@@ -106,6 +125,9 @@ int RunJob(const RunOptions& options) {
                     config->parallel.world_size(), " workers (moetrain submit)")),
                 2);
   }
+  // The GPU it trains on (TrainerConfigFromSpec has checked that there is one).
+  const DeviceReport gpus = cuda ? QueryDevices() : DeviceReport();
+  const int64_t gpu_memory = gpus.gpus.empty() ? 0 : gpus.gpus.front().memory_bytes;
   // A model too large for this machine is refused before anything is allocated, with both figures.
   int64_t memory_limit = 0;
   if (!options.memory_limit.empty()) {
@@ -115,13 +137,12 @@ int RunJob(const RunOptions& options) {
   } else if (absl::StatusOr<int64_t> machine = MachineMemoryBytes(); machine.ok()) {
     memory_limit = *machine;
   }
-  if (memory_limit > 0) {
-    const absl::Status fits = CheckMemoryEstimate(
-        EstimateTrainingMemory(*config), memory_limit,
-        options.memory_limit.empty() ? "this machine's memory; --memory-limit sets another limit"
-                                     : "--memory-limit");
-    if (!fits.ok()) return Fail(fits, 2);
-  }
+  // On a GPU the estimate must fit the GPU's memory, and the host only a checkpoint's copy.
+  const absl::Status fits = CheckTrainingMemory(
+      *config, EstimateTrainingMemory(*config), memory_limit,
+      options.memory_limit.empty() ? "this machine's memory; --memory-limit sets another limit"
+                                   : "--memory-limit");
+  if (!fits.ok()) return Fail(fits, 2);
   const std::string root = absl::StrCat(checkpoint_dir, "/", spec->name());
   absl::StatusOr<std::vector<int64_t>> existing = ListCheckpointSteps(root);
   if (!existing.ok()) return Fail(existing.status(), 1);
@@ -175,6 +196,12 @@ int RunJob(const RunOptions& options) {
   worker_options.version = MOETRAIN_VERSION;
   worker_options.threads = omp_get_max_threads();
   worker_options.memory_limit_bytes = memory_limit;
+  if (cuda) {
+    // One rank on the first GPU: the job's gang of one.
+    worker_options.device = v1::ResourceConfig::CUDA;
+    worker_options.device_count = 1;
+    worker_options.device_memory_bytes = gpu_memory;
+  }
   Worker worker(connection, worker_options);
   signals.OnSignal(&worker);
 

@@ -18,11 +18,14 @@ struct RunOptions {
   // Host memory the job may use ("8GiB", "512MiB", bytes); empty = the machine's memory (or its
   // cgroup's limit when lower). A job whose estimate exceeds it is refused before it starts.
   std::string memory_limit;
+  // "cpu" or "cuda" overrides spec.resources.device; empty = the spec's. A CUDA run trains on
+  // this machine's first GPU (one rank), and fails at once, exit 2, where there is none.
+  std::string device;
 };
 
 // Returns the process exit code: 0 when the job succeeded or was stopped by SIGINT/SIGTERM (after
-// a checkpoint), 1 when it failed, 2 for a bad spec, a refusal to overwrite checkpoints, or a model
-// whose memory estimate exceeds the memory limit.
+// a checkpoint), 1 when it failed, 2 for a bad spec, a refusal to overwrite checkpoints, a model
+// whose memory estimate exceeds the memory limit, or a CUDA job on a machine without a usable GPU.
 // Progress goes to stdout, errors to stderr.
 int RunJob(const RunOptions& options);
 

@@ -3,26 +3,46 @@
 # rarely and briefly, with the CUDA driver and toolkit, CMake and Python but none of our other
 # dependencies, and no network. So the work splits in two:
 #
+#   scripts/gpu-check.sh bundle && <run it on the GPU machine> scripts/gpu-check.sh run
+#
 #   gpu-check.sh bundle [--no-build] [BUILD_DIR [OUT_DIR]]    here (defaults: build, gpu-bundle)
-#     Builds the CUDA tests and the benchmark, collects them with every shared library they load
-#     except glibc's and the CUDA driver's and toolkit's (their ldd closure), and writes
-#     OUT_DIR/moetrain-gpu-bundle.tar.xz (under 64 MiB), its .sha256 and MANIFEST.txt. OUT_DIR must
-#     be outside the repository or ignored by git (gpu-bundle/ is). --no-build: the build is done.
+#     Builds the CUDA tests, the `moetrain` CLI and the benchmarks, collects them with every shared
+#     library they load except glibc's and the CUDA driver's and toolkit's (their ldd closure) and
+#     examples/tiny-moe.yaml, and writes OUT_DIR/moetrain-gpu-bundle.tar.xz (under 64 MiB), its
+#     .sha256 and MANIFEST.txt. OUT_DIR must be outside the repository or ignored by git
+#     (gpu-bundle/ is). --no-build: the build is done.
 #   gpu-check.sh run [BUNDLE_DIR [LOG_DIR]]                   there (default: gpu-bundle)
-#     Unpacks the bundle into a temporary folder, prints the GPU, driver and clocks, runs every
-#     bundled test, then the benchmark, and prints one JSON summary on stdout (progress goes to
-#     stderr). Without a GPU it prints "skipped: no GPU (why)" and exits 0. Exit 1 when a test
-#     failed or did not run, or when the tests found no usable GPU although nvidia-smi lists one
-#     (the benchmark's result or error is in the summary; it does not set the exit status).
-#     LOG_DIR, if given, receives every test's log and gtest JSON, the benchmark's output and
-#     summary.json.
+#     Unpacks the bundle into a temporary folder, prints the GPU, driver and clocks, then:
+#       1. tests: every bundled test;
+#       2. training: 20 steps of examples/tiny-moe.yaml through `moetrain run --json`, on the CPU
+#          and on CUDA, in f32 and in bf16 (train.precision: BF16), and CUDA f32 a second time;
+#          the per-step losses must agree within 1e-4 relative in f32 and 2e-2 in bf16 (CPU as
+#          the reference), and the two CUDA f32 runs bit for bit;
+#       3. benchmarks: `train_bench --device cuda` (tokens/s, MFU against the measured dense bf16
+#          GEMM rate, peak memory and its breakdown) and `moe_layer_bench --device cuda`;
+#     and prints one JSON summary on stdout (progress goes to stderr): every check with its
+#     verdict and numbers, under "checks", and "passed". Exit 1 when a check failed: a test failed
+#     or did not run, the tests found no usable GPU although nvidia-smi lists one, a training run
+#     or a benchmark failed, or losses disagree. The performance targets (MFU, peak memory) are
+#     reported under "targets" and do not set the exit status. Without a GPU it prints
+#     "skipped: no GPU (why)" and exits 0. LOG_DIR, if given, receives every test's log and gtest
+#     JSON, each run's JSON lines, the benchmarks' output and summary.json.
+#   gpu-check.sh compare-losses [--rtol R | --identical] [--expect-steps N] REF.jsonl NEW.jsonl
+#     The loss check of `run` alone (runs anywhere with python3): reads the step lines of two
+#     `moetrain run --json` outputs, prints one JSON verdict; exit 0 when they have the same steps
+#     and every loss of NEW is within R relative of REF's (--identical: bit for bit), else 1.
+#
+# A whole check: `scripts/gpu-check.sh bundle` here; copy the repository with gpu-bundle/ (it is
+# git-ignored: carry it explicitly) to the GPU machine; there
+# `scripts/gpu-check.sh run gpu-bundle /tmp/gpu-logs`, within about 8 minutes (GPU_CHECK_BUDGET).
 #
 # The CUDA tests are found by name, so new ones join without editing this file: every
 # tests/**/*_cuda_test.cc, plus the runtime tests named in RUNTIME_TESTS and LAST_TESTS below.
-# The benchmark runs as `moe_layer_bench --device cuda --json`.
 #
-# Environment of `run` (seconds): GPU_CHECK_TEST_TIMEOUT (one test, 90), GPU_CHECK_TESTS_BUDGET
-# (all tests, 150), GPU_CHECK_BENCH_TIMEOUT (200): the whole run fits in about 6 minutes. For
+# Environment of `run` (seconds): GPU_CHECK_BUDGET (everything after unpacking, 420: each phase
+# gets at most what is left of it), GPU_CHECK_TEST_TIMEOUT (one test, 90), GPU_CHECK_TESTS_BUDGET
+# (all tests, 180), GPU_CHECK_TRAIN_TIMEOUT (one training run, 60), GPU_CHECK_BENCH_TIMEOUT (one
+# benchmark, 150), GPU_CHECK_PHASES (which of "tests training benchmarks" to run; all). For
 # tests: GPU_CHECK_NVIDIA_SMI (the nvidia-smi to ask), GPU_CHECK_GLIBC_VERSION (this machine's
 # glibc, as far as choosing a libstdc++ goes). Of `bundle`: GPU_CHECK_JOBS (build jobs),
 # GPU_CHECK_XZ_THREADS (2), GPU_CHECK_XZ_LEVEL (9).
@@ -31,25 +51,51 @@ set -euo pipefail
 readonly BUNDLE_NAME=moetrain-gpu-bundle
 readonly ARCHIVE_NAME=$BUNDLE_NAME.tar.xz
 readonly MAX_BUNDLE_BYTES=$((64 * 1024 * 1024))
+# What a bundle holds and how (format.txt): `run` refuses a bundle of another format, made by an
+# older or newer gpu-check.sh. 2: tools, the training spec, benchmarks with their arguments.
+readonly BUNDLE_FORMAT=2
 # GPU tests whose names do not end in _cuda_test: the device query, the CUDA runtime and the NCCL
 # communicator (it runs collectives on device memory where a GPU is). Run first, in this order:
 # when the runtime is broken, their failures say so before the op tests' do.
 readonly RUNTIME_TESTS=(device_query_test exec_context_test caching_allocator_test)
 readonly LAST_TESTS=(nccl_communicator_test)
-readonly BENCHMARKS=(moe_layer_bench)
-readonly BENCH_ARGS=(--device cuda --json)
+# The benchmarks, in the order `run` runs them, and the arguments of each (bench_args).
+readonly BENCHMARKS=(train_bench moe_layer_bench)
+# Programs the training check runs, and the spec it trains (from the repository root).
+readonly TOOLS=(moetrain)
+readonly TRAIN_SPEC=examples/tiny-moe.yaml
+readonly TRAIN_STEPS=20
+# Per-step loss tolerances of CUDA against the CPU (relative to the CPU's loss): f32 sums in
+# another order; bf16 rounds every GEMM input and activation, in another order too.
+readonly LOSS_RTOL_F32=1e-4
+readonly LOSS_RTOL_BF16=2e-2
+
+bench_args() {
+  case $1 in
+    # d 2048, 8 layers, 16384 tokens a step, about 87 GiB in bf16 (bench/train_bench.cc): the model
+    # of the MFU and peak-memory targets.
+    train_bench) echo "--device cuda --config d2048 --json" ;;
+    *) echo "--device cuda --json" ;;
+  esac
+}
 
 usage() {
   cat <<'EOF'
 usage: gpu-check.sh bundle [--no-build] [BUILD_DIR [OUT_DIR]]   (defaults: build gpu-bundle)
        gpu-check.sh run [BUNDLE_DIR [LOG_DIR]]                  (default: gpu-bundle)
+       gpu-check.sh compare-losses [--rtol R | --identical] [--expect-steps N] REF NEW
        gpu-check.sh --help
 
-bundle  builds the CUDA tests and moe_layer_bench in BUILD_DIR and writes
-        OUT_DIR/moetrain-gpu-bundle.tar.xz (+ .sha256, MANIFEST.txt): the binaries and every
-        shared library they load except glibc's and the CUDA driver's and toolkit's.
-run     on the GPU machine: unpacks the bundle, prints the GPU, runs the tests and the
-        benchmark, prints one JSON summary. Without a GPU: "skipped: no GPU", exit 0.
+bundle  builds the CUDA tests, moetrain, train_bench and moe_layer_bench in BUILD_DIR and
+        writes OUT_DIR/moetrain-gpu-bundle.tar.xz (+ .sha256, MANIFEST.txt): the binaries,
+        every shared library they load except glibc's and the CUDA driver's and toolkit's,
+        and examples/tiny-moe.yaml.
+run     on the GPU machine: unpacks the bundle, prints the GPU, runs the tests, trains
+        tiny-moe on the CPU and on CUDA (f32, bf16) and compares the losses, runs the
+        benchmarks, prints one JSON summary; exit 1 when a check failed. Without a GPU:
+        "skipped: no GPU", exit 0.
+compare-losses  the per-step losses of two `moetrain run --json` outputs: one JSON verdict;
+        exit 0 when within R relative of REF (--identical: bit for bit), 1 otherwise.
 EOF
 }
 
@@ -162,7 +208,8 @@ bundle() {
   local -a tests targets known missing=()
   mapfile -t tests < <(bundled_test_names "$src")
   [ ${#tests[@]} -gt 0 ] || die "no CUDA test found under $src/tests"
-  targets=("${tests[@]}" "${BENCHMARKS[@]}")
+  [ -f "$src/$TRAIN_SPEC" ] || die "no $src/$TRAIN_SPEC, which the training check trains"
+  targets=("${tests[@]}" "${TOOLS[@]}" "${BENCHMARKS[@]}")
   # `--target help` also re-runs CMake when a test file was added since the last configure.
   local help
   help=$(cmake --build "$build" --target help 2>&1) || die "cmake --build $build failed: $help"
@@ -222,14 +269,22 @@ bundle() {
   cp "$src/scripts/gpu-check.sh" "$root/gpu-check.sh"
   cat >"$root/run.sh" <<'EOF'
 #!/usr/bin/env bash
-# Runs the bundled CUDA tests and benchmark from this unpacked folder (see gpu-check.sh):
+# Runs the bundled CUDA tests, training check and benchmarks from this unpacked folder (see
+# gpu-check.sh):
 #   ./run.sh [LOG_DIR]
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 exec "$here/gpu-check.sh" run-unpacked "$here" "$@"
 EOF
   chmod +x "$root/run.sh" "$root/gpu-check.sh"
   printf '%s\n' "${tests[@]}" >"$root/tests.txt"
-  printf '%s\n' "${BENCHMARKS[@]}" >"$root/benchmarks.txt"
+  # One benchmark a line: its name, then its arguments.
+  for target in "${BENCHMARKS[@]}"; do echo "$target $(bench_args "$target")"; done \
+    >"$root/benchmarks.txt"
+  printf '%s\n' "${TOOLS[@]}" >"$root/tools.txt"
+  echo "$BUNDLE_FORMAT" >"$root/format.txt"
+  mkdir -p "$root/$(dirname "$TRAIN_SPEC")"
+  cp "$src/$TRAIN_SPEC" "$root/$TRAIN_SPEC"
+  echo "$TRAIN_SPEC" >"$root/train-spec.txt"
   printf '%s\n' "${provided[@]}" | LC_ALL=C sort -u >"$root/provided-by-gpu-machine.txt"
   write_runtime_needs "$root" >"$root/runtime-needs.txt"
   {
@@ -241,7 +296,7 @@ EOF
     >"$root/MANIFEST.txt"
   local raw_bytes
   raw_bytes=$(du -sb "$root" | cut -f1)
-  log "staged ${#tests[@]} tests, ${#BENCHMARKS[@]} benchmark," \
+  log "staged ${#tests[@]} tests, ${TOOLS[*]}, ${#BENCHMARKS[@]} benchmarks," \
     "$(find "$root/lib" -type f | wc -l) libraries: $((raw_bytes / 1024 / 1024)) MiB; compressing"
 
   local compress_started=$SECONDS
@@ -365,9 +420,275 @@ unresolved_libraries() {
   done
 }
 
+# Seconds left of GPU_CHECK_BUDGET (set by run_unpacked); every phase stops starting work at 0.
+budget_left() { echo $((RUN_BUDGET_END - SECONDS)); }
+# min(a, b)
+min() { echo $(($1 < $2 ? $1 : $2)); }
+phase_enabled() { [[ " $2 " == *" $1 "* ]]; }
+
+# Phase 1: every bundled test, each under a time limit; logs/tests.tsv and each test's log and
+# gtest JSON.
+run_tests() {
+  local dir=$1 logs=$2
+  local -a tests
+  mapfile -t tests <"$dir/tests.txt"
+  local test_timeout=${GPU_CHECK_TEST_TIMEOUT:-90} budget=${GPU_CHECK_TESTS_BUDGET:-180}
+  local tests_started=$SECONDS i=0 name left limit rc t0 outcome seconds
+  for name in "${tests[@]}"; do
+    i=$((i + 1))
+    left=$(min $((budget - (SECONDS - tests_started))) "$(budget_left)")
+    if [ "$left" -le 0 ]; then
+      log "[$i/${#tests[@]}] $name: not run (the time budget is spent)"
+      printf '%s\tnot_run\t0\t0\n' "$name" >>"$logs/tests.tsv"
+      continue
+    fi
+    limit=$((left < test_timeout ? left : test_timeout))
+    t0=$(now)
+    rc=0
+    timeout -k 10 "$limit" "$dir/bin/$name" --gtest_brief=1 \
+      --gtest_output="json:$logs/$name.json" >"$logs/$name.log" 2>&1 || rc=$?
+    outcome=ran
+    [ $rc -ne 124 ] && [ $rc -ne 137 ] || outcome=timeout
+    seconds=$(since "$t0")
+    printf '%s\t%s\t%s\t%s\n' "$name" "$outcome" "$rc" "$seconds" >>"$logs/tests.tsv"
+    if [ $rc -eq 0 ]; then
+      log "[$i/${#tests[@]}] $name: ok ($seconds s)"
+    else
+      [ $outcome = ran ] || rc="$rc, timed out after $limit s"
+      log "[$i/${#tests[@]}] $name: FAILED (exit $rc, $seconds s); its last lines:"
+      tail -n 20 "$logs/$name.log" | sed 's/^/    /' >&2
+    fi
+  done
+}
+
+# A copy of the spec SRC at DST that trains STEPS steps in PRECISION (FP32, BF16) and reports
+# every step: train.steps, train.log_every and train.precision set (added when absent), and
+# train.optimizer.warmup_steps lowered to a quarter of the steps where it is longer.
+make_train_spec() {
+  python3 - "$@" <<'PY'
+import re, sys
+src, dst, precision, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+want = {"steps": str(steps), "log_every": "1", "precision": precision}
+out, section, seen, train_at = [], None, set(), None
+for line in open(src).read().splitlines():
+    top = re.match(r"^([A-Za-z_][A-Za-z0-9_]*):", line)
+    if top:
+        section = top.group(1)
+    elif section == "train":
+        key = re.match(r"^  (steps|log_every|precision):", line)
+        warmup = re.match(r"^    warmup_steps:\s*(\d+)", line)
+        if key:
+            seen.add(key.group(1))
+            line = "  %s: %s" % (key.group(1), want[key.group(1)])
+        elif warmup and int(warmup.group(1)) > steps // 4:
+            line = "    warmup_steps: %d" % (steps // 4)
+    out.append(line)
+    if top and section == "train":
+        train_at = len(out)
+if train_at is None:
+    out.append("train:")
+    train_at = len(out)
+out[train_at:train_at] = ["  %s: %s" % (k, v) for k, v in want.items() if k not in seen]
+with open(dst, "w") as f:
+    f.write("\n".join(out) + "\n")
+PY
+}
+
+# gpu-check.sh compare-losses: see the header. One JSON verdict on stdout; exit 0 pass, 1 fail,
+# 2 bad usage.
+compare_losses() {
+  python3 - "$@" <<'PY'
+import argparse, json, math, sys
+
+parser = argparse.ArgumentParser(prog="gpu-check.sh compare-losses")
+mode = parser.add_mutually_exclusive_group(required=True)
+mode.add_argument("--rtol", type=float, help="largest |new - ref| / |ref| allowed at any step")
+mode.add_argument("--identical", action="store_true", help="every loss bit for bit")
+parser.add_argument("--expect-steps", type=int, help="the number of steps each must have")
+parser.add_argument("ref", help="moetrain run --json output: the reference")
+parser.add_argument("new", help="moetrain run --json output: compared with ref")
+args = parser.parse_args()
+if args.rtol is not None and not args.rtol >= 0:
+    parser.error("--rtol must be a number >= 0")
+
+def load(path):
+    """{step: loss} of the step lines (those with "step" and "loss"); loss None where not a
+    finite number (moetrain prints NaN as null). Other lines (messages, checkpoints, the summary,
+    a line cut off when the run was killed) are not steps."""
+    try:
+        text = open(path, errors="replace").read()
+    except OSError as e:
+        return None, "cannot read %s: %s" % (path, e.strerror)
+    steps = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(obj, dict) or "step" not in obj or "loss" not in obj:
+            continue
+        step, loss = obj["step"], obj["loss"]
+        if not isinstance(step, int) or isinstance(step, bool):
+            return None, "%s: a step that is not an integer: %r" % (path, step)
+        if step in steps:
+            return None, "%s: step %d appears twice" % (path, step)
+        ok = isinstance(loss, (int, float)) and not isinstance(loss, bool) and math.isfinite(loss)
+        steps[step] = float(loss) if ok else None
+    if not steps:
+        return None, "%s has no step lines" % path
+    return steps, None
+
+def show(loss):
+    return "NaN or inf" if loss is None else repr(loss)
+
+def span(steps):
+    keys = sorted(steps)
+    return "%d steps (%d..%d)" % (len(keys), keys[0], keys[-1])
+
+verdict = {"pass": False, "mode": "identical" if args.identical else "rtol"}
+if args.rtol is not None:
+    verdict["rtol"] = args.rtol
+ref, ref_error = load(args.ref)
+new, new_error = load(args.new)
+reasons = [e for e in (ref_error, new_error) if e]
+if not reasons:
+    verdict["steps"] = len(ref)
+    verdict["ref_final_loss"] = ref[max(ref)]
+    verdict["new_final_loss"] = new[max(new)]
+    if set(ref) != set(new):
+        reasons.append("the steps differ: ref has %s, new has %s" % (span(ref), span(new)))
+    for name, steps in (("ref", ref), ("new", new)):
+        if args.expect_steps is not None and len(steps) != args.expect_steps:
+            reasons.append("%s has %s, not %d" % (name, span(steps), args.expect_steps))
+    worst, worst_step, first_bad = 0.0, None, None
+    for step in sorted(set(ref) & set(new)):
+        a, b = ref[step], new[step]
+        if a is None or b is None:
+            reasons.append("step %d: a loss that is not finite (ref %s, new %s)"
+                           % (step, show(a), show(b)))
+            break
+        rel = abs(b - a) / abs(a) if a != 0 else (0.0 if b == 0 else math.inf)
+        if worst_step is None or rel > worst:
+            worst, worst_step = rel, step
+        bad = (b != a) if args.identical else (rel > args.rtol)
+        if bad and first_bad is None:
+            first_bad = (step, a, b, rel)
+    if worst_step is not None:
+        verdict["max_rel_diff"] = worst
+        verdict["worst_step"] = worst_step
+    if first_bad is not None:
+        step, a, b, rel = first_bad
+        if args.identical:
+            reasons.append("step %d: %r != %r (not bit-identical)" % (step, a, b))
+        else:
+            reasons.append("step %d: %r vs %r, relative difference %.3g > %g"
+                           % (step, a, b, rel, args.rtol))
+verdict["pass"] = not reasons
+if reasons:
+    verdict["reason"] = "; ".join(reasons)
+print(json.dumps(verdict))
+sys.exit(0 if verdict["pass"] else 1)
+PY
+}
+
+# Phase 2: 20 steps of the bundled spec through `moetrain run --json` on the CPU and on CUDA, in
+# f32 and bf16, CUDA f32 twice; then the loss checks. logs/training.tsv (name, outcome, exit,
+# seconds, device, precision), run-NAME.jsonl and .log, train-f32.yaml and train-bf16.yaml (the
+# specs trained), checks.tsv (check, ref run, new run) and check-NAME.json (each verdict).
+run_training() {
+  local dir=$1 logs=$2 spec
+  spec=$dir/$(cat "$dir/train-spec.txt")
+  local precision
+  for precision in f32 bf16; do
+    if ! make_train_spec "$spec" "$logs/train-$precision.yaml" \
+      "$([ $precision = f32 ] && echo FP32 || echo BF16)" "$TRAIN_STEPS" 2>"$logs/train-spec.log"; then
+      log "could not write the $precision spec: $(cat "$logs/train-spec.log")"
+    fi
+  done
+  local train_timeout=${GPU_CHECK_TRAIN_TIMEOUT:-60} entry name device limit rc t0 seconds outcome
+  local checkpoints=$dir/training-checkpoints
+  for entry in cpu_f32:cpu:f32 cuda_f32:cuda:f32 cuda_f32_repeat:cuda:f32 cpu_bf16:cpu:bf16 \
+    cuda_bf16:cuda:bf16; do
+    IFS=: read -r name device precision <<<"$entry"
+    limit=$(min "$train_timeout" "$(budget_left)")
+    if [ "$limit" -le 0 ]; then
+      log "training $name: not run (the time budget is spent)"
+      printf '%s\tnot_run\t0\t0\t%s\t%s\n' "$name" "$device" "$precision" >>"$logs/training.tsv"
+      continue
+    fi
+    rm -rf "$checkpoints"
+    t0=$(now)
+    rc=0
+    timeout -k 10 "$limit" "$dir/bin/moetrain" run --json --device "$device" \
+      --checkpoint-dir "$checkpoints" "$logs/train-$precision.yaml" >"$logs/run-$name.jsonl" \
+      2>"$logs/run-$name.log" || rc=$?
+    rm -rf "$checkpoints"  # tens of MiB, never read
+    seconds=$(since "$t0")
+    outcome=ran
+    [ $rc -ne 124 ] && [ $rc -ne 137 ] || outcome=timeout
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$outcome" "$rc" "$seconds" "$device" "$precision" \
+      >>"$logs/training.tsv"
+    if [ $rc -eq 0 ]; then
+      log "training $name: $TRAIN_STEPS steps on $device in $precision ($seconds s)"
+    else
+      log "training $name: FAILED (exit $rc, $outcome, $seconds s); its last lines:"
+      tail -n 10 "$logs/run-$name.log" | sed 's/^/    /' >&2
+    fi
+  done
+  local check ref new how_text
+  local -a how
+  for entry in "loss_f32_cuda_vs_cpu cpu_f32 cuda_f32 --rtol $LOSS_RTOL_F32" \
+    "loss_bf16_cuda_vs_cpu cpu_bf16 cuda_bf16 --rtol $LOSS_RTOL_BF16" \
+    "cuda_f32_bit_identical cuda_f32 cuda_f32_repeat --identical"; do
+    read -r check ref new how_text <<<"$entry"
+    read -ra how <<<"$how_text"
+    printf '%s\t%s\t%s\n' "$check" "$ref" "$new" >>"$logs/checks.tsv"
+    # From logs/, so that the verdict names the files as LOG_DIR holds them.
+    (cd "$logs" && compare_losses "${how[@]}" --expect-steps "$TRAIN_STEPS" "run-$ref.jsonl" \
+      "run-$new.jsonl" >"check-$check.json" 2>>checks.log) || true
+    log "$check: $(cat "$logs/check-$check.json")"
+  done
+}
+
+# Phase 3: each benchmark with its arguments (benchmarks.txt); logs/benchmarks.tsv, NAME.json
+# (its stdout) and NAME.log (its stderr).
+run_benchmarks() {
+  local dir=$1 logs=$2
+  local bench bench_args_text rc t0 limit bench_timeout=${GPU_CHECK_BENCH_TIMEOUT:-150}
+  local -a args
+  while read -r bench bench_args_text; do
+    [ -n "$bench" ] || continue
+    read -ra args <<<"$bench_args_text"
+    limit=$(min "$bench_timeout" "$(budget_left)")
+    if [ "$limit" -le 0 ]; then
+      log "$bench: not run (the time budget is spent)"
+      printf '%s\tnot_run\t0\t0\n' "$bench" >>"$logs/benchmarks.tsv"
+      continue
+    fi
+    log "$bench ${args[*]} (at most $limit s)"
+    rc=0
+    t0=$(now)
+    timeout -k 10 "$limit" "$dir/bin/$bench" "${args[@]}" \
+      >"$logs/$bench.json" 2>"$logs/$bench.log" || rc=$?
+    printf '%s\tran\t%s\t%s\n' "$bench" "$rc" "$(since "$t0")" >>"$logs/benchmarks.tsv"
+    if [ $rc -ne 0 ]; then
+      log "$bench failed (exit $rc); its last lines:"
+      tail -n 15 "$logs/$bench.log" | sed 's/^/    /' >&2
+    fi
+  done <"$dir/benchmarks.txt"
+}
+
 run_unpacked() {
   local dir=$1 log_dir=${2:-}
   [ -f "$dir/tests.txt" ] || die "$dir is not an unpacked bundle (no tests.txt)"
+  local format
+  format=$(cat "$dir/format.txt" 2>/dev/null || echo 1)
+  [ "$format" = "$BUNDLE_FORMAT" ] ||
+    die "$dir is a bundle of format $format, this gpu-check.sh reads $BUNDLE_FORMAT: make it again" \
+      "with this gpu-check.sh bundle"
   dir=$(cd "$dir" && pwd)
   local smi=${GPU_CHECK_NVIDIA_SMI:-nvidia-smi} gpus
   if ! command -v "$smi" >/dev/null 2>&1; then
@@ -406,52 +727,16 @@ run_unpacked() {
   log "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
   [ -z "$unresolved" ] || log "libraries not found (those binaries will fail):"$'\n'"$unresolved"
 
-  local -a tests
-  mapfile -t tests <"$dir/tests.txt"
-  local test_timeout=${GPU_CHECK_TEST_TIMEOUT:-90} budget=${GPU_CHECK_TESTS_BUDGET:-150}
-  local tests_started=$SECONDS i=0 name left limit rc t0 outcome seconds
+  local phases=${GPU_CHECK_PHASES:-tests training benchmarks}
+  echo "$phases" >"$logs/phases.txt"
   : >"$logs/tests.tsv"
-  for name in "${tests[@]}"; do
-    i=$((i + 1))
-    left=$((budget - (SECONDS - tests_started)))
-    if [ $left -le 0 ]; then
-      log "[$i/${#tests[@]}] $name: not run (the tests' ${budget} s are spent)"
-      printf '%s\tnot_run\t0\t0\n' "$name" >>"$logs/tests.tsv"
-      continue
-    fi
-    limit=$((left < test_timeout ? left : test_timeout))
-    t0=$(now)
-    rc=0
-    timeout -k 10 "$limit" "$dir/bin/$name" --gtest_brief=1 \
-      --gtest_output="json:$logs/$name.json" >"$logs/$name.log" 2>&1 || rc=$?
-    outcome=ran
-    [ $rc -ne 124 ] && [ $rc -ne 137 ] || outcome=timeout
-    seconds=$(since "$t0")
-    printf '%s\t%s\t%s\t%s\n' "$name" "$outcome" "$rc" "$seconds" >>"$logs/tests.tsv"
-    if [ $rc -eq 0 ]; then
-      log "[$i/${#tests[@]}] $name: ok ($seconds s)"
-    else
-      [ $outcome = ran ] || rc="$rc, timed out after $limit s"
-      log "[$i/${#tests[@]}] $name: FAILED (exit $rc, $seconds s); its last lines:"
-      tail -n 20 "$logs/$name.log" | sed 's/^/    /' >&2
-    fi
-  done
-
-  local bench bench_rc=0 bench_timeout=${GPU_CHECK_BENCH_TIMEOUT:-200}
+  : >"$logs/training.tsv"
+  : >"$logs/checks.tsv"
   : >"$logs/benchmarks.tsv"
-  while read -r bench; do
-    [ -n "$bench" ] || continue
-    log "$bench ${BENCH_ARGS[*]} (at most $bench_timeout s)"
-    bench_rc=0
-    t0=$(now)
-    timeout -k 10 "$bench_timeout" "$dir/bin/$bench" "${BENCH_ARGS[@]}" \
-      >"$logs/$bench.json" 2>"$logs/$bench.log" || bench_rc=$?
-    printf '%s\t%s\t%s\n' "$bench" "$bench_rc" "$(since "$t0")" >>"$logs/benchmarks.tsv"
-    if [ $bench_rc -ne 0 ]; then
-      log "$bench failed (exit $bench_rc); its last lines:"
-      tail -n 15 "$logs/$bench.log" | sed 's/^/    /' >&2
-    fi
-  done <"$dir/benchmarks.txt"
+  RUN_BUDGET_END=$((SECONDS + ${GPU_CHECK_BUDGET:-420}))
+  if phase_enabled tests "$phases"; then run_tests "$dir" "$logs"; fi
+  if phase_enabled training "$phases"; then run_training "$dir" "$logs"; fi
+  if phase_enabled benchmarks "$phases"; then run_benchmarks "$dir" "$logs"; fi
 
   local status=0
   summarize "$logs" "$(since "$SCRIPT_STARTED")" >"$logs/summary.json" || status=$?
@@ -464,7 +749,7 @@ run_unpacked() {
   return $status
 }
 
-# Prints the JSON summary of a run from its logs folder; exit 1 when a test failed or did not run.
+# Prints the JSON summary of a run from its logs folder; exit 1 when a check failed.
 summarize() {
   python3 - "$1" "$2" <<'EOF'
 import csv, json, os, sys
@@ -542,32 +827,112 @@ for line in read(os.path.join(logs, "tests.tsv")).splitlines():
         tests[key] += entry[key]
 summary["tests"] = tests
 
-benches = {}
-for line in read(os.path.join(logs, "benchmarks.tsv")).splitlines():
-    name, rc, secs = line.split("\t")
-    out = read(os.path.join(logs, name + ".json")).strip().splitlines()
-    parsed = None
-    for candidate in reversed(out):
+def last_json_object(text):
+    """The last line of text that parses as a JSON object, or None."""
+    for candidate in reversed(text.strip().splitlines()):
         if candidate.startswith("{"):
             try:
-                parsed = json.loads(candidate)
-                break
+                value = json.loads(candidate)
             except ValueError:
-                pass
-    if int(rc) == 0 and parsed is not None:
+                continue
+            if isinstance(value, dict):
+                return value
+    return None
+
+def tail(name, lines=10):
+    return read(os.path.join(logs, name)).strip().splitlines()[-lines:]
+
+def exit_text(rc):
+    return "exit %s%s" % (rc, " (timed out)" if rc in ("124", "137") else "")
+
+phases = read(os.path.join(logs, "phases.txt")).split()
+checks = {}
+if "tests" in phases:
+    checks["tests"] = {
+        "pass": bool(tests["binaries"]) and not (tests["failed"] or tests["not_run"] or
+                                                 tests["gpu_not_usable"]),
+        "passed": tests["passed"], "failed": tests["failed"], "skipped": tests["skipped"]}
+
+# Training: each run's outcome and losses, then the loss checks (a check fails when either of
+# its runs did, whatever the comparison of what they printed says).
+runs = {}
+for line in read(os.path.join(logs, "training.tsv")).splitlines():
+    name, outcome, rc, secs, device, precision = line.split("\t")
+    entry = {"device": device, "precision": precision, "exit": int(rc), "seconds": float(secs)}
+    steps = []
+    for text in read(os.path.join(logs, "run-%s.jsonl" % name)).splitlines():
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and "step" in obj and "loss" in obj:
+            steps.append(obj)
+    entry["steps"] = len(steps)
+    if steps:
+        entry["final_loss"] = steps[-1]["loss"]
+        rates = sorted(s.get("tokens_per_s") or 0 for s in steps[1:]) or [0]
+        entry["tokens_per_s"] = rates[len(rates) // 2]  # median, the first step left out
+        peaks = [s["device_memory_peak_bytes"] for s in steps if "device_memory_peak_bytes" in s]
+        if peaks:
+            entry["device_memory_peak_bytes"] = max(peaks)
+    if outcome == "not_run":
+        entry["outcome"] = "not run: time budget spent"
+    elif int(rc) != 0:
+        entry["outcome"] = exit_text(rc)
+        entry["stderr_tail"] = tail("run-%s.log" % name, 5)
+    runs[name] = entry
+if "training" in phases:
+    summary["training"] = {"runs": runs}
+    for line in read(os.path.join(logs, "checks.tsv")).splitlines():
+        check, ref, new = line.split("\t")
+        verdict = last_json_object(read(os.path.join(logs, "check-%s.json" % check)))
+        if verdict is None:
+            verdict = {"pass": False, "reason": "no verdict: %s" % " ".join(tail("checks.log", 3))}
+        failed_runs = ["%s: %s" % (r, runs[r].get("outcome", "?")) for r in (ref, new)
+                       if r not in runs or runs[r]["exit"] != 0 or "outcome" in runs[r]]
+        if failed_runs:
+            verdict["pass"] = False
+            verdict["reason"] = "; ".join(["run " + f for f in failed_runs] +
+                                          ([verdict["reason"]] if "reason" in verdict else []))
+        verdict["runs"] = [ref, new]
+        checks[check] = verdict
+
+benches = {}
+targets = {}
+for line in read(os.path.join(logs, "benchmarks.tsv")).splitlines():
+    name, outcome, rc, secs = line.split("\t")
+    parsed = last_json_object(read(os.path.join(logs, name + ".json")))
+    if outcome == "not_run":
+        benches[name] = {"error": "not run: time budget spent"}
+    elif int(rc) == 0 and parsed is not None:
         benches[name] = parsed
     else:
-        err = read(os.path.join(logs, name + ".log")).strip().splitlines()[-10:]
-        timed_out = " (timed out)" if rc in ("124", "137") else ""
-        benches[name] = {"error": "exit %s%s" % (rc, timed_out), "seconds": float(secs),
-                         "stderr_tail": err}
-# One benchmark: its report itself; several: by name.
-summary["bench"] = next(iter(benches.values())) if len(benches) == 1 else benches
+        benches[name] = {"error": exit_text(rc) if int(rc) != 0 else "no JSON on stdout",
+                         "seconds": float(secs), "stderr_tail": tail(name + ".log")}
+    checks[name] = {"pass": "error" not in benches[name], "seconds": float(secs)}
+    if "error" in benches[name]:
+        checks[name]["reason"] = benches[name]["error"]
+    if name == "train_bench" and "error" not in benches[name]:
+        report = benches[name]
+        if isinstance(report.get("mfu"), (int, float)):
+            targets["train_bench_mfu"] = {"value": report["mfu"], "target": ">= 0.35",
+                                          "met": report["mfu"] >= 0.35}
+        # Peak device memory against the sum of what the trainer keeps (parameters, gradients,
+        # optimizer state, activations), where train_bench reports both.
+        peak, kept = report.get("peak_memory_bytes"), report.get("expected_memory_bytes")
+        if isinstance(peak, (int, float)) and isinstance(kept, (int, float)) and kept > 0:
+            targets["train_bench_peak_memory"] = {
+                "peak_bytes": peak, "kept_bytes": kept, "ratio": peak / kept,
+                "target": "within 10% of the sum", "met": abs(peak / kept - 1) <= 0.10}
+summary["bench"] = benches
+summary["checks"] = checks
+summary["targets"] = targets
+summary["passed"] = bool(checks) and all(c.get("pass") for c in checks.values())
 summary["seconds"] = round(seconds, 1)
 # One line per key: it stays readable, and short enough to survive a terminal's tail.
 print("{\n" + ",\n".join(" %s: %s" % (json.dumps(k), json.dumps(v)) for k, v in summary.items())
       + "\n}")
-sys.exit(1 if tests["failed"] or tests["not_run"] or tests["gpu_not_usable"] else 0)
+sys.exit(0 if summary["passed"] else 1)
 EOF
 }
 
@@ -576,6 +941,7 @@ EOF
 case ${1:-} in
   bundle) shift; bundle "$@" ;;
   run) shift; run "$@" ;;
+  compare-losses) shift; compare_losses "$@" ;;
   run-unpacked)  # the bundle's run.sh: an unpacked bundle folder, then LOG_DIR
     shift
     if [ $# -lt 1 ] || [ $# -gt 2 ]; then usage_error "run-unpacked takes DIR [LOG_DIR]"; fi

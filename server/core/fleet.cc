@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "engine/core/log.h"
 #include "engine/core/status.h"
 #include "moetrain/v1/proto_time.h"
@@ -151,6 +152,10 @@ absl::StatusOr<v1::RegisterWorkerResponse> Fleet::Register(
     return absl::InvalidArgumentError(
         absl::StrCat("resources.device_count = ", resources.device_count(), " is below 1"));
   }
+  if (resources.device_memory_bytes() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resources.device_memory_bytes = ", resources.device_memory_bytes(), " is negative"));
+  }
   if (resources.threads() < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("resources.threads = ", resources.threads(), " is below 1"));
@@ -172,10 +177,14 @@ absl::StatusOr<v1::RegisterWorkerResponse> Fleet::Register(
   worker->resources = resources;
   worker->last_heartbeat = absl::Now();
   MOETRAIN_RETURN_IF_ERROR(PersistWorker(*worker));
-  Log(absl::StrCat("worker ", worker->id, " (", worker->name, ", ",
-                   v1::ResourceConfig::Device_Name(resources.device()), " x",
-                   resources.device_count(), ", ", resources.threads(), " threads, version ",
-                   worker->version, ") registered"));
+  Log(absl::StrCat(
+      "worker ", worker->id, " (", worker->name, ", ",
+      v1::ResourceConfig::Device_Name(resources.device()), " x", resources.device_count(),
+      resources.device_memory_bytes() > 0
+          ? absl::StrFormat(" of %.1f GiB",
+                            resources.device_memory_bytes() / (1024.0 * 1024.0 * 1024.0))
+          : std::string(),
+      ", ", resources.threads(), " threads, version ", worker->version, ") registered"));
   v1::RegisterWorkerResponse response;
   response.set_worker_id(worker->id);
   response.set_worker_secret(std::move(secret));
@@ -502,6 +511,7 @@ std::vector<v1::WorkerInfo> Fleet::ListWorkers() {
     info.set_name(worker->name);
     info.set_device(worker->resources.device());
     info.set_device_count(worker->resources.device_count());
+    info.set_device_memory_bytes(worker->resources.device_memory_bytes());
     info.set_threads(worker->resources.threads());
     info.set_version(worker->version);
     info.set_state(ToProto(StateOf(*worker)));

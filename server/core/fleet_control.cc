@@ -371,6 +371,8 @@ absl::Status Fleet::SchedulePass(std::vector<NewEvent>* announcements) {
     pending.device_kind = spec.resources().device() == v1::ResourceConfig::CUDA ? DeviceKind::kCuda
                                                                                 : DeviceKind::kCpu;
     pending.devices_per_worker = static_cast<int32_t>(spec.resources().devices_per_worker());
+    // No per-rank device memory need: the coordinator does not estimate a job's memory (the
+    // worker does, for host memory, before it allocates). PendingJob::device_memory_bytes stays 0.
     by_id[job.id] = &job;
   }
   std::vector<SchedulerWorker> workers;
@@ -381,6 +383,7 @@ absl::Status Fleet::SchedulePass(std::vector<NewEvent>* announcements) {
                                 ? DeviceKind::kCuda
                                 : DeviceKind::kCpu;
     candidate.device_count = worker->resources.device_count();
+    candidate.device_memory_bytes = worker->resources.device_memory_bytes();
     candidate.state = StateOf(*worker);
   }
   MOETRAIN_ASSIGN_OR_RETURN(ScheduleDecision decision, Schedule(jobs, workers));

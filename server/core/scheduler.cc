@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace moetrain::server {
 namespace {
@@ -31,6 +32,10 @@ absl::Status Validate(const std::vector<PendingJob>& jobs,
       return absl::InvalidArgumentError(absl::StrCat(
           "job ", job.job_id, " workers_needed = ", job.workers_needed, " is not >= 1"));
     }
+    if (job.device_memory_bytes < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job ", job.job_id, " device_memory_bytes = ", job.device_memory_bytes, " is negative"));
+    }
     if (job.devices_per_worker < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "job ", job.job_id, " devices_per_worker = ", job.devices_per_worker, " is negative"));
@@ -43,6 +48,11 @@ absl::Status Validate(const std::vector<PendingJob>& jobs,
       return absl::InvalidArgumentError(
           absl::StrCat("worker ", worker.worker_id, " is listed twice"));
     }
+    if (worker.device_memory_bytes < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker ", worker.worker_id,
+                       " device_memory_bytes = ", worker.device_memory_bytes, " is negative"));
+    }
     if (worker.device_count < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "worker ", worker.worker_id, " device_count = ", worker.device_count, " is negative"));
@@ -52,17 +62,33 @@ absl::Status Validate(const std::vector<PendingJob>& jobs,
 }
 
 bool Matches(const PendingJob& job, const SchedulerWorker& worker) {
-  return worker.device_kind == job.device_kind && worker.device_count >= job.devices_per_worker;
+  // Unknown memory on either side never excludes: only two known figures can disagree.
+  const bool memory_fits = job.device_memory_bytes == 0 || worker.device_memory_bytes == 0 ||
+                           worker.device_memory_bytes >= job.device_memory_bytes;
+  return worker.device_kind == job.device_kind && worker.device_count >= job.devices_per_worker &&
+         memory_fits;
+}
+
+// " with at least 2 devices of 80.0 GiB each": what a matching worker has, beyond its kind. One
+// device is what any worker of the kind offers in practice; say more only when it matters.
+std::string WorkerNeeds(const PendingJob& job) {
+  std::string needs;
+  const std::string memory =
+      job.device_memory_bytes > 0
+          ? absl::StrFormat(" of %.1f GiB", job.device_memory_bytes / (1024.0 * 1024.0 * 1024.0))
+          : "";
+  if (job.devices_per_worker > 1) {
+    absl::StrAppend(&needs, " with at least ", job.devices_per_worker, " devices", memory, " each");
+  } else if (!memory.empty()) {
+    absl::StrAppend(&needs, " with a device", memory);
+  }
+  return needs;
 }
 
 std::string UnschedulableReason(const PendingJob& job, int registered) {
   std::string reason =
       absl::StrCat("needs ", job.workers_needed, " ", DeviceKindName(job.device_kind),
-                   job.workers_needed == 1 ? " worker" : " workers");
-  // One device is what any worker of the kind offers in practice; say more only when it matters.
-  if (job.devices_per_worker > 1) {
-    absl::StrAppend(&reason, " with at least ", job.devices_per_worker, " devices each");
-  }
+                   job.workers_needed == 1 ? " worker" : " workers", WorkerNeeds(job));
   absl::StrAppend(&reason, ", ", registered, " registered");
   return reason;
 }
@@ -72,10 +98,7 @@ std::string UnschedulableReason(const PendingJob& job, int registered) {
 std::string WaitingReason(const PendingJob& job, int registered) {
   std::string reason =
       absl::StrCat("waiting for ", job.workers_needed, " ", DeviceKindName(job.device_kind),
-                   job.workers_needed == 1 ? " worker" : " workers");
-  if (job.devices_per_worker > 1) {
-    absl::StrAppend(&reason, " with at least ", job.devices_per_worker, " devices each");
-  }
+                   job.workers_needed == 1 ? " worker" : " workers", WorkerNeeds(job));
   absl::StrAppend(&reason, job.workers_needed == 1 ? " to be free, " : " to be free at once, ",
                   registered, " registered");
   return reason;

@@ -4,9 +4,10 @@
 //
 // Rules, applied in this order:
 //  1. Order. Jobs are considered by (priority descending, submit_sequence ascending).
-//  2. Matching. A worker matches a job when its device kind equals the job's and its device count
-//     is at least devices_per_worker. A worker is usable only when IDLE; BUSY, DRAINING and LOST
-//     workers are never assigned.
+//  2. Matching. A worker matches a job when its device kind equals the job's, its device count
+//     is at least devices_per_worker, and, when both are known (> 0), its device memory is at
+//     least the job's device_memory_bytes (unknown memory never excludes a worker). A worker is
+//     usable only when IDLE; BUSY, DRAINING and LOST workers are never assigned.
 //  3. Gang scheduling. A job starts only when workers_needed usable matching workers are free at
 //     once; there are no partial allocations.
 //  4. Unschedulable. A job that needs more matching workers than are registered and not LOST
@@ -51,6 +52,8 @@ struct PendingJob {
   int32_t workers_needed = 1;   // >= 1: the gang size, one rank per worker
   DeviceKind device_kind = DeviceKind::kCpu;
   int32_t devices_per_worker = 1;  // >= 0: the least device count a worker must have
+  // >= 0: the device memory one rank needs; 0 = unknown (any worker's memory will do).
+  int64_t device_memory_bytes = 0;
 };
 
 struct SchedulerWorker {
@@ -58,6 +61,8 @@ struct SchedulerWorker {
   DeviceKind device_kind = DeviceKind::kCpu;
   int32_t device_count = 0;  // >= 0
   WorkerState state = WorkerState::kIdle;
+  // >= 0: memory of one of its devices (the smallest); 0 = unknown, matches any need.
+  int64_t device_memory_bytes = 0;
 };
 
 struct Assignment {
@@ -79,7 +84,7 @@ struct ScheduleDecision {
 // Decides which of `jobs` start now on `workers` (rules above). Every job is in exactly one of
 // assignments, unschedulable and waiting. InvalidArgument, naming the job or worker and the value,
 // for an empty or repeated job or worker id, a repeated submit_sequence, workers_needed < 1,
-// devices_per_worker < 0 or device_count < 0.
+// devices_per_worker < 0, device_count < 0 or a negative device memory.
 absl::StatusOr<ScheduleDecision> Schedule(const std::vector<PendingJob>& jobs,
                                           const std::vector<SchedulerWorker>& workers);
 

@@ -28,9 +28,9 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(MetricsRe
   std::unique_ptr<ServiceMetrics> m(new ServiceMetrics());
   const std::vector<std::string> job = {"job_id"};
   MOETRAIN_ASSIGN_OR_RETURN(
-      m->job_info_, registry->AddGauge("moetrain_job_info",
-                                       "Always 1: the name of each job, to join on job_id.",
-                                       {"job_id", "job_name"}));
+      m->job_info_,
+      registry->AddGauge("moetrain_job_info", "Always 1: the name of each job, to join on job_id.",
+                         {"job_id", "job_name"}));
   MOETRAIN_ASSIGN_OR_RETURN(
       m->step_, registry->AddGauge("moetrain_train_step", "Last optimizer step reported.", job));
   MOETRAIN_ASSIGN_OR_RETURN(
@@ -40,20 +40,18 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(MetricsRe
                            "restart from a checkpoint counts again).",
                            job));
   MOETRAIN_ASSIGN_OR_RETURN(
-      m->loss_, registry->AddGauge("moetrain_train_loss",
-                                   "Training loss of the last reported step (with aux losses).",
-                                   job));
-  MOETRAIN_ASSIGN_OR_RETURN(
-      m->eval_loss_,
-      registry->AddGauge("moetrain_train_eval_loss", "Loss on held-out data, last evaluation.",
-                         job));
+      m->loss_,
+      registry->AddGauge("moetrain_train_loss",
+                         "Training loss of the last reported step (with aux losses).", job));
+  MOETRAIN_ASSIGN_OR_RETURN(m->eval_loss_,
+                            registry->AddGauge("moetrain_train_eval_loss",
+                                               "Loss on held-out data, last evaluation.", job));
   MOETRAIN_ASSIGN_OR_RETURN(
       m->aux_loss_, registry->AddGauge("moetrain_train_aux_loss",
                                        "Load-balancing aux loss of the last reported step.", job));
-  MOETRAIN_ASSIGN_OR_RETURN(
-      m->learning_rate_,
-      registry->AddGauge("moetrain_train_learning_rate",
-                         "Learning rate of the last reported step.", job));
+  MOETRAIN_ASSIGN_OR_RETURN(m->learning_rate_,
+                            registry->AddGauge("moetrain_train_learning_rate",
+                                               "Learning rate of the last reported step.", job));
   MOETRAIN_ASSIGN_OR_RETURN(
       m->grad_norm_,
       registry->AddGauge("moetrain_train_grad_norm",
@@ -63,9 +61,21 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(MetricsRe
       registry->AddGauge("moetrain_train_tokens_per_second",
                          "Training throughput over all ranks, last reported step.", job));
   MOETRAIN_ASSIGN_OR_RETURN(
-      m->mfu_, registry->AddGauge("moetrain_train_mfu_ratio",
-                                  "Model FLOPs utilisation of the last reported step (0 to 1).",
-                                  job));
+      m->mfu_,
+      registry->AddGauge("moetrain_train_mfu_ratio",
+                         "Model FLOPs utilisation of the last reported step (0 to 1).", job));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      m->device_memory_,
+      registry->AddGauge("moetrain_job_device_memory_bytes",
+                         "Device memory rank 0 held in tensors at the end of the last reported "
+                         "step (0 on the CPU).",
+                         job));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      m->device_memory_peak_,
+      registry->AddGauge("moetrain_job_device_memory_peak_bytes",
+                         "Most device memory rank 0 held in tensors at once since its attempt "
+                         "started (0 on the CPU).",
+                         job));
   MOETRAIN_ASSIGN_OR_RETURN(
       m->step_duration_,
       registry->AddHistogram("moetrain_train_step_duration_seconds",
@@ -80,9 +90,9 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(MetricsRe
       m->dropped_tokens_,
       registry->AddCounter("moetrain_train_dropped_tokens_total",
                            "Routed tokens dropped by expert capacity, at reported steps.", job));
-  MOETRAIN_ASSIGN_OR_RETURN(
-      m->restarts_, registry->AddCounter("moetrain_job_restarts_total",
-                                         "Restarts of a job after a failed attempt.", job));
+  MOETRAIN_ASSIGN_OR_RETURN(m->restarts_,
+                            registry->AddCounter("moetrain_job_restarts_total",
+                                                 "Restarts of a job after a failed attempt.", job));
   MOETRAIN_ASSIGN_OR_RETURN(
       m->checkpoint_duration_,
       registry->AddHistogram("moetrain_checkpoint_duration_seconds",
@@ -130,6 +140,8 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(MetricsRe
                       m->grad_norm_,
                       m->tokens_per_second_,
                       m->mfu_,
+                      m->device_memory_,
+                      m->device_memory_peak_,
                       m->step_duration_,
                       m->expert_load_,
                       m->dropped_tokens_,
@@ -192,6 +204,9 @@ void ServiceMetrics::OnStep(absl::string_view job_id, const v1::StepMetrics& met
   SetGauge(grad_norm_, job_id, metrics.grad_norm());
   SetGauge(tokens_per_second_, job_id, metrics.tokens_per_s());
   SetGauge(mfu_, job_id, metrics.mfu());
+  // 0 on the CPU, as the worker reports it: every job has the series, as it has the others.
+  SetGauge(device_memory_, job_id, static_cast<double>(metrics.device_memory_bytes()));
+  SetGauge(device_memory_peak_, job_id, static_cast<double>(metrics.device_memory_peak_bytes()));
   if (metrics.step_seconds() > 0) {
     if (Histogram* duration = Child(step_duration_, {job_id}); duration != nullptr) {
       duration->Observe(metrics.step_seconds());

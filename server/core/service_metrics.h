@@ -7,6 +7,8 @@
 //   moetrain_train_loss, _eval_loss, _aux_loss            of the last reported step
 //   moetrain_train_learning_rate, _grad_norm
 //   moetrain_train_tokens_per_second, moetrain_train_mfu_ratio
+//   moetrain_job_device_memory_bytes, _peak_bytes     rank 0's device memory at the last reported
+//                                                         step and at its peak (0 on the CPU)
 //   moetrain_train_step_duration_seconds                  histogram, one sample per reported step
 //   moetrain_train_expert_load_max_over_mean_ratio{layer} per MoE layer
 //   moetrain_train_dropped_tokens_total                   capacity drops (sampled at reported
@@ -91,6 +93,8 @@ class ServiceMetrics {
   Family<Gauge>* grad_norm_ = nullptr;
   Family<Gauge>* tokens_per_second_ = nullptr;
   Family<Gauge>* mfu_ = nullptr;
+  Family<Gauge>* device_memory_ = nullptr;
+  Family<Gauge>* device_memory_peak_ = nullptr;
   Family<Histogram>* step_duration_ = nullptr;
   Family<Gauge>* expert_load_ = nullptr;
   Family<Counter>* dropped_tokens_ = nullptr;

@@ -145,6 +145,8 @@ Json MetricsJson(const v1::StepMetrics& m) {
           {"z_loss", Number(m.z_loss())},
           {"dropped_tokens", m.dropped_tokens()},
           {"step_seconds", Number(m.step_seconds())},
+          {"device_memory_bytes", m.device_memory_bytes()},
+          {"device_memory_peak_bytes", m.device_memory_peak_bytes()},
           {"expert_load_max_over_mean", Number(m.expert_load_max_over_mean())},
           {"expert_load_per_layer", std::move(layers)}};
 }
@@ -457,6 +459,7 @@ HttpResponse JsonApi::ListWorkers() {
                        {"state", std::string(state)},
                        {"device", v1::ResourceConfig::Device_Name(worker.device())},
                        {"device_count", worker.device_count()},
+                       {"device_memory_bytes", worker.device_memory_bytes()},
                        {"threads", worker.threads()},
                        {"version", worker.version()},
                        {"last_heartbeat", TimeText(FromProtoTimestamp(worker.last_heartbeat()))},

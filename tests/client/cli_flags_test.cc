@@ -1,7 +1,9 @@
 // How the real `moetrain` binary picks its coordinator and token: an explicit --coordinator or
 // --token-file wins over MOETRAIN_COORDINATOR / MOETRAIN_TOKEN_FILE, which win over the defaults,
 // for every command that talks to a coordinator. Also --help and --version of the three binaries,
-// and the exit code of bad usage of `moetrain eval`.
+// the exit code of bad usage of `moetrain eval`, and CUDA asked of a machine without a usable GPU
+// (`moetrain run --device cuda`, `moetrain-worker --devices cuda`).
+#include <filesystem>
 #include <regex>
 #include <string>
 #include <utility>
@@ -194,6 +196,64 @@ TEST_F(CliFlagsTest, EvalBadUsageExitsTwo) {
                       "text", "--batches", "-1"})
                 .exit_code,
             2);
+}
+
+// CUDA_VISIBLE_DEVICES="" hides every GPU, so that these runs find none on any machine.
+EnvChanges WithoutGpus() {
+  return {{"MOETRAIN_COORDINATOR", std::nullopt},
+          {"MOETRAIN_TOKEN_FILE", std::nullopt},
+          {"CUDA_VISIBLE_DEVICES", ""}};
+}
+
+TEST_F(CliFlagsTest, ACudaRunWithoutAGpuFailsAtOnceAndCreatesNothing) {
+  std::string yaml = TinySpecYaml("on-gpu", 2);
+  const std::string cpu_spec = WriteSpec(yaml, "cpu.yaml");
+  yaml.replace(yaml.find("resources:\n"), std::string("resources:\n").size(),
+               "resources:\n  device: CUDA\n");
+  const std::string cuda_spec = WriteSpec(yaml, "cuda.yaml");
+  const std::filesystem::path checkpoints = dir_ / "gpu-checkpoints";
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"run", cpu_spec, "--device", "cuda"},
+        std::vector<std::string>{"run", cuda_spec}}) {
+    std::vector<std::string> with_dir = args;
+    with_dir.insert(with_dir.end(), {"--checkpoint-dir", checkpoints.string()});
+    const Finished finished = Moetrain(with_dir, WithoutGpus());
+    EXPECT_EQ(finished.exit_code, 2) << finished.out << finished.err;
+    EXPECT_TRUE(Contains(finished.err, "resources.device = CUDA: no usable GPU on this machine ("))
+        << finished.err;
+    EXPECT_FALSE(std::filesystem::exists(checkpoints)) << "a refused run created its directory";
+  }
+  // A bad --device is bad usage.
+  const Finished bad = Moetrain({"run", cpu_spec, "--device", "gpu"}, WithoutGpus());
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_TRUE(Contains(bad.err, "--device")) << bad.err;
+  // --device cpu overrides a CUDA spec: it trains here.
+  const Finished cpu = Moetrain(
+      {"run", cuda_spec, "--device", "cpu", "--checkpoint-dir", (dir_ / "cpu-ck").string()},
+      WithoutGpus());
+  EXPECT_EQ(cpu.exit_code, 0) << cpu.out << cpu.err;
+  EXPECT_TRUE(Contains(cpu.out, "step 2/2")) << cpu.out;
+}
+
+TEST_F(CliFlagsTest, AWorkerOfferingGpusItCannotUseFailsAtStart) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> runs = {
+      {{"--devices", "cuda"}, "--devices = 'cuda': no usable GPU on this machine ("},
+      {{"--devices", "cuda:0,0"}, "--devices = 'cuda:0,0': GPU 0 is listed twice"},
+      {{"--devices", "cuda:1,-1"}, "'-1' is not a device index"},
+      {{"--devices", "gpu"}, "is neither 'cpu', 'cuda' (every GPU) nor 'cuda:I,J,...'"},
+      // No GPU 4095 anywhere: on a machine with GPUs the message names it, without any it says
+      // there is none.
+      {{"--devices", "cuda:0,4095"}, "--devices = 'cuda:0,4095': "}};
+  for (const auto& [args, message] : runs) {
+    SCOPED_TRACE(args[1]);
+    Child child(std::filesystem::path(MOETRAIN_BIN_DIR) / "moetrain-worker");
+    ASSERT_EQ(child.Start(args, dir_, args[1] == "cuda" ? WithoutGpus() : CleanEnv()), "");
+    // A worker that got past its flags would keep trying to reach a coordinator, not exit.
+    const Finished finished = child.Wait(kCommandTimeout);
+    EXPECT_FALSE(finished.timed_out) << "the worker started";
+    EXPECT_EQ(finished.exit_code, 2) << finished.err;
+    EXPECT_TRUE(Contains(finished.err, message)) << finished.err;
+  }
 }
 
 }  // namespace

@@ -24,6 +24,15 @@ class Capture {
   ~Capture() { std::fclose(file_); }
   FILE* file() const { return file_; }
 
+  // The options of a text printer writing here, one line per event, of a 10-step job "j".
+  EventPrinterOptions TextLines() const {
+    return {.json = false,
+            .total_steps = 10,
+            .job_label = "j",
+            .out = file_,
+            .progress = ProgressStyle::kLines};
+  }
+
   std::string Text() const {
     std::fflush(file_);
     std::rewind(file_);
@@ -172,11 +181,7 @@ TEST(EventPrinterTest, JsonSummaryWithoutEventsHasNulls) {
 
 TEST(EventPrinterTest, TextLinesOnePerEvent) {
   Capture capture;
-  EventPrinter printer({.json = false,
-                        .total_steps = 10,
-                        .job_label = "j",
-                        .out = capture.file(),
-                        .progress = ProgressStyle::kLines});
+  EventPrinter printer(capture.TextLines());
   printer.Print(State(0, 100, v1::JOB_STATE_PENDING, "submitted"));
   printer.Print(State(1, 101, v1::JOB_STATE_SCHEDULED, ""));
   printer.Print(Step(2, 165, 1, 2.5));
@@ -191,6 +196,36 @@ TEST(EventPrinterTest, TextLinesOnePerEvent) {
             "hello\n"
             "done: 1 steps in 1:07, loss 2.5000\n"
             "last checkpoint: /ck/job/step-1\n");
+}
+
+TEST(EventPrinterTest, DeviceMemoryIsShownOnlyWhenReported) {
+  v1::JobEvent gpu_step = Step(2, 165, 1, 2.5);
+  gpu_step.mutable_step_metrics()->set_device_memory_bytes(int64_t{3} << 30);
+  gpu_step.mutable_step_metrics()->set_device_memory_peak_bytes(int64_t{9} << 29);
+  {
+    Capture capture;
+    EventPrinter printer(capture.TextLines());
+    printer.Print(State(1, 100, v1::JOB_STATE_RUNNING, ""));
+    printer.Print(gpu_step);
+    EXPECT_EQ(capture.Text(),
+              "state RUNNING\n"
+              "step 1/10  loss 2.5000  lr 1.00e-03  |g| 0.250  2048 tok/s  load 1.50  mem 3.00 GiB "
+              "(peak 4.50 GiB)  elapsed 1:05\n");
+  }
+  {
+    Capture capture;
+    EventPrinter printer(
+        {.json = true, .total_steps = 10, .job_label = "j", .out = capture.file()});
+    printer.Print(gpu_step);
+    printer.Print(Step(3, 166, 2, 2.25));  // a CPU step: no memory keys
+    const std::vector<json> lines = capture.Lines();
+    ASSERT_EQ(lines.size(), 2u) << capture.Text();
+    EXPECT_EQ(lines[0].at("device_memory_bytes"), int64_t{3} << 30);
+    EXPECT_EQ(lines[0].at("device_memory_peak_bytes"), int64_t{9} << 29);
+    EXPECT_EQ(lines[0].size(), 11u);
+    EXPECT_FALSE(lines[1].contains("device_memory_bytes")) << lines[1];
+    EXPECT_EQ(lines[1].size(), 9u);
+  }
 }
 
 TEST(EventPrinterTest, UnknownTotalPrintsTheStepAlone) {

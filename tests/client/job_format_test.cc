@@ -96,6 +96,11 @@ TEST(JobFormatTest, DescriptionHasStateAttemptsCheckpointMetricsAndSpec) {
   }
   EXPECT_NE(text.find("step 120/300, loss 2.5000, eval loss 2.7500"), std::string::npos) << text;
   EXPECT_NE(text.find("tokens seen 4096"), std::string::npos) << text;
+  EXPECT_EQ(text.find("device memory"), std::string::npos) << "a CPU job has none\n" << text;
+  job.mutable_last_metrics()->set_device_memory_bytes(int64_t{3} << 30);
+  job.mutable_last_metrics()->set_device_memory_peak_bytes(int64_t{5} << 30);
+  const std::string gpu = FormatJobDescription(job, kNow);
+  EXPECT_NE(gpu.find("device memory 3.00 GiB (peak 5.00 GiB)"), std::string::npos) << gpu;
   EXPECT_NE(text.find("\n  train:\n    steps: 300\n"), std::string::npos) << text;
 
   const std::string fresh =
@@ -157,6 +162,12 @@ TEST(JobFormatTest, CheckpointsAndWorkersTables) {
   EXPECT_EQ(FormatWorkersTable(workers, kNow),
             "ID   NAME   STATE  DEVICES  THREADS  JOB                HEARTBEAT  VERSION\n"
             "w-1  host1  BUSY   cuda x8  16       job-a (attempt 2)  1s ago     0.1\n");
+  // With each GPU's memory, as a worker that found its GPUs registers it.
+  worker->set_device_memory_bytes(int64_t{141} << 30);
+  EXPECT_EQ(
+      FormatWorkersTable(workers, kNow),
+      "ID   NAME   STATE  DEVICES              THREADS  JOB                HEARTBEAT  VERSION\n"
+      "w-1  host1  BUSY   cuda x8 (141.0 GiB)  16       job-a (attempt 2)  1s ago     0.1\n");
   EXPECT_EQ(FormatWorkersTable({}, kNow), "(no workers)\n");
 }
 

@@ -152,6 +152,19 @@ class FailurePolicyTest : public ServiceTest {
     return described.out;
   }
 
+  // `describe job_id` once it mentions `needle` (expected within a minute), or its last output.
+  std::string DescribeOnceItSays(const std::string& job_id, const std::string& needle) {
+    std::string text;
+    EXPECT_TRUE(WaitUntil(
+        [&] {
+          text = Describe(job_id);
+          return absl::StrContains(text, needle);
+        },
+        std::chrono::seconds(60)))
+        << text;
+    return text;
+  }
+
   // How many attempts the job's history started.
   int AttemptsStarted(const std::string& job_id) {
     int started = 0;
@@ -162,22 +175,31 @@ class FailurePolicyTest : public ServiceTest {
   }
 };
 
-TEST_F(FailurePolicyTest, SubmitRefusesADeviceOrPrecisionNoWorkerCanRunWithExitTwo) {
+TEST_F(FailurePolicyTest, SubmitRefusesAPrecisionNoWorkerCanRunWithExitTwo) {
   StartCoordinator();
   const std::string yaml = ServiceSpec("unrunnable").Yaml();
-  const std::vector<std::pair<std::string, std::string>> cases = {
-      {Edit(yaml, "resources:\n", "resources:\n  device: CUDA\n"), "resources.device = CUDA"},
-      {Edit(yaml, "train:\n", "train:\n  precision: FP8\n"), "train.precision = FP8"}};
-  for (const auto& [spec, field] : cases) {
-    SCOPED_TRACE(field);
-    std::ofstream(dir_ / "unrunnable.yaml") << spec;
-    const Finished submitted = Moetrain({"submit", (dir_ / "unrunnable.yaml").string()});
-    EXPECT_EQ(submitted.exit_code, 2) << submitted.out << submitted.err;
-    EXPECT_THAT(submitted.err, HasSubstr(field));
-  }
+  std::ofstream(dir_ / "unrunnable.yaml") << Edit(yaml, "train:\n", "train:\n  precision: FP8\n");
+  const Finished submitted = Moetrain({"submit", (dir_ / "unrunnable.yaml").string()});
+  EXPECT_EQ(submitted.exit_code, 2) << submitted.out << submitted.err;
+  EXPECT_THAT(submitted.err, HasSubstr("train.precision = FP8"));
   const Finished jobs = Moetrain({"jobs", "--json"});
   EXPECT_EQ(jobs.exit_code, 0) << jobs.err;
   EXPECT_EQ(jobs.out, "{\"jobs\":[]}\n") << "a refused job was stored";
+}
+
+// The coordinator needs no GPU to accept a CUDA job; it never gives it to a CPU worker.
+TEST_F(FailurePolicyTest, ACudaJobIsAcceptedAndWaitsForCudaWorkers) {
+  StartCoordinator();
+  StartWorker("a");
+  ASSERT_TRUE(WaitUntil([&] { return Workers().size() == 1; }, std::chrono::seconds(60)));
+  const std::string yaml = ServiceSpec("on-gpus").Yaml();
+  std::ofstream(dir_ / "on-gpus.yaml")
+      << Edit(yaml, "resources:\n", "resources:\n  device: CUDA\n");
+  const Finished submitted = Moetrain({"submit", (dir_ / "on-gpus.yaml").string(), "--json"});
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.out << submitted.err;
+  const std::string id = nlohmann::json::parse(submitted.out)["id"];
+  const std::string text = DescribeOnceItSays(id, "needs 1 CUDA worker, 0 registered");
+  EXPECT_THAT(text, HasSubstr("PENDING"));
 }
 
 TEST_F(FailurePolicyTest, DataWithTokenIdsPastTheVocabularyFailsTheJobAtOnce) {
@@ -277,14 +299,7 @@ TEST_F(FailurePolicyTest, DescribeOfAWaitingJobSaysWhy) {
   gang.workers = 4;
   const std::string id = Submit(gang);
   const std::string reason = "needs 4 CPU workers, 1 registered";
-  std::string text;
-  EXPECT_TRUE(WaitUntil(
-      [&] {
-        text = Describe(id);
-        return absl::StrContains(text, "Waiting:");
-      },
-      std::chrono::seconds(60)))
-      << text;
+  const std::string text = DescribeOnceItSays(id, "Waiting:");
   EXPECT_THAT(text, HasSubstr(reason));
   EXPECT_THAT(Describe(id, /*json=*/true),
               HasSubstr(absl::StrCat("\"waiting_reason\":\"", reason, "\"")));

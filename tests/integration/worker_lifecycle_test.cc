@@ -105,7 +105,14 @@ TEST_P(StopSignalTest, AWorkerThatHasNotRegisteredYetStopsAndExitsZero) {
 TEST_P(StopSignalTest, AnIdleRegisteredWorkerStopsAndExitsZero) {
   StartCoordinator();
   Daemon& worker = StartWorker("idle");
-  ASSERT_TRUE(WaitUntil([&] { return Workers().size() == 1; }, std::chrono::seconds(60)))
+  // Registered on both sides: the coordinator lists it before the worker has read the answer, and
+  // a worker signalled in between has not registered yet (it stops without a last heartbeat).
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        return Workers().size() == 1 &&
+               ReadWholeFile(dir_ / "idle.log").find("registered as worker") != std::string::npos;
+      },
+      std::chrono::seconds(60)))
       << worker.Log();
   kill(worker.pid(), GetParam());
   const int exit_code = worker.WaitExit(std::chrono::seconds(60));

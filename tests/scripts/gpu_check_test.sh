@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # scripts/gpu-check.sh as CI runs it: `bundle` on the build, then `run` on a machine
 # without a GPU, which must print "skipped: no GPU" and exit 0. Also checks what a GPU machine
-# will rely on: the bundle holds every CUDA test found by name and the benchmark, with every
-# library they load except glibc's and CUDA's, under 64 MiB; and, with a stand-in nvidia-smi that
-# lists a GPU the CUDA runtime cannot use, `run` runs every bundled test, prints a JSON summary
-# and refuses to pass.
+# will rely on: the bundle holds every CUDA test found by name, the moetrain CLI, the benchmarks
+# and the spec the training check trains, with every library they load except glibc's and
+# CUDA's, under 64 MiB; and, with a stand-in nvidia-smi that lists a GPU the CUDA runtime cannot
+# use, `run` runs every bundled test, trains the spec on the CPU (in f32 and bf16: those runs
+# must succeed here) and tries CUDA, runs the benchmarks, prints a JSON summary and refuses to
+# pass. The loss comparison itself is tested by gpu_check_compare_losses_test.sh (its own ctest).
 #
 #   gpu_check_test.sh REPO_DIR BUILD_DIR
 set -euo pipefail
@@ -12,6 +14,10 @@ set -euo pipefail
 repo=$1
 build=$2
 script=$repo/scripts/gpu-check.sh
+# xz's fastest level: the bundle is over 100 MiB before compression, and level 9 takes minutes on
+# CI's cores. The archive it makes is larger than level 9's, so a level-0 bundle under 64 MiB
+# proves that the real one is too.
+export GPU_CHECK_XZ_LEVEL=${GPU_CHECK_XZ_LEVEL:-0}
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 fail() {
@@ -75,10 +81,19 @@ root=$scratch/unpacked/moetrain-gpu-bundle
 mapfile -t bundled < <(LC_ALL=C sort "$root/tests.txt")
 [ "${bundled[*]}" = "${expected[*]}" ] ||
   fail "the bundle's tests (${bundled[*]}) are not the CUDA tests (${expected[*]})"
-for name in "${expected[@]}" moe_layer_bench; do
+programs=(moetrain train_bench moe_layer_bench)
+for name in "${expected[@]}" "${programs[@]}"; do
   [ -x "$root/bin/$name" ] || fail "bin/$name is not in the bundle"
   grep -q " bin/$name\$" "$root/MANIFEST.txt" || fail "MANIFEST.txt does not list bin/$name"
 done
+cmp -s "$repo/examples/tiny-moe.yaml" "$root/examples/tiny-moe.yaml" ||
+  fail "the bundle's examples/tiny-moe.yaml is not the repository's"
+[ "$(cat "$root/train-spec.txt")" = examples/tiny-moe.yaml ] || fail "train-spec.txt: $(cat "$root/train-spec.txt")"
+[ "$(cat "$root/tools.txt")" = moetrain ] || fail "tools.txt: $(cat "$root/tools.txt")"
+if ! grep -qx 'train_bench --device cuda .*--json' "$root/benchmarks.txt" ||
+  ! grep -qx 'moe_layer_bench --device cuda --json' "$root/benchmarks.txt"; then
+  fail "benchmarks.txt: $(cat "$root/benchmarks.txt")"
+fi
 
 # The libraries: none of glibc's or CUDA's, and with only the bundle's lib/ (and CUDA where this
 # machine has it), every other library of every binary resolves into lib/.
@@ -98,7 +113,7 @@ for binary in "$root"/bin/*; do
       fail "${binary##*/} loads $name from $path, not from the bundle"
   done < <(LD_LIBRARY_PATH=$root/lib:$root/lib/gcc-runtime ldd "$binary")
 done
-echo "the bundle holds ${#expected[@]} tests and moe_layer_bench with their libraries"
+echo "the bundle holds ${#expected[@]} tests and ${programs[*]} with their libraries"
 
 # run, without a GPU. Where this machine has one, a missing nvidia-smi stands for none.
 smi=nvidia-smi
@@ -113,8 +128,9 @@ echo "run took $((SECONDS - started)) s: $out"
 grep -q '^skipped: no GPU' <<<"$out" || fail "run without a GPU did not print 'skipped: no GPU'"
 
 # run with an nvidia-smi that lists a GPU which the CUDA runtime here cannot reach: every bundled
-# test runs (and skips), the benchmark runs, one JSON summary comes out, and the run fails
-# because the tests found no usable GPU. Only where there is no GPU.
+# test runs (and skips), tiny-moe trains on the CPU in f32 and bf16 and fails at once on CUDA,
+# the benchmarks run (and find no GPU), one JSON summary comes out, and the run fails because the
+# tests found no usable GPU and the CUDA runs failed. Only where there is no GPU.
 if [ "$smi" = nvidia-smi ]; then
   cat >"$scratch/fake-nvidia-smi" <<'EOF'
 #!/bin/sh
@@ -129,10 +145,11 @@ EOF
     "$script" run "$scratch/out" "$scratch/logs" >"$scratch/summary.json" 2>"$scratch/run.err" ||
     rc=$?
   [ $rc -eq 1 ] || fail "run with an unusable GPU: exit $rc, want 1: $(cat "$scratch/run.err")"
-  python3 - "$scratch/summary.json" "${expected[@]}" <<'EOF' || fail "the JSON summary is wrong"
-import json, sys
+  python3 - "$scratch/summary.json" "$scratch/logs" "${expected[@]}" <<'EOF' ||
+import json, os, re, sys
 summary = json.load(open(sys.argv[1]))
-expected = sorted(sys.argv[2:])
+logs = sys.argv[2]
+expected = sorted(sys.argv[3:])
 tests = summary["tests"]
 problems = []
 if summary["gpu"] != "NVIDIA H200" or summary["driver"] != "580.65.06":
@@ -145,14 +162,47 @@ if tests["failed"] or tests["failures"] or tests["not_run"]:
     problems.append("failures without a GPU: %s %s" % (tests["failures"], tests["not_run"]))
 if not tests["skipped"] or not tests["gpu_not_usable"]:
     problems.append("no test reported the GPU unusable: %s" % tests)
-if "bench" not in summary or not isinstance(summary.get("seconds"), float):
-    problems.append("no bench or seconds: %s" % summary)
+if not isinstance(summary.get("seconds"), float):
+    problems.append("no seconds: %s" % summary)
+if sorted(summary.get("bench", {})) != ["moe_layer_bench", "train_bench"]:
+    problems.append("bench: %s" % summary.get("bench"))
+
+# Training: the CPU runs trained 20 steps from the spec copies; the CUDA runs failed; every loss
+# check failed, naming the failed runs.
+runs = summary.get("training", {}).get("runs", {})
+want_runs = ["cpu_bf16", "cpu_f32", "cuda_bf16", "cuda_f32", "cuda_f32_repeat"]
+if sorted(runs) != want_runs:
+    problems.append("training runs %s, want %s" % (sorted(runs), want_runs))
+for name, run in runs.items():
+    if name.startswith("cpu"):
+        if run.get("exit") != 0 or run.get("steps") != 20 or "final_loss" not in run:
+            problems.append("the CPU run %s did not train 20 steps: %s" % (name, run))
+    elif run.get("exit") == 0:
+        problems.append("the CUDA run %s succeeded without a GPU: %s" % (name, run))
+for precision, value in (("f32", "FP32"), ("bf16", "BF16")):
+    text = open(os.path.join(logs, "train-%s.yaml" % precision)).read()
+    for line in ("  precision: " + value, "  steps: 20", "  log_every: 1"):
+        if not re.search("^%s$" % line, text, re.M):
+            problems.append("train-%s.yaml lacks '%s'" % (precision, line))
+checks = summary.get("checks", {})
+want_checks = ["cuda_f32_bit_identical", "loss_bf16_cuda_vs_cpu", "loss_f32_cuda_vs_cpu",
+               "moe_layer_bench", "tests", "train_bench"]
+if sorted(checks) != want_checks:
+    problems.append("checks %s, want %s" % (sorted(checks), want_checks))
+for name in ("loss_f32_cuda_vs_cpu", "loss_bf16_cuda_vs_cpu", "cuda_f32_bit_identical"):
+    check = checks.get(name, {})
+    reason = check.get("reason", "")
+    if check.get("pass") is not False or not re.search(r"run cuda_(f32|bf16): exit 2", reason):
+        problems.append("%s: %s" % (name, check))
+if summary.get("passed") is not False:
+    problems.append("passed: %s" % summary.get("passed"))
 for p in problems:
     print("summary: " + p)
 unusable = tests["gpu_not_usable"][0] if tests["gpu_not_usable"] else ""
 print("summary: %d passed, %d skipped; %s" % (tests["passed"], tests["skipped"], unusable))
 sys.exit(1 if problems else 0)
 EOF
+    fail "the JSON summary is wrong"
   [ -f "$scratch/logs/summary.json" ] || fail "LOG_DIR did not receive summary.json"
 
   # A machine whose glibc is too old for the bundle's libstdc++ (but not for the binaries) uses
@@ -163,7 +213,7 @@ EOF
   if [ "$binaries_glibc" != "$runtime_glibc" ]; then
     rc=0
     GPU_CHECK_GLIBC_VERSION=$binaries_glibc GPU_CHECK_NVIDIA_SMI=$scratch/fake-nvidia-smi \
-      GPU_CHECK_BENCH_TIMEOUT=120 "$script" run "$scratch/out" >"$scratch/summary.json" \
+      GPU_CHECK_PHASES=tests "$script" run "$scratch/out" >"$scratch/summary.json" \
       2>"$scratch/run.err" || rc=$?
     grep -q "glibc $binaries_glibc cannot load the bundle's libstdc++.*: using /" \
       "$scratch/run.err" ||

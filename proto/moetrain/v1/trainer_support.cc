@@ -5,13 +5,12 @@ namespace moetrain::v1 {
 absl::Status CheckTrainerSupports(const JobSpec& spec) {
   if (spec.train().precision() == TrainConfig::FP8) {
     return absl::UnimplementedError(
-        "train.precision = FP8 is not available on the CPU yet (use FP32 or BF16)");
+        "train.precision = FP8: the trainer has no FP8 training loop yet, on any device (use "
+        "FP32 or BF16)");
   }
-  if (spec.resources().device() == ResourceConfig::CUDA) {
-    return absl::UnimplementedError(
-        "resources.device = CUDA: this build's trainer runs on the CPU (the CUDA backend has "
-        "kernels but no training loop yet)");
-  }
+  // resources.device = CUDA is a matter of where the job runs, not of whether it can: the
+  // scheduler gives it only to workers that offer GPUs, and the trainer checks for a usable GPU
+  // when it starts (TrainerConfigFromSpec).
   return absl::OkStatus();
 }
 

@@ -1,4 +1,4 @@
-// What this build's trainer can run, beyond what a valid spec may say: checked where a spec is
+// What this version's trainer can run, beyond what a valid spec may say: checked where a spec is
 // run (the worker, TrainerConfigFromSpec) and where it is accepted (the coordinator's SubmitJob),
 // so that a job no worker of this version could ever train is refused at submit instead of failing
 // on every worker it is given to.
@@ -11,9 +11,11 @@
 namespace moetrain::v1 {
 
 // OK, or Unimplemented naming the field and value the trainer cannot run: train.precision = FP8
-// (no FP8 training loop yet) and resources.device = CUDA (the training loop runs on the CPU; the
-// CUDA backend has kernels but no training loop yet). Whether this process was built with CUDA
-// does not matter: no build's trainer trains on a GPU yet.
+// (no FP8 training loop yet, on any device). A function of the spec alone: resources.device =
+// CUDA is accepted whether or not this process was built with CUDA or has a GPU, because the
+// coordinator that calls it at submit needs neither (it places a CUDA job only on workers that
+// offer GPUs); where the trainer starts, TrainerConfigFromSpec (worker/job_config.h) refuses a
+// CUDA job on a machine without a usable GPU.
 absl::Status CheckTrainerSupports(const JobSpec& spec);
 
 }  // namespace moetrain::v1

@@ -261,7 +261,9 @@ function checkContainer(ctx, workload, container, volumes) {
   }
 }
 
-// A worker: GPUs (in the gpu overlay) as many as --devices lists, threads within the CPU limit.
+// A worker: in the gpu overlay, --devices=cuda (every GPU the pod is given) or a list of as many
+// GPUs as its nvidia.com/gpu limit; NVIDIA_VISIBLE_DEVICES left to the device plugin, and the
+// driver's compute libraries asked for. Threads within the CPU limit.
 function checkWorker(ctx, workload, container) {
   const report = (message) => ctx.report(workload, `container ${container.name}: ${message}`);
   const pod = workload.spec.template.spec;
@@ -271,9 +273,29 @@ function checkWorker(ctx, workload, container) {
   const devices = expand(flagValue(container, '--devices') || '', env);
   if (ctx.gpu) {
     if (!(Number(gpus) >= 1)) report('no nvidia.com/gpu limit in the gpu overlay');
-    const listed = devices?.startsWith('cuda:') ? devices.slice(5).split(',').length : 0;
-    if (listed !== Number(gpus)) {
-      report(`--devices=${devices} lists ${listed} GPUs, the limit is ${gpus}`);
+    if (devices === 'cuda') {
+      // The worker takes every GPU it can see, which are those of the limit.
+    } else if (devices?.startsWith('cuda:')) {
+      const listed = devices.slice(5).split(',').length;
+      if (listed !== Number(gpus)) {
+        report(`--devices=${devices} lists ${listed} GPUs, the limit is ${gpus}`);
+      }
+    } else {
+      report(`--devices=${devices} in the gpu overlay: the workers would not use their GPUs`);
+    }
+    const requested = container.resources?.requests?.['nvidia.com/gpu'];
+    if (requested !== undefined && String(requested) !== String(gpus)) {
+      report(`nvidia.com/gpu request ${requested} differs from the limit ${gpus}`);
+    }
+    // The device plugin sets NVIDIA_VISIBLE_DEVICES to the GPUs it allocated; a value in the pod
+    // spec would override that and could hand the worker GPUs allocated to other pods.
+    if (env.has('NVIDIA_VISIBLE_DEVICES')) {
+      report('sets NVIDIA_VISIBLE_DEVICES, which the NVIDIA device plugin must set');
+    }
+    const capabilities = env.get('NVIDIA_DRIVER_CAPABILITIES');
+    if (typeof capabilities === 'string' && capabilities !== 'all' &&
+        !capabilities.split(',').includes('compute')) {
+      report(`NVIDIA_DRIVER_CAPABILITIES=${capabilities} lacks compute (libcuda)`);
     }
     if (!pod.tolerations?.length && !pod.nodeSelector && !pod.affinity) {
       report('GPU workers have no node selector, affinity or tolerations');
@@ -529,9 +551,17 @@ const BREAKAGES = [
    to: 'newTag: latest\n  - name: moetrain-worker', expect: 'uses the tag latest'},
   {file: 'overlays/cpu/kustomization.yaml', from: 'MOETRAIN_NUM_THREADS=1',
    to: 'MOETRAIN_NUM_THREADS=4', expect: '--threads=4 with a CPU limit of 1 cores'},
+  {file: 'overlays/gpu/kustomization.yaml', from: 'MOETRAIN_DEVICES=cuda\n',
+   to: 'MOETRAIN_DEVICES=cuda:0,1,2,3\n', expect: 'lists 4 GPUs, the limit is 8'},
+  {file: 'overlays/gpu/kustomization.yaml', from: 'MOETRAIN_DEVICES=cuda\n',
+   to: 'MOETRAIN_DEVICES=cpu\n', expect: 'the workers would not use their GPUs'},
   {file: 'overlays/gpu/worker-gpu.yaml', from: 'nvidia.com/gpu: 8\n            limits:',
-   to: 'nvidia.com/gpu: 8\n            limits:\n              nvidia.com/gpu: 4',
-   expect: 'lists 8 GPUs, the limit is 4'},
+   to: 'nvidia.com/gpu: 4\n            limits:', expect: 'request 4 differs from the limit 8'},
+  {file: 'overlays/gpu/worker-gpu.yaml', from: 'value: compute,utility',
+   to: 'value: compute,utility\n            - name: NVIDIA_VISIBLE_DEVICES\n              value: all',
+   expect: 'sets NVIDIA_VISIBLE_DEVICES'},
+  {file: 'overlays/gpu/worker-gpu.yaml', from: 'value: compute,utility', to: 'value: utility',
+   expect: 'lacks compute'},
   {file: 'overlays/gpu/kustomization.yaml', from: 'resources:\n  - ../../base',
    to: 'resources:\n  - ../../base\n  - token.yaml', expect: 'a Secret with data in the manifests',
    add: ['overlays/gpu/token.yaml',

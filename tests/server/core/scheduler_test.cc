@@ -248,6 +248,13 @@ TEST(SchedulerTest, RejectsMalformedInput) {
       << twice.status();
 }
 
+// Rule 2, written out again: what the random test holds the decisions to.
+bool Fits(const PendingJob& job, const SchedulerWorker& worker) {
+  const bool memory_known = job.device_memory_bytes > 0 && worker.device_memory_bytes > 0;
+  return worker.device_kind == job.device_kind && worker.device_count >= job.devices_per_worker &&
+         (!memory_known || worker.device_memory_bytes >= job.device_memory_bytes);
+}
+
 // Random fleets and queues: the invariants every decision must keep.
 TEST(SchedulerTest, RandomDecisionsKeepTheInvariants) {
   std::mt19937 rng(20261202);
@@ -258,6 +265,8 @@ TEST(SchedulerTest, RandomDecisionsKeepTheInvariants) {
     for (int i = 0; i < num_workers; ++i) {
       workers.push_back(Worker(absl::StrCat("w", i), states[rng() % 6], rng() % 2 ? kCpu : kCuda,
                                static_cast<int32_t>(rng() % 9)));
+      // 0 (unknown), 40, 80 or 120 GiB per device.
+      workers.back().device_memory_bytes = static_cast<int64_t>(rng() % 4) * (int64_t{40} << 30);
     }
     std::vector<PendingJob> jobs;
     const int num_jobs = std::uniform_int_distribution<int>(0, 6)(rng);
@@ -265,6 +274,7 @@ TEST(SchedulerTest, RandomDecisionsKeepTheInvariants) {
       jobs.push_back(Job(absl::StrCat("j", i), i, static_cast<int32_t>(1 + rng() % 4),
                          rng() % 2 ? kCpu : kCuda, static_cast<int32_t>(rng() % 9),
                          static_cast<int32_t>(rng() % 3)));
+      jobs.back().device_memory_bytes = static_cast<int64_t>(rng() % 4) * (int64_t{40} << 30);
     }
     const ScheduleDecision decision = MustSchedule(jobs, workers);
     std::map<std::string, const PendingJob*> job_by_id;
@@ -283,8 +293,7 @@ TEST(SchedulerTest, RandomDecisionsKeepTheInvariants) {
         EXPECT_TRUE(used.insert(id).second) << "worker " << id << " assigned twice";
         const SchedulerWorker& worker = *worker_by_id.at(id);
         EXPECT_EQ(worker.state, kIdle);
-        EXPECT_EQ(worker.device_kind, job.device_kind);
-        EXPECT_GE(worker.device_count, job.devices_per_worker);
+        EXPECT_TRUE(Fits(job, worker)) << job.job_id << " on " << id;
       }
     }
     for (const UnschedulableJob& u : decision.unschedulable) {
@@ -292,8 +301,7 @@ TEST(SchedulerTest, RandomDecisionsKeepTheInvariants) {
       const PendingJob& job = *job_by_id.at(u.job_id);
       int registered = 0;
       for (const SchedulerWorker& worker : workers) {
-        registered += worker.state != kLost && worker.device_kind == job.device_kind &&
-                      worker.device_count >= job.devices_per_worker;
+        registered += worker.state != kLost && Fits(job, worker);
       }
       EXPECT_LT(registered, job.workers_needed);
     }
@@ -314,8 +322,7 @@ TEST(SchedulerTest, RandomDecisionsKeepTheInvariants) {
           if (a.job_id != job->job_id) continue;
           for (const std::string& id : a.worker_ids) {
             const SchedulerWorker& worker = *worker_by_id.at(id);
-            EXPECT_FALSE(worker.device_kind == head->device_kind &&
-                         worker.device_count >= head->devices_per_worker)
+            EXPECT_FALSE(Fits(*head, worker))
                 << job->job_id << " took " << id << " from head " << head->job_id;
           }
         }
@@ -358,6 +365,68 @@ TEST(SchedulerTest, EveryJobThatDoesNotStartSaysWhy) {
                      {"gpu",
                       "waiting for 1 CUDA worker with at least 8 devices each to be free, "
                       "1 registered"}}));
+}
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+SchedulerWorker GpuWorker(std::string id, int32_t device_count, int64_t memory_bytes,
+                          WorkerState state = kIdle) {
+  SchedulerWorker worker = Worker(std::move(id), state, kCuda, device_count);
+  worker.device_memory_bytes = memory_bytes;
+  return worker;
+}
+
+TEST(SchedulerTest, ACudaJobGoesOnlyToCudaWorkersWithEnoughGpus) {
+  // The CPU worker is free and the first by id; the one-GPU worker is too small.
+  const std::vector<SchedulerWorker> workers = {Worker("a-cpu", kIdle, kCpu, 1),
+                                                GpuWorker("b-gpu1", 1, 80 * kGiB),
+                                                GpuWorker("c-gpu2", 2, 80 * kGiB)};
+  EXPECT_EQ(AssignedOf(MustSchedule({Job("two-gpus", 1, 1, kCuda, 2)}, workers)),
+            (Assigned{{"two-gpus", {"c-gpu2"}}}));
+  EXPECT_EQ(AssignedOf(MustSchedule({Job("cpu", 1, 1, kCpu, 1)}, workers)),
+            (Assigned{{"cpu", {"a-cpu"}}}));
+  const ScheduleDecision too_many = MustSchedule({Job("four", 1, 1, kCuda, 4)}, workers);
+  EXPECT_EQ(ReasonsOf(too_many),
+            (Reasons{{"four", "needs 1 CUDA worker with at least 4 devices each, 0 registered"}}));
+}
+
+TEST(SchedulerTest, DeviceMemoryExcludesOnlyWorkersKnownToBeSmaller) {
+  const std::vector<SchedulerWorker> workers = {GpuWorker("a-small", 1, 40 * kGiB),
+                                                GpuWorker("b-large", 1, 80 * kGiB),
+                                                GpuWorker("c-unknown", 1, 0)};
+  PendingJob big = Job("big", 1, 2, kCuda, 1);
+  big.device_memory_bytes = 60 * kGiB;
+  EXPECT_EQ(AssignedOf(MustSchedule({big}, workers)),
+            (Assigned{{"big", {"b-large", "c-unknown"}}}));
+  // A need of 0 (unknown) takes any worker.
+  EXPECT_EQ(AssignedOf(MustSchedule({Job("any", 1, 1, kCuda, 1)}, workers)),
+            (Assigned{{"any", {"a-small"}}}));
+
+  PendingJob huge = Job("huge", 1, 1, kCuda, 1);
+  huge.device_memory_bytes = 100 * kGiB;
+  const ScheduleDecision one_unknown = MustSchedule(
+      {huge}, {GpuWorker("a-small", 1, 40 * kGiB), GpuWorker("c-unknown", 1, 0, kBusy)});
+  EXPECT_TRUE(one_unknown.assignments.empty());
+  EXPECT_TRUE(ReasonsOf(one_unknown).empty());
+  EXPECT_EQ(WaitingOf(one_unknown),
+            (Reasons{{"huge",
+                      "waiting for 1 CUDA worker with a device of 100.0 GiB to be free, "
+                      "1 registered"}}));
+
+  PendingJob gang = Job("gang", 1, 2, kCuda, 2);
+  gang.device_memory_bytes = 60 * kGiB;
+  const ScheduleDecision too_small =
+      MustSchedule({gang}, {GpuWorker("a", 2, 40 * kGiB), GpuWorker("b", 2, 80 * kGiB)});
+  EXPECT_EQ(ReasonsOf(too_small),
+            (Reasons{{"gang",
+                      "needs 2 CUDA workers with at least 2 devices of 60.0 GiB each, "
+                      "1 registered"}}));
+
+  PendingJob negative = Job("negative", 1, 1, kCuda, 1);
+  negative.device_memory_bytes = -1;
+  EXPECT_EQ(Schedule({negative}, workers).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Schedule({Job("a", 1, 1, kCuda, 1)}, {GpuWorker("w", 1, -1)}).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

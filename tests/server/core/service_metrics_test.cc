@@ -139,6 +139,8 @@ void ReportEverything(ServiceMetrics& metrics, const std::string& job_id) {
   step.set_dropped_tokens(3);
   step.add_expert_load_per_layer(1.5);
   step.add_expert_load_per_layer(1.25);
+  step.set_device_memory_bytes(3 << 20);
+  step.set_device_memory_peak_bytes(5 << 20);
   metrics.OnStep(job_id, step, 640);
   metrics.OnCheckpointWritten(job_id, absl::Milliseconds(20));
   metrics.OnCheckpointGood(job_id, 5, absl::FromUnixSeconds(1800000000));
@@ -164,9 +166,9 @@ TEST_F(ServiceMetricsTest, RetireJobRemovesEverySeriesOfThatJobOnly) {
   metrics_->SetJobsByState({{JobState::kFailed, 2}});
   const std::string before = registry_.Serialize();
   const std::vector<std::string> series_of_b = LinesOfJob(before, "job-b");
-  // 12 plain gauges, 3 counters, the info, 2 expert-load layers, 3 states, and two histograms
+  // 14 plain gauges, 3 counters, the info, 2 expert-load layers, 3 states, and two histograms
   // of 16 and 14 bounds (a bucket per bound, +Inf, _sum and _count).
-  EXPECT_EQ(series_of_b.size(), 12u + 3 + 1 + 2 + 3 + (16 + 3) + (14 + 3)) << before;
+  EXPECT_EQ(series_of_b.size(), 14u + 3 + 1 + 2 + 3 + (16 + 3) + (14 + 3)) << before;
   EXPECT_EQ(LinesOfJob(before, "job-a").size(), series_of_b.size());
 
   metrics_->RetireJob("job-a");
@@ -228,6 +230,29 @@ TEST_F(ServiceMetricsTest, RetirementsRaceReportsSafely) {
   EXPECT_EQ(Sample(text, R"(moetrain_train_tokens_total{job_id="job-kept"})"), 10 * kIterations);
   EXPECT_EQ(Sample(text, R"(moetrain_job_restarts_total{job_id="job-kept"})"), kIterations);
   EXPECT_EQ(Sample(text, R"(moetrain_train_step{job_id="job-kept"})"), kIterations);
+}
+
+TEST_F(ServiceMetricsTest, DeviceMemoryIsTheLastReportedStepsAndZeroOnTheCpu) {
+  v1::StepMetrics gpu;
+  gpu.set_step(1);
+  gpu.set_device_memory_bytes(int64_t{3} << 30);
+  gpu.set_device_memory_peak_bytes(int64_t{5} << 30);
+  metrics_->OnStep("job-gpu", gpu, 10);
+  v1::StepMetrics cpu;
+  cpu.set_step(1);
+  metrics_->OnStep("job-cpu", cpu, 10);
+  const std::string text = registry_.Serialize();
+  EXPECT_EQ(Sample(text, R"(moetrain_job_device_memory_bytes{job_id="job-gpu"})"),
+            static_cast<double>(int64_t{3} << 30))
+      << text;
+  EXPECT_EQ(Sample(text, R"(moetrain_job_device_memory_peak_bytes{job_id="job-gpu"})"),
+            static_cast<double>(int64_t{5} << 30));
+  // A CPU job reports 0, and has the series as it has the others (the dashboard's panel needs
+  // it).
+  EXPECT_EQ(Sample(text, R"(moetrain_job_device_memory_bytes{job_id="job-cpu"})"), 0);
+  EXPECT_EQ(Sample(text, R"(moetrain_job_device_memory_peak_bytes{job_id="job-cpu"})"), 0);
+  EXPECT_NE(text.find("# TYPE moetrain_job_device_memory_bytes gauge"), std::string::npos);
+  EXPECT_NE(text.find("# TYPE moetrain_job_device_memory_peak_bytes gauge"), std::string::npos);
 }
 
 TEST_F(ServiceMetricsTest, TheNewFamiliesHaveTheirTypes) {

@@ -70,6 +70,50 @@ TEST_F(FleetTest, RegisteredWorkersGetDistinctIdsAndAreListedIdle) {
   EXPECT_EQ(WorkerStateOf(first->worker_id()), v1::WORKER_STATE_IDLE);
 }
 
+TEST_F(FleetTest, ACudaJobWaitsForAWorkerWithEnoughGpusAndTheirMemoryIsListed) {
+  StartFleet();
+  v1::RegisterWorkerRequest negative = Registration("host-neg");
+  negative.mutable_resources()->set_device_memory_bytes(-1);
+  absl::StatusOr<v1::RegisterWorkerResponse> refused = fleet_->Register(negative);
+  ASSERT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("resources.device_memory_bytes = -1"));
+
+  v1::JobSpec spec = TestSpec(1, 0, "on-gpus");
+  spec.mutable_resources()->set_device(v1::ResourceConfig::CUDA);
+  spec.mutable_resources()->set_devices_per_worker(2);
+  absl::StatusOr<JobRecord> job = coordinator_->Submit("cuda-1", spec, 0);
+  ASSERT_TRUE(job.ok()) << job.status();
+
+  // A CPU worker and a one-GPU worker do not match.
+  const std::string cpu = Register("cpu");
+  v1::RegisterWorkerRequest one_gpu = Registration("one-gpu");
+  one_gpu.mutable_resources()->set_device(v1::ResourceConfig::CUDA);
+  one_gpu.mutable_resources()->set_device_count(1);
+  one_gpu.mutable_resources()->set_device_memory_bytes(int64_t{80} << 30);
+  ASSERT_TRUE(fleet_->Register(one_gpu).ok());
+  EXPECT_TRUE(WaitUntil([&] {
+    return GetJob(job->id).waiting_reason ==
+           "needs 1 CUDA worker with at least 2 devices each, 0 registered";
+  })) << GetJob(job->id).waiting_reason;
+  EXPECT_EQ(GetJob(job->id).state, JobState::kPending);
+
+  v1::RegisterWorkerRequest two_gpus = Registration("two-gpus");
+  two_gpus.mutable_resources()->set_device(v1::ResourceConfig::CUDA);
+  two_gpus.mutable_resources()->set_device_count(2);
+  two_gpus.mutable_resources()->set_device_memory_bytes(int64_t{141} << 30);
+  absl::StatusOr<v1::RegisterWorkerResponse> gpu_worker = fleet_->Register(two_gpus);
+  ASSERT_TRUE(gpu_worker.ok()) << gpu_worker.status();
+  const v1::WorkerInfo info = InfoOf(gpu_worker->worker_id());
+  EXPECT_EQ(info.device(), v1::ResourceConfig::CUDA);
+  EXPECT_EQ(info.device_count(), 2);
+  EXPECT_EQ(info.device_memory_bytes(), int64_t{141} << 30);
+  EXPECT_EQ(InfoOf(cpu).device_memory_bytes(), 0);
+
+  const v1::Assignment assignment = AwaitAssignment(gpu_worker->worker_id());
+  EXPECT_EQ(assignment.job_id(), job->id);
+  EXPECT_EQ(assignment.spec().resources().device(), v1::ResourceConfig::CUDA);
+}
+
 TEST_F(FleetTest, CallsOfAnUnknownWorkerAreNotFound) {
   StartFleet();
   const absl::Status heartbeat = Heartbeat("w-nobody").status();

@@ -258,6 +258,26 @@ TEST_F(JobServiceTest, MalformedSpecIsInvalidArgumentNamingTheFieldAndStoresNoth
   EXPECT_EQ(StoredJobs(), 0);
 }
 
+// Acceptance at submit depends on the spec alone: the coordinator needs no GPU to accept a CUDA
+// job (the scheduler gives it only to workers that offer GPUs), while FP8, which no trainer runs
+// yet on any device, is refused naming the field.
+TEST_F(JobServiceTest, ACudaJobIsAcceptedAndAnFp8JobRefused) {
+  v1::SubmitJobRequest cuda = Submission("sub-cuda");
+  cuda.mutable_spec()->mutable_resources()->set_device(v1::ResourceConfig::CUDA);
+  cuda.mutable_spec()->mutable_resources()->set_devices_per_worker(2);
+  v1::Job job;
+  grpc::Status status = Submit(cuda, &job);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(job.spec().resources().device(), v1::ResourceConfig::CUDA);
+
+  v1::SubmitJobRequest fp8 = Submission("sub-fp8");
+  fp8.mutable_spec()->mutable_train()->set_precision(v1::TrainConfig::FP8);
+  status = Submit(fp8, &job);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("train.precision = FP8"));
+  EXPECT_EQ(StoredJobs(), 1);
+}
+
 TEST_F(JobServiceTest, StepsCheckpointsAndLogsReachTheWatcherTyped) {
   v1::Job job = MustSubmit("typed");
   v1::StepMetrics metrics;

@@ -51,6 +51,8 @@ v1::StepMetrics Report(int64_t step, std::optional<double> eval_loss = std::null
   m.set_grad_norm(0.5);
   m.set_tokens_per_s(1000.0 + step);
   m.set_mfu(0.25);
+  m.set_device_memory_bytes(step << 20);
+  m.set_device_memory_peak_bytes(int64_t{7} << 30);
   m.set_tokens_seen(step * 128);
   m.set_expert_load_max_over_mean(1.5);
   m.add_expert_load_per_layer(1.5);
@@ -242,6 +244,8 @@ TEST_F(JsonApiTest, MetricsAreReadIncrementally) {
   EXPECT_DOUBLE_EQ(point["grad_norm"].get<double>(), 0.5);
   EXPECT_DOUBLE_EQ(point["tokens_per_s"].get<double>(), 1002.0);
   EXPECT_DOUBLE_EQ(point["mfu"].get<double>(), 0.25);
+  EXPECT_EQ(point["device_memory_bytes"], int64_t{2} << 20);
+  EXPECT_EQ(point["device_memory_peak_bytes"], int64_t{7} << 30);
   EXPECT_DOUBLE_EQ(point["expert_load_max_over_mean"].get<double>(), 1.5);
   EXPECT_EQ(point["expert_load_per_layer"], Json({1.5, 1.25}));
   EXPECT_TRUE(all["points"][0]["eval_loss"].is_null());
@@ -345,6 +349,7 @@ TEST_F(JsonApiTest, ListsWorkers) {
   EXPECT_EQ(worker["state"], "IDLE");
   EXPECT_EQ(worker["device"], "CPU");
   EXPECT_EQ(worker["device_count"], 1);
+  EXPECT_EQ(worker["device_memory_bytes"], 0);  // unknown: a CPU worker
   EXPECT_EQ(worker["threads"], 6);
   EXPECT_EQ(worker["version"], "1.2.3");
   EXPECT_EQ(worker["current_job_id"], "");
