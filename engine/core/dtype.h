@@ -2,9 +2,11 @@
 //
 // bf16: the top 16 bits of an IEEE float, rounded to nearest even; NaN stays NaN (quiet).
 // fp8 E4M3 (OCP "E4M3FN"): bias 7, max 448, no infinities, NaN = S.1111.111; conversion from
-//   float rounds to nearest even and saturates to ±448 (inf too); NaN stays NaN.
+//   float rounds to nearest even and saturates to ±448 (inf too); NaN becomes 0x7F.
 // fp8 E5M2: bias 15, max 57344, has inf and NaN like IEEE; conversion rounds to nearest even and
-//   saturates finite values beyond max to ±57344; inf stays inf, NaN stays NaN.
+//   saturates finite values beyond max to ±57344; inf stays inf, NaN becomes 0x7F.
+// Both are engine/core/fp8_math.h's QuantizeFp8 (cuda_fp8.h's satfinite casts), except that
+// E5M2 keeps infinities here.
 #ifndef MOETRAIN_ENGINE_CORE_DTYPE_H_
 #define MOETRAIN_ENGINE_CORE_DTYPE_H_
 

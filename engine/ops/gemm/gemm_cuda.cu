@@ -34,20 +34,12 @@
 #include "engine/backend/cuda/cuda_check.h"
 #include "engine/backend/cuda/cuda_context.h"
 #include "engine/core/status.h"
+#include "engine/ops/common/cublaslt_util.h"
 #include "engine/ops/common/cuda_launch.h"
 #include "engine/ops/gemm/gemm_cuda.h"
 
 namespace moetrain::ops::cuda {
 namespace {
-
-// The alignment cuBLASLt may assume of a pointer: its largest power-of-two divisor, capped at
-// 256 (cuBLASLt's default assumption). A group's rows start at any element, so the heuristic must
-// be told, or it may pick a kernel that needs more alignment than the pointer has.
-uint32_t PointerAlignment(const void* p) {
-  const uintptr_t address = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t lowest = address & (~address + 1);
-  return lowest == 0 || lowest > 256 ? 256u : static_cast<uint32_t>(lowest);
-}
 
 // Everything the choice of algorithm depends on. Not the stream: every stream's workspace has the
 // same size, so one plan serves a problem on any of them.
@@ -65,27 +57,8 @@ struct PlanKey {
 // The descriptors and the algorithm of one problem, in cuBLASLt's (column-major, swapped) terms:
 // lt_a describes our b, lt_b our a, lt_c our c (see the top of the file). Immutable once built:
 // several threads may run matmuls with one plan at once.
-struct MatmulPlan {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t lt_a = nullptr;
-  cublasLtMatrixLayout_t lt_b = nullptr;
-  cublasLtMatrixLayout_t lt_c = nullptr;
+struct MatmulPlan : LtMatmulDescriptors {
   cublasLtMatmulAlgo_t algo{};
-
-  MatmulPlan() = default;
-  MatmulPlan(const MatmulPlan&) = delete;
-  MatmulPlan& operator=(const MatmulPlan&) = delete;
-  ~MatmulPlan() {
-    // Destroying a descriptor only frees host memory; nothing to report.
-    if (lt_c != nullptr) cublasLtMatrixLayoutDestroy(lt_c);
-    if (lt_b != nullptr) cublasLtMatrixLayoutDestroy(lt_b);
-    if (lt_a != nullptr) cublasLtMatrixLayoutDestroy(lt_a);
-    if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
-  }
-};
-
-struct PreferenceDeleter {
-  void operator()(cublasLtMatmulPreferenceOpaque_t* p) const { cublasLtMatmulPreferenceDestroy(p); }
 };
 
 absl::StatusOr<std::shared_ptr<const MatmulPlan>> CreatePlan(cublasLtHandle_t handle,
@@ -116,26 +89,8 @@ absl::StatusOr<std::shared_ptr<const MatmulPlan>> CreatePlan(cublasLtHandle_t ha
   MOETRAIN_CUBLAS_RETURN_IF_ERROR(
       op, cublasLtMatrixLayoutCreate(&plan->lt_c, CUDA_R_32F, n, m, key.ldc));
 
-  cublasLtMatmulPreference_t raw_preference = nullptr;
-  MOETRAIN_CUBLAS_RETURN_IF_ERROR(op, cublasLtMatmulPreferenceCreate(&raw_preference));
-  const std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, PreferenceDeleter> preference(
-      raw_preference);
-  const uint64_t workspace_bytes = CudaContext::kCublasWorkspaceBytes;
-  MOETRAIN_CUBLAS_RETURN_IF_ERROR(
-      op, cublasLtMatmulPreferenceSetAttribute(preference.get(),
-                                               CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                               &workspace_bytes, sizeof(workspace_bytes)));
-  // cuBLASLt's A is our b and its B our a.
-  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_b},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c},
-  };
-  for (const auto& [attribute, bytes] : alignments) {
-    MOETRAIN_CUBLAS_RETURN_IF_ERROR(op, cublasLtMatmulPreferenceSetAttribute(
-                                            preference.get(), attribute, &bytes, sizeof(bytes)));
-  }
+  MOETRAIN_ASSIGN_OR_RETURN(const LtPreference preference,
+                            MakeLtPreference(op, key.align_a, key.align_b, key.align_c));
 
   cublasLtMatmulHeuristicResult_t result{};
   int returned = 0;
