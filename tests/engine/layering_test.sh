@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# engine/model, engine/moe and engine/train compose ops (docs/engine.md): they call no backend
-# directly, use no thread pool or OpenMP, and read no tensor's elements on the host, so that a
-# device backend plugs in under engine/ops without touching them. This greps for the ways that
-# rule breaks and names every line that breaks it.
+# engine/model, engine/moe, engine/train and engine/fp8 compose ops (docs/engine.md): they call
+# no backend directly, use no thread pool or OpenMP, and read no tensor's elements on the host, so
+# that a device backend plugs in under engine/ops without touching them. This greps for the ways
+# that rule breaks and names every line that breaks it.
 #
 #   layering_test.sh SOURCE_DIR     checks the tree (exit 1 naming each violation)
 #   layering_test.sh --self-test    checks that a planted violation of each kind is caught
@@ -10,16 +10,18 @@ set -u
 
 # The data loaders and the checkpoint files read and write host memory by nature: tokens come
 # from files, tensors go to files. Everything else reaches elements only through ops. (parallel.cc
-# packs host numbers, not tensors, for the ranks' sums.)
+# packs host numbers, not tensors, for the ranks' sums; fp8_state.cc updates the FP8 amax
+# histories and scales on the host from their copies there, once per step, and builds the
+# checkpoint's host tensor of them.)
 HOST_IO_FILES='engine/train/(data|synthetic|token_file|safetensors|checkpoint)\.cc'
-HOST_NUMBER_FILES='engine/train/parallel\.cc'
+HOST_NUMBER_FILES='engine/(train/parallel|fp8/fp8_state)\.cc'
 
 # In a subshell: the cd stays inside.
 check_tree() (
   local src=$1 found=0 hits
   cd "$src" || return 2
-  local dirs=(engine/model engine/moe engine/train)
-  # A backend, its thread pool or OpenMP, anywhere in the three folders.
+  local dirs=(engine/model engine/moe engine/train engine/fp8)
+  # A backend, its thread pool or OpenMP, anywhere in the four folders.
   hits=$(grep -rnE 'cpu::|engine/backend/cpu/|ThreadPool|ParallelFor|#pragma omp|<omp\.h>|immintrin' \
     "${dirs[@]}")
   if [ -n "$hits" ]; then
@@ -49,7 +51,8 @@ self_test() {
                'std::memcpy(out.raw(), in.raw(), 64);'; do
     rm -rf "$dir/engine"
     mkdir -p "$dir/engine"
-    cp -r "$here/engine/model" "$here/engine/moe" "$here/engine/train" "$dir/engine/"
+    cp -r "$here/engine/model" "$here/engine/moe" "$here/engine/train" "$here/engine/fp8" \
+      "$dir/engine/"
     if ! check_tree "$dir" >/dev/null; then
       echo "self-test: the tree copy fails before anything was planted"
       return 1
@@ -62,7 +65,8 @@ self_test() {
   done
   # The host-I/O files may read elements.
   rm -rf "$dir/engine" && mkdir -p "$dir/engine"
-  cp -r "$here/engine/model" "$here/engine/moe" "$here/engine/train" "$dir/engine/"
+  cp -r "$here/engine/model" "$here/engine/moe" "$here/engine/train" "$here/engine/fp8" \
+    "$dir/engine/"
   echo 'float x = t.data<float>()[0];' >>"$dir/engine/train/data.cc"
   if ! (check_tree "$dir" >/dev/null); then
     echo "self-test: element access in a data loader was refused"
@@ -81,7 +85,7 @@ if [ $# -ne 1 ]; then
   exit 2
 fi
 if check_tree "$1"; then
-  echo "engine/model, engine/moe and engine/train compose ops only"
+  echo "engine/model, engine/moe, engine/train and engine/fp8 compose ops only"
   exit 0
 fi
 exit 1
