@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "engine/core/status.h"
 #include "engine/ops/elementwise/elementwise.h"
-#include "engine/ops/gemm/gemm.h"
 #include "engine/ops/norm/rms_norm.h"
 #include "engine/ops/rope/rope.h"
 #include "engine/ops/swiglu/swiglu.h"
@@ -26,14 +25,30 @@ absl::Status CheckStream(const TensorView& t, const char* name, int64_t tokens, 
 absl::StatusOr<TransformerBlock> TransformerBlock::Create(const ModelConfig& config, bool moe,
                                                           DType compute_dtype,
                                                           const ExpertParallelConfig& parallel,
-                                                          const ExecContext& ctx) {
+                                                          const ExecContext& ctx, Fp8State* fp8,
+                                                          int64_t layer) {
   MOETRAIN_RETURN_IF_ERROR(config.Validate());
   MOETRAIN_RETURN_IF_ERROR(CheckComputeDType(compute_dtype, "the transformer's compute dtype"));
   TransformerBlock block(config, compute_dtype, ctx);
+  const std::string prefix = absl::StrCat("model.layers.", layer, ".");
+  if (fp8 != nullptr) {
+    const auto linear = [&](const char* name) {
+      return Linear(ctx, fp8, fp8->Register(prefix + name, 1));
+    };
+    block.q_proj_ = linear("self_attn.q_proj");
+    block.k_proj_ = linear("self_attn.k_proj");
+    block.v_proj_ = linear("self_attn.v_proj");
+    block.o_proj_ = linear("self_attn.o_proj");
+    if (!moe) {
+      block.mlp_gate_up_ = linear("mlp.gate_up_proj");
+      block.mlp_down_ = linear("mlp.down_proj");
+    }
+  }
   if (moe) {
-    MOETRAIN_ASSIGN_OR_RETURN(MoeLayer layer, MoeLayer::Create(config.moe, config.hidden_size,
-                                                               compute_dtype, parallel, ctx));
-    block.moe_.emplace(std::move(layer));
+    MOETRAIN_ASSIGN_OR_RETURN(MoeLayer moe_layer,
+                              MoeLayer::Create(config.moe, config.hidden_size, compute_dtype,
+                                               parallel, ctx, fp8, prefix + "mlp"));
+    block.moe_.emplace(std::move(moe_layer));
   }
   return block;
 }
@@ -68,12 +83,9 @@ absl::Status TransformerBlock::Forward(const BlockWeights& w, int64_t batch, int
   MOETRAIN_ASSIGN_OR_RETURN(q_, workspace_.Get(kQ, DType::kF32, {t, q_dim}));
   MOETRAIN_ASSIGN_OR_RETURN(k_, workspace_.Get(kK, DType::kF32, {t, kv_dim}));
   MOETRAIN_ASSIGN_OR_RETURN(v_, workspace_.Get(kV, DType::kF32, {t, kv_dim}));
-  MOETRAIN_RETURN_IF_ERROR(
-      ops::Gemm(ctx_, {.a = normed_attn_, .b = w.q_proj, .c = q_, .trans_b = true}));
-  MOETRAIN_RETURN_IF_ERROR(
-      ops::Gemm(ctx_, {.a = normed_attn_, .b = w.k_proj, .c = k_, .trans_b = true}));
-  MOETRAIN_RETURN_IF_ERROR(
-      ops::Gemm(ctx_, {.a = normed_attn_, .b = w.v_proj, .c = v_, .trans_b = true}));
+  MOETRAIN_RETURN_IF_ERROR(q_proj_.Forward(normed_attn_, w.q_proj, q_));
+  MOETRAIN_RETURN_IF_ERROR(k_proj_.Forward(normed_attn_, w.k_proj, k_));
+  MOETRAIN_RETURN_IF_ERROR(v_proj_.Forward(normed_attn_, w.v_proj, v_));
   MOETRAIN_RETURN_IF_ERROR(ops::ApplyRope(ctx_, shape_, config_.rope_theta, /*inverse=*/false, q_));
   MOETRAIN_RETURN_IF_ERROR(ops::ApplyRope(ctx_, shape_, config_.rope_theta, /*inverse=*/false, k_));
   MOETRAIN_ASSIGN_OR_RETURN(attn_out_, workspace_.Get(kAttnOut, DType::kF32, {t, q_dim}));
@@ -84,8 +96,7 @@ absl::Status TransformerBlock::Forward(const BlockWeights& w, int64_t batch, int
   // a = x + o_proj(attention): the GEMM accumulates onto a copy of the residual.
   MOETRAIN_ASSIGN_OR_RETURN(mid_, workspace_.Get(kMid, DType::kF32, {t, d}));
   MOETRAIN_RETURN_IF_ERROR(ops::ConvertTensor(ctx_, x, mid_));
-  MOETRAIN_RETURN_IF_ERROR(ops::Gemm(
-      ctx_, {.a = attn_out_act_, .b = w.o_proj, .c = mid_, .trans_b = true, .accumulate = true}));
+  MOETRAIN_RETURN_IF_ERROR(o_proj_.Forward(attn_out_act_, w.o_proj, mid_, /*accumulate=*/true));
 
   // FFN.
   MOETRAIN_ASSIGN_OR_RETURN(rstd_ffn_, workspace_.Get(kRstdFfn, DType::kF32, {t}));
@@ -95,13 +106,11 @@ absl::Status TransformerBlock::Forward(const BlockWeights& w, int64_t batch, int
   if (!is_moe()) {
     const int64_t f = config_.ffn_dim;
     MOETRAIN_ASSIGN_OR_RETURN(gate_up_, workspace_.Get(kGateUp, DType::kF32, {t, 2 * f}));
-    MOETRAIN_RETURN_IF_ERROR(
-        ops::Gemm(ctx_, {.a = normed_ffn_, .b = w.mlp_gate_up, .c = gate_up_, .trans_b = true}));
+    MOETRAIN_RETURN_IF_ERROR(mlp_gate_up_.Forward(normed_ffn_, w.mlp_gate_up, gate_up_));
     MOETRAIN_ASSIGN_OR_RETURN(activated_, workspace_.Get(kActivated, dtype_, {t, f}));
     MOETRAIN_RETURN_IF_ERROR(ops::SwigluForward(ctx_, gate_up_, activated_));
     MOETRAIN_RETURN_IF_ERROR(ops::ConvertTensor(ctx_, mid_, y));
-    MOETRAIN_RETURN_IF_ERROR(ops::Gemm(
-        ctx_, {.a = activated_, .b = w.mlp_down, .c = y, .trans_b = true, .accumulate = true}));
+    MOETRAIN_RETURN_IF_ERROR(mlp_down_.Forward(activated_, w.mlp_down, y, /*accumulate=*/true));
   } else {
     MOETRAIN_ASSIGN_OR_RETURN(TensorView moe_out, workspace_.Get(kMoeOut, dtype_, {t, d}));
     MOETRAIN_RETURN_IF_ERROR(moe_->Forward(w.moe, normed_ffn_, seq_len, moe_out, stats));
@@ -130,20 +139,14 @@ absl::Status TransformerBlock::Backward(const BlockWeights& w, TensorView d, Blo
     const int64_t f = config_.ffn_dim;
     MOETRAIN_ASSIGN_OR_RETURN(TensorView d_hidden,
                               workspace_.Get(kDFfnHidden, DType::kF32, {t, f}));
-    MOETRAIN_RETURN_IF_ERROR(ops::Gemm(ctx_, {.a = d_act, .b = w.mlp_down, .c = d_hidden}));
-    MOETRAIN_RETURN_IF_ERROR(ops::Gemm(
-        ctx_,
-        {.a = d_act, .b = activated_, .c = grads->mlp_down, .trans_a = true, .accumulate = true}));
+    MOETRAIN_RETURN_IF_ERROR(mlp_down_.BackwardData(d_act, w.mlp_down, d_hidden));
+    MOETRAIN_RETURN_IF_ERROR(mlp_down_.BackwardWeight(d_act, activated_, grads->mlp_down));
     MOETRAIN_ASSIGN_OR_RETURN(TensorView d_gate_up, workspace_.Get(kDGateUp, dtype_, {t, 2 * f}));
     MOETRAIN_RETURN_IF_ERROR(ops::SwigluBackward(ctx_, gate_up_, d_hidden, d_gate_up));
     MOETRAIN_ASSIGN_OR_RETURN(d_normed_ffn, workspace_.Get(kDNormed, DType::kF32, {t, dim}));
+    MOETRAIN_RETURN_IF_ERROR(mlp_gate_up_.BackwardData(d_gate_up, w.mlp_gate_up, d_normed_ffn));
     MOETRAIN_RETURN_IF_ERROR(
-        ops::Gemm(ctx_, {.a = d_gate_up, .b = w.mlp_gate_up, .c = d_normed_ffn}));
-    MOETRAIN_RETURN_IF_ERROR(ops::Gemm(ctx_, {.a = d_gate_up,
-                                              .b = normed_ffn_,
-                                              .c = grads->mlp_gate_up,
-                                              .trans_a = true,
-                                              .accumulate = true}));
+        mlp_gate_up_.BackwardWeight(d_gate_up, normed_ffn_, grads->mlp_gate_up));
   } else {
     MOETRAIN_ASSIGN_OR_RETURN(d_normed_ffn, workspace_.Get(kDNormedAct, dtype_, {t, dim}));
     MOETRAIN_RETURN_IF_ERROR(moe_->Backward(w.moe, d_act, d_normed_ffn, &grads->moe, loss_scale));
@@ -159,10 +162,8 @@ absl::Status TransformerBlock::Backward(const BlockWeights& w, TensorView d, Blo
   // Attention: d holds dL/da; the input norm's backward adds its part, giving dL/dx.
   MOETRAIN_ASSIGN_OR_RETURN(d_act, ToCompute(d, kDAct));
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_attn, workspace_.Get(kDAttn, DType::kF32, {t, q_dim}));
-  MOETRAIN_RETURN_IF_ERROR(ops::Gemm(ctx_, {.a = d_act, .b = w.o_proj, .c = d_attn}));
-  MOETRAIN_RETURN_IF_ERROR(ops::Gemm(
-      ctx_,
-      {.a = d_act, .b = attn_out_act_, .c = grads->o_proj, .trans_a = true, .accumulate = true}));
+  MOETRAIN_RETURN_IF_ERROR(o_proj_.BackwardData(d_act, w.o_proj, d_attn));
+  MOETRAIN_RETURN_IF_ERROR(o_proj_.BackwardWeight(d_act, attn_out_act_, grads->o_proj));
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_q, workspace_.Get(kDQ, DType::kF32, {t, q_dim}));
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_k, workspace_.Get(kDK, DType::kF32, {t, kv_dim}));
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_v, workspace_.Get(kDV, DType::kF32, {t, kv_dim}));
@@ -176,17 +177,16 @@ absl::Status TransformerBlock::Backward(const BlockWeights& w, TensorView d, Blo
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_normed_attn,
                             workspace_.Get(kDNormed, DType::kF32, {t, dim}));
   const struct {
+    const Linear& linear;
     TensorView d_proj, weight, grad;
-  } projections[] = {{d_q_act, w.q_proj, grads->q_proj},
-                     {d_k_act, w.k_proj, grads->k_proj},
-                     {d_v_act, w.v_proj, grads->v_proj}};
+  } projections[] = {{q_proj_, d_q_act, w.q_proj, grads->q_proj},
+                     {k_proj_, d_k_act, w.k_proj, grads->k_proj},
+                     {v_proj_, d_v_act, w.v_proj, grads->v_proj}};
   bool first = true;
   for (const auto& p : projections) {
     MOETRAIN_RETURN_IF_ERROR(
-        ops::Gemm(ctx_, {.a = p.d_proj, .b = p.weight, .c = d_normed_attn, .accumulate = !first}));
-    MOETRAIN_RETURN_IF_ERROR(ops::Gemm(
-        ctx_,
-        {.a = p.d_proj, .b = normed_attn_, .c = p.grad, .trans_a = true, .accumulate = true}));
+        p.linear.BackwardData(p.d_proj, p.weight, d_normed_attn, /*accumulate=*/!first));
+    MOETRAIN_RETURN_IF_ERROR(p.linear.BackwardWeight(p.d_proj, normed_attn_, p.grad));
     first = false;
   }
   return ops::RmsNormBackward(ctx_, {.x = x_,

@@ -5,7 +5,8 @@
 //
 // T = B·S tokens; D hidden; H, Hkv heads of Dh; F the dense FFN width. The residual stream (x, a,
 // y), the attention core and the norms are f32; the projections are GEMMs on compute-dtype
-// ("act") inputs and weights with f32 outputs.
+// ("act") inputs and weights with f32 outputs; with an Fp8State they run in FP8 by its recipe
+// (engine/fp8/linear.h), the attention core and the norms do not.
 #ifndef MOETRAIN_ENGINE_MODEL_BLOCK_H_
 #define MOETRAIN_ENGINE_MODEL_BLOCK_H_
 
@@ -17,6 +18,8 @@
 #include "engine/backend/exec_context.h"
 #include "engine/core/tensor.h"
 #include "engine/core/workspace.h"
+#include "engine/fp8/fp8_state.h"
+#include "engine/fp8/linear.h"
 #include "engine/model/model_config.h"
 #include "engine/moe/moe_layer.h"
 #include "engine/ops/attention/attention.h"
@@ -53,11 +56,13 @@ struct BlockGrads {
 class TransformerBlock {
  public:
   // A dense block when `moe` is false. An MoE block is built with `parallel` (its weights and
-  // grads then hold only the expert group's local experts). Its ops run on `ctx`.
+  // grads then hold only the expert group's local experts). Its ops run on `ctx`. With `fp8`
+  // (not owned) its linear layers register there as "model.layers.<layer>.…" and run in FP8.
   static absl::StatusOr<TransformerBlock> Create(const ModelConfig& config, bool moe,
                                                  DType compute_dtype,
                                                  const ExpertParallelConfig& parallel = {},
-                                                 const ExecContext& ctx = ExecContext::Cpu());
+                                                 const ExecContext& ctx = ExecContext::Cpu(),
+                                                 Fp8State* fp8 = nullptr, int64_t layer = 0);
 
   bool is_moe() const { return moe_.has_value(); }
 
@@ -75,7 +80,16 @@ class TransformerBlock {
 
  private:
   TransformerBlock(const ModelConfig& config, DType dtype, const ExecContext& ctx)
-      : config_(config), dtype_(dtype), ctx_(ctx), workspace_(kNumBuffers, ctx.allocator()) {}
+      : config_(config),
+        dtype_(dtype),
+        ctx_(ctx),
+        q_proj_(ctx),
+        k_proj_(ctx),
+        v_proj_(ctx),
+        o_proj_(ctx),
+        mlp_gate_up_(ctx),
+        mlp_down_(ctx),
+        workspace_(kNumBuffers, ctx.allocator()) {}
 
   // `src` (T, cols) f32 as a compute-dtype tensor: src itself for f32, else converted into
   // workspace slot `slot`.
@@ -85,6 +99,8 @@ class TransformerBlock {
   DType dtype_;
   ExecContext ctx_;
   std::optional<MoeLayer> moe_;
+  Linear q_proj_, k_proj_, v_proj_, o_proj_;  // the GEMMs of each projection
+  Linear mlp_gate_up_, mlp_down_;             // dense blocks
 
   // Saved by Forward for Backward.
   bool has_forward_ = false;

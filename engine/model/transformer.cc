@@ -16,7 +16,8 @@ namespace moetrain {
 
 absl::StatusOr<Transformer> Transformer::Create(const ModelConfig& config, DType compute_dtype,
                                                 const ExpertParallelConfig& parallel,
-                                                const ExecContext& ctx) {
+                                                const ExecContext& ctx,
+                                                const std::optional<Fp8RecipeConfig>& fp8) {
   MOETRAIN_RETURN_IF_ERROR(config.Validate());
   MOETRAIN_RETURN_IF_ERROR(CheckComputeDType(compute_dtype, "the transformer's compute dtype"));
   const int ep = parallel.expert_group != nullptr ? parallel.expert_group->size() : 1;
@@ -26,14 +27,20 @@ absl::StatusOr<Transformer> Transformer::Create(const ModelConfig& config, DType
                      " ranks do not divide model.moe.num_experts = ", config.moe.num_experts));
   }
   Transformer model(config, compute_dtype, ctx);
+  if (fp8.has_value()) {
+    MOETRAIN_RETURN_IF_ERROR(fp8->Validate());
+    model.fp8_ = std::make_unique<Fp8State>(*fp8, ctx);
+  }
   model.num_local_experts_ = config.moe.num_experts / ep;
   model.first_local_expert_ = ep > 1 ? parallel.expert_group->rank() * model.num_local_experts_ : 0;
   for (int64_t l = 0; l < config.num_layers; ++l) {
-    MOETRAIN_ASSIGN_OR_RETURN(TransformerBlock block,
-                              TransformerBlock::Create(config, l >= config.first_dense_layers,
-                                                       compute_dtype, parallel, ctx));
+    MOETRAIN_ASSIGN_OR_RETURN(
+        TransformerBlock block,
+        TransformerBlock::Create(config, l >= config.first_dense_layers, compute_dtype, parallel,
+                                 ctx, model.fp8_.get(), l));
     model.blocks_.push_back(std::move(block));
   }
+  if (model.fp8_ != nullptr) MOETRAIN_RETURN_IF_ERROR(model.fp8_->Allocate());
   MOETRAIN_RETURN_IF_ERROR(model.BuildParameters());
   return model;
 }
@@ -146,7 +153,10 @@ absl::StatusOr<StepResult> Transformer::ForwardBackward(TensorView tokens,
 
 absl::StatusOr<float> Transformer::Evaluate(TensorView tokens) {
   MOETRAIN_RETURN_IF_ERROR(PrepareTokens(tokens));
-  MOETRAIN_RETURN_IF_ERROR(ForwardToFinalNorm(nullptr));
+  if (fp8_ != nullptr) fp8_->set_recording(false);
+  const absl::Status forward = ForwardToFinalNorm(nullptr);
+  if (fp8_ != nullptr) fp8_->set_recording(true);
+  MOETRAIN_RETURN_IF_ERROR(forward);
   MOETRAIN_ASSIGN_OR_RETURN(const float loss,
                             ops::LmHeadLossForward(ctx_, LmHeadArgs(), &lm_head_workspace_));
   if (!std::isfinite(loss)) return NonFiniteError(absl::StrCat("evaluation loss = ", loss));

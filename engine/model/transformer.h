@@ -21,6 +21,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,8 @@
 #include "engine/backend/exec_context.h"
 #include "engine/core/tensor.h"
 #include "engine/core/workspace.h"
+#include "engine/fp8/fp8_recipe.h"
+#include "engine/fp8/fp8_state.h"
 #include "engine/model/block.h"
 #include "engine/model/model_config.h"
 #include "engine/moe/moe_layer.h"
@@ -84,13 +88,20 @@ class Transformer {
   // Initialize, or write the masters (a checkpoint) and SyncComputeWeights. The communicators
   // in `parallel` must outlive the model. Parameters, gradients and activations live on ctx's
   // device, and every op runs there.
+  // With `fp8`, the blocks' linear layers (attention projections, dense FFNs, routed and shared
+  // experts) run their GEMMs in FP8 by that recipe (engine/fp8/); the router, attention core, LM
+  // head and embeddings stay in the compute dtype. The model owns the recipe's state.
   static absl::StatusOr<Transformer> Create(const ModelConfig& config, DType compute_dtype,
                                             const ExpertParallelConfig& parallel = {},
-                                            const ExecContext& ctx = ExecContext::Cpu());
+                                            const ExecContext& ctx = ExecContext::Cpu(),
+                                            const std::optional<Fp8RecipeConfig>& fp8 = {});
 
   const ModelConfig& config() const { return config_; }
   DType compute_dtype() const { return dtype_; }
   const ExecContext& context() const { return ctx_; }
+  // The FP8 recipe's state (scales, amax histories, statistics); null without FP8. The trainer
+  // ends each step on it (Fp8State::EndStep) and checkpoints it.
+  Fp8State* fp8_state() const { return fp8_.get(); }
 
   // normal(0, init_std) for linear weights, embeddings and routers; ones for norms; zeros for
   // expert biases. Parameter i (in the single-rank model's parameters() order) draws from
@@ -112,7 +123,8 @@ class Transformer {
   // The same with every option; a NaN/Inf loss is a NonFiniteError unless
   // options.backward_through_nonfinite_loss.
   absl::StatusOr<StepResult> ForwardBackward(TensorView tokens, const BackwardOptions& options);
-  // The mean next-token cross-entropy only (NonFiniteError if NaN or Inf); grads untouched.
+  // The mean next-token cross-entropy only (NonFiniteError if NaN or Inf); grads untouched. FP8
+  // statistics are not recorded, so evaluation does not feed the amax histories.
   absl::StatusOr<float> Evaluate(TensorView tokens);
 
   // b_e += rate·sign(mean(n) − n_e) per MoE layer, from tokens_per_expert (one (E) vector per
@@ -156,6 +168,7 @@ class Transformer {
   ModelConfig config_;
   DType dtype_;
   ExecContext ctx_;
+  std::unique_ptr<Fp8State> fp8_;  // heap: the blocks hold its address across moves
 
   Tensor masters_;  // (N) f32
   Tensor grads_;    // (N) f32

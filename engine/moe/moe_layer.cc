@@ -7,7 +7,6 @@
 #include "engine/core/status.h"
 #include "engine/ops/elementwise/elementwise.h"
 #include "engine/ops/gemm/gemm.h"
-#include "engine/ops/grouped_gemm/grouped_gemm.h"
 #include "engine/ops/swiglu/swiglu.h"
 
 namespace moetrain {
@@ -21,6 +20,10 @@ MoeLayer::MoeLayer(const MoeConfig& config, int64_t hidden_size, DType dtype,
       ctx_(ctx),
       num_local_experts_(config.num_experts),
       first_local_expert_(0),
+      experts_gate_up_(ctx),
+      experts_down_(ctx),
+      shared_gate_up_proj_(ctx),
+      shared_down_proj_(ctx),
       workspace_(kNumBuffers, ctx.allocator()) {
   const int ep = parallel.expert_group != nullptr ? parallel.expert_group->size() : 1;
   if (ep > 1) {
@@ -34,7 +37,8 @@ MoeLayer::MoeLayer(const MoeConfig& config, int64_t hidden_size, DType dtype,
 
 absl::StatusOr<MoeLayer> MoeLayer::Create(const MoeConfig& config, int64_t hidden_size,
                                           DType compute_dtype, const ExpertParallelConfig& parallel,
-                                          const ExecContext& ctx) {
+                                          const ExecContext& ctx, Fp8State* fp8,
+                                          const std::string& name) {
   MOETRAIN_RETURN_IF_ERROR(config.Validate());
   if (hidden_size < 1) {
     return absl::InvalidArgumentError(
@@ -50,7 +54,21 @@ absl::StatusOr<MoeLayer> MoeLayer::Create(const MoeConfig& config, int64_t hidde
         "model.moe.num_experts = ", config.num_experts,
         " is not divisible by parallel.expert_parallel = ", parallel.expert_group->size()));
   }
-  return MoeLayer(config, hidden_size, compute_dtype, parallel, ctx);
+  MoeLayer layer(config, hidden_size, compute_dtype, parallel, ctx);
+  if (fp8 != nullptr) {
+    layer.fp8_ = fp8;
+    const int64_t e = config.num_experts;
+    layer.experts_gate_up_ =
+        GroupedLinear(ctx, fp8, fp8->Register(name + ".experts.gate_up_proj", e));
+    layer.experts_down_ = GroupedLinear(ctx, fp8, fp8->Register(name + ".experts.down_proj", e));
+    if (config.num_shared_experts > 0) {
+      layer.shared_gate_up_proj_ =
+          Linear(ctx, fp8, fp8->Register(name + ".shared_experts.gate_up_proj", 1));
+      layer.shared_down_proj_ =
+          Linear(ctx, fp8, fp8->Register(name + ".shared_experts.down_proj", 1));
+    }
+  }
+  return layer;
 }
 
 namespace {
@@ -112,12 +130,13 @@ absl::Status MoeLayer::RoutedExpertsForward(const MoeWeights& weights, TensorVie
   const int64_t begin = offsets.front(), end = offsets.back();
   const std::vector<int64_t> relative = Relative(offsets);
   const TensorView gate_up = gate_up_.Slice(begin, end), activated = activated_.Slice(begin, end);
-  MOETRAIN_RETURN_IF_ERROR(ops::GroupedGemmForward(ctx_, rows_x.Slice(begin, end),
-                                                   weights.expert_gate_up.Slice(first, last),
-                                                   relative, gate_up));
+  const int64_t first_group = first_local_expert_ + first;
+  MOETRAIN_RETURN_IF_ERROR(experts_gate_up_.Forward(rows_x.Slice(begin, end),
+                                                    weights.expert_gate_up.Slice(first, last),
+                                                    relative, first_group, gate_up));
   MOETRAIN_RETURN_IF_ERROR(ops::SwigluForward(ctx_, gate_up, activated));
-  return ops::GroupedGemmForward(ctx_, activated, weights.expert_down.Slice(first, last), relative,
-                                 expert_out_.Slice(begin, end));
+  return experts_down_.Forward(activated, weights.expert_down.Slice(first, last), relative,
+                               first_group, expert_out_.Slice(begin, end));
 }
 
 absl::Status MoeLayer::RoutedExpertsBackward(const MoeWeights& weights, TensorView rows_x,
@@ -135,20 +154,21 @@ absl::Status MoeLayer::RoutedExpertsBackward(const MoeWeights& weights, TensorVi
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_activated,
                             workspace_.Get(kDActivated, DType::kF32, {total, f}));
   d_activated = d_activated.Slice(begin, end);
+  const int64_t first_group = first_local_expert_ + first;
   MOETRAIN_RETURN_IF_ERROR(
-      ops::GroupedGemmBackwardData(ctx_, d_out, w_down, relative, d_activated));
-  MOETRAIN_RETURN_IF_ERROR(ops::GroupedGemmBackwardWeight(
-      ctx_, d_out, activated_.Slice(begin, end), relative, grads->expert_down.Slice(first, last),
-      /*accumulate=*/true));
+      experts_down_.BackwardData(d_out, w_down, relative, first_group, d_activated));
+  MOETRAIN_RETURN_IF_ERROR(
+      experts_down_.BackwardWeight(d_out, activated_.Slice(begin, end), relative, first_group,
+                                   grads->expert_down.Slice(first, last), /*accumulate=*/true));
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_gate_up, workspace_.Get(kDGateUp, dtype_, {total, 2 * f}));
   d_gate_up = d_gate_up.Slice(begin, end);
   MOETRAIN_RETURN_IF_ERROR(
       ops::SwigluBackward(ctx_, gate_up_.Slice(begin, end), d_activated, d_gate_up));
-  MOETRAIN_RETURN_IF_ERROR(ops::GroupedGemmBackwardData(ctx_, d_gate_up, w_gate_up, relative,
-                                                        d_rows_x.Slice(begin, end)));
-  return ops::GroupedGemmBackwardWeight(ctx_, d_gate_up, x, relative,
-                                        grads->expert_gate_up.Slice(first, last),
-                                        /*accumulate=*/true);
+  MOETRAIN_RETURN_IF_ERROR(experts_gate_up_.BackwardData(d_gate_up, w_gate_up, relative,
+                                                         first_group, d_rows_x.Slice(begin, end)));
+  return experts_gate_up_.BackwardWeight(d_gate_up, x, relative, first_group,
+                                         grads->expert_gate_up.Slice(first, last),
+                                         /*accumulate=*/true);
 }
 
 absl::StatusOr<TensorView> MoeLayer::SharedExpertsForward(const MoeWeights& weights) {
@@ -157,13 +177,13 @@ absl::StatusOr<TensorView> MoeLayer::SharedExpertsForward(const MoeWeights& weig
   if (sf == 0) return TensorView();
   MOETRAIN_ASSIGN_OR_RETURN(shared_gate_up_,
                             workspace_.Get(kSharedGateUp, DType::kF32, {t, 2 * sf}));
-  MOETRAIN_RETURN_IF_ERROR(ops::Gemm(
-      ctx_, {.a = x_, .b = weights.shared_gate_up, .c = shared_gate_up_, .trans_b = true}));
+  MOETRAIN_RETURN_IF_ERROR(
+      shared_gate_up_proj_.Forward(x_, weights.shared_gate_up, shared_gate_up_));
   MOETRAIN_ASSIGN_OR_RETURN(shared_activated_, workspace_.Get(kSharedActivated, dtype_, {t, sf}));
   MOETRAIN_RETURN_IF_ERROR(ops::SwigluForward(ctx_, shared_gate_up_, shared_activated_));
   MOETRAIN_ASSIGN_OR_RETURN(TensorView shared_out, workspace_.Get(kSharedOut, DType::kF32, {t, d}));
-  MOETRAIN_RETURN_IF_ERROR(ops::Gemm(
-      ctx_, {.a = shared_activated_, .b = weights.shared_down, .c = shared_out, .trans_b = true}));
+  MOETRAIN_RETURN_IF_ERROR(
+      shared_down_proj_.Forward(shared_activated_, weights.shared_down, shared_out));
   return shared_out;
 }
 
@@ -175,24 +195,18 @@ absl::StatusOr<TensorView> MoeLayer::SharedExpertsBackward(const MoeWeights& wei
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_shared_activated,
                             workspace_.Get(kDSharedActivated, DType::kF32, {t, sf}));
   MOETRAIN_RETURN_IF_ERROR(
-      ops::Gemm(ctx_, {.a = d_out, .b = weights.shared_down, .c = d_shared_activated}));
-  MOETRAIN_RETURN_IF_ERROR(ops::Gemm(ctx_, {.a = d_out,
-                                            .b = shared_activated_,
-                                            .c = grads->shared_down,
-                                            .trans_a = true,
-                                            .accumulate = true}));
+      shared_down_proj_.BackwardData(d_out, weights.shared_down, d_shared_activated));
+  MOETRAIN_RETURN_IF_ERROR(
+      shared_down_proj_.BackwardWeight(d_out, shared_activated_, grads->shared_down));
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_shared_gate_up,
                             workspace_.Get(kDSharedGateUp, dtype_, {t, 2 * sf}));
   MOETRAIN_RETURN_IF_ERROR(
       ops::SwigluBackward(ctx_, shared_gate_up_, d_shared_activated, d_shared_gate_up));
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_x_shared, workspace_.Get(kDXShared, DType::kF32, {t, d}));
   MOETRAIN_RETURN_IF_ERROR(
-      ops::Gemm(ctx_, {.a = d_shared_gate_up, .b = weights.shared_gate_up, .c = d_x_shared}));
-  MOETRAIN_RETURN_IF_ERROR(ops::Gemm(ctx_, {.a = d_shared_gate_up,
-                                            .b = x_,
-                                            .c = grads->shared_gate_up,
-                                            .trans_a = true,
-                                            .accumulate = true}));
+      shared_gate_up_proj_.BackwardData(d_shared_gate_up, weights.shared_gate_up, d_x_shared));
+  MOETRAIN_RETURN_IF_ERROR(
+      shared_gate_up_proj_.BackwardWeight(d_shared_gate_up, x_, grads->shared_gate_up));
   return d_x_shared;
 }
 

@@ -9,7 +9,9 @@
 // first C in (token, slot) order); a dropped pair contributes zero and gets no gradient.
 //
 // Precision: x, out, d_out, d_x and the expert weights are in the compute dtype (f32 or bf16);
-// GEMMs accumulate in f32; the router runs in f32 (x is widened); gradients are f32.
+// GEMMs accumulate in f32; the router runs in f32 (x is widened); gradients are f32. With an
+// Fp8State the routed and shared experts' GEMMs run in FP8 by its recipe (engine/fp8/linear.h);
+// the router does not.
 //
 // Device: the layer composes ops (engine/ops) on the execution context it was created with; every
 // tensor it is given lives on that context's device. Once per Forward the host reads the router's
@@ -32,6 +34,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -40,6 +43,8 @@
 #include "engine/comm/communicator.h"
 #include "engine/core/tensor.h"
 #include "engine/core/workspace.h"
+#include "engine/fp8/fp8_state.h"
+#include "engine/fp8/linear.h"
 #include "engine/moe/expert_parallel.h"
 #include "engine/moe/moe_config.h"
 #include "engine/ops/permute/permute.h"
@@ -93,11 +98,14 @@ class MoeLayer {
  public:
   // InvalidArgument when the config (or hidden_size, compute_dtype ∉ {f32, bf16}) is invalid, or
   // when the expert group's size does not divide model.moe.num_experts. The layer runs its ops on
-  // `ctx`.
+  // `ctx`. With `fp8` (not owned; bf16 compute) the experts' GEMMs run in FP8: Create registers
+  // them there as `<name>.experts.gate_up_proj` and `.down_proj` (one group per global expert)
+  // and `<name>.shared_experts.*`, before the caller's Fp8State::Allocate.
   static absl::StatusOr<MoeLayer> Create(const MoeConfig& config, int64_t hidden_size,
                                          DType compute_dtype,
                                          const ExpertParallelConfig& parallel = {},
-                                         const ExecContext& ctx = ExecContext::Cpu());
+                                         const ExecContext& ctx = ExecContext::Cpu(),
+                                         Fp8State* fp8 = nullptr, const std::string& name = "mlp");
 
   const MoeConfig& config() const { return config_; }
   int64_t hidden_size() const { return hidden_size_; }
@@ -168,6 +176,11 @@ class MoeLayer {
   int64_t first_local_expert_;    // j·L
   bool expert_parallel_ = false;  // an expert group of ep > 1 ranks
   int num_chunks_ = 1;            // overlap chunks when expert parallel
+  Fp8State* fp8_ = nullptr;       // FP8 GEMMs for the experts when set
+  GroupedLinear experts_gate_up_;
+  GroupedLinear experts_down_;
+  Linear shared_gate_up_proj_;
+  Linear shared_down_proj_;
 
   // Saved by Forward for Backward (T tokens, R routed pairs kept, N rows received, F, S·F).
   // Without expert parallelism the expert rows are the permuted rows, N = R; with it they are the

@@ -33,6 +33,7 @@ absl::Status TrainerConfig::Validate() const {
   MOETRAIN_RETURN_IF_ERROR(optimizer.Validate());
   MOETRAIN_RETURN_IF_ERROR(CheckComputeDType(compute_dtype, "train.precision"));
   MOETRAIN_RETURN_IF_ERROR(ExecContext::ForDevice(device).status());
+  if (fp8.has_value()) MOETRAIN_RETURN_IF_ERROR(fp8->Validate());
   if (steps < 1) return Invalid("train.steps", steps, "must be at least 1");
   if (data.seq_len > model.max_seq_len) {
     return Invalid("train.seq_len", data.seq_len,
@@ -74,9 +75,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& co
                             ParallelGroups::Create(config.parallel, std::move(world)));
   const ParallelGroups& groups = *trainer->groups_;
 
-  MOETRAIN_ASSIGN_OR_RETURN(
-      Transformer model,
-      Transformer::Create(config.model, config.compute_dtype, groups.moe_parallel(), ctx));
+  MOETRAIN_ASSIGN_OR_RETURN(Transformer model,
+                            Transformer::Create(config.model, config.compute_dtype,
+                                                groups.moe_parallel(), ctx, config.fp8));
   trainer->model_ = std::make_unique<Transformer>(std::move(model));
   MOETRAIN_RETURN_IF_ERROR(trainer->model_->Initialize(config.seed));
   for (const NamedParameter& p : trainer->model_->parameters()) {
@@ -182,6 +183,11 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
     MOETRAIN_RETURN_IF_ERROR(UpdateWeights(grad_norm, stats, &report));
   }
   MOETRAIN_RETURN_IF_ERROR(model_->ZeroGrads());
+  // The FP8 amaxes of the step, over every rank, give the next step's delayed scales.
+  if (Fp8State* fp8 = model_->fp8_state(); fp8 != nullptr) {
+    MOETRAIN_RETURN_IF_ERROR(fp8->EndStep(&groups_->world()));
+    FillFp8Report(*fp8, &report);
+  }
   // On a device the update and the zeroing above are only queued: the step's time (and its
   // memory) includes them once they are done. The next step's token copy would wait for them
   // anyway, so this costs no overlap.

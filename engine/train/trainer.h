@@ -35,10 +35,12 @@
 #include "engine/backend/exec_context.h"
 #include "engine/comm/communicator.h"
 #include "engine/core/device.h"
+#include "engine/fp8/fp8_recipe.h"
 #include "engine/model/model_config.h"
 #include "engine/model/transformer.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/data.h"
+#include "engine/train/fp8_report.h"
 #include "engine/train/grad_sync.h"
 #include "engine/train/lr_schedule.h"
 #include "engine/train/optimizer.h"
@@ -57,6 +59,8 @@ struct TrainerConfig {
   // Checkpoints do not record it: a job's checkpoint resumes on any device.
   Device device = Device::Cpu();
   DType compute_dtype = DType::kF32;
+  // FP8 GEMMs by this recipe (compute_dtype must be bf16); nullopt = none.
+  std::optional<Fp8RecipeConfig> fp8;
   int64_t steps = 100;  // optimizer steps in all (a resumed job continues to it)
   // Sequences per forward/backward over all ranks (each rank takes 1/W of them); 0 =
   // data.batch_size.
@@ -105,6 +109,9 @@ struct StepReport {
   // since the trainer started (the caching allocator's view); 0 on the CPU.
   int64_t device_memory_bytes = 0;
   int64_t device_memory_peak_bytes = 0;
+  // FP8 statistics of the step (fp8_report.h), empty unless the model trains in FP8.
+  std::vector<Fp8LayerStats> fp8_layers;
+  std::vector<Fp8ExpertStats> fp8_experts;  // the routed experts, (layer, expert) ascending
 };
 
 // A checkpoint the trainer wrote.

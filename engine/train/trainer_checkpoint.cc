@@ -36,6 +36,9 @@ namespace {
 
 using Json = nlohmann::json;
 
+// The delayed FP8 recipe's state in rank 0's optimizer file (Fp8State::SaveState).
+constexpr char kFp8StateTensor[] = "fp8_state";
+
 // A written file as integers for AllGather: [bytes, the sha256's 32 bytes as 4 words].
 constexpr int kFileWords = 5;
 // What each rank tells the others after writing: [ok, number of files, 2 files × kFileWords].
@@ -253,6 +256,9 @@ CheckpointContents Trainer::CheckpointContentsOfRank() const {
       {"optimizer", {{"step", optimizer_->step()}}},
       {"compute_dtype", std::string(DTypeName(config_.compute_dtype))},
   };
+  if (config_.fp8.has_value()) {
+    contents.sections["fp8"] = {{"recipe", std::string(Fp8RecipeName(config_.fp8->recipe))}};
+  }
   contents.hf_config = HuggingFaceConfig(config_.model, config_.data.seq_len);
 
   // The first replica of each expert shard writes it, rank 0 the dense part too. The model file
@@ -358,6 +364,14 @@ absl::StatusOr<CheckpointReport> Trainer::SaveCheckpoint() {
     MOETRAIN_RETURN_IF_ERROR(
         SnapshotToHost(ctx_, model_->master_buffer(), &contents.optim_tensors, &snapshot));
   }
+  // Delayed FP8 scaling's histories and scales: the same on every rank after each step's
+  // reduction, so rank 0 writes them with the dense part. A host tensor already.
+  Tensor fp8_state;
+  if (const Fp8State* fp8 = model_->fp8_state();
+      fp8 != nullptr && fp8->config().has_state() && groups_->rank() == 0) {
+    MOETRAIN_ASSIGN_OR_RETURN(fp8_state, fp8->SaveState());
+    contents.optim_tensors.push_back({kFp8StateTensor, fp8_state});
+  }
   MOETRAIN_ASSIGN_OR_RETURN(ShardReports shards, WriteShard(tmp_dir, contents));
   MOETRAIN_ASSIGN_OR_RETURN(std::string path,
                             CommitCheckpointOnRanks(tmp_dir, contents, std::move(shards)));
@@ -387,6 +401,16 @@ absl::Status Trainer::RestoreFrom(const LoadedCheckpoint& loaded) {
     return absl::DataLossError(absl::StrCat(loaded.path, ": manifest optimizer.step: ", e.what()));
   }
   MOETRAIN_RETURN_IF_ERROR(optimizer_->SetStep(optimizer_step));
+  if (Fp8State* fp8 = model_->fp8_state(); fp8 != nullptr && fp8->config().has_state()) {
+    const auto saved = loaded.optim_tensors.find(kFp8StateTensor);
+    if (saved == loaded.optim_tensors.end()) {
+      return absl::DataLossError(absl::StrCat(
+          loaded.path, ": no ", kFp8StateTensor,
+          " tensor, which a job with train.fp8.recipe = DELAYED resumes its scales from (was the "
+          "checkpoint written without FP8?)"));
+    }
+    MOETRAIN_RETURN_IF_ERROR(fp8->LoadState(saved->second));
+  }
   MOETRAIN_ASSIGN_OR_RETURN(DataPosition position,
                             DataPosition::FromJson(manifest.value("data_position", Json())));
   MOETRAIN_RETURN_IF_ERROR(data_->Restore(position));

@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "engine/train/trainer.h"
 #include "tests/engine/train/tiny_trainer_config.h"
 
@@ -30,6 +31,27 @@ inline TrainerConfig JobConfig(const std::string& checkpoint_dir, int dp, int ep
   c.eval_every = 5;
   c.checkpoint_every = 5;
   c.keep_last = 0;
+  return c;
+}
+
+// The job in bf16 with FP8 GEMMs by `recipe` ("delayed", "current", "blockwise", "mxfp8").
+inline absl::StatusOr<TrainerConfig> WithFp8(TrainerConfig c, const std::string& recipe) {
+  Fp8RecipeConfig fp8;
+  if (recipe == "delayed") {
+    fp8.recipe = Fp8RecipeKind::kDelayed;
+  } else if (recipe == "current") {
+    fp8.recipe = Fp8RecipeKind::kCurrent;
+  } else if (recipe == "blockwise") {
+    fp8.recipe = Fp8RecipeKind::kBlockwise;
+    fp8.pow2_scales = true;
+  } else if (recipe == "mxfp8") {
+    fp8.recipe = Fp8RecipeKind::kMxfp8;
+  } else {
+    return absl::InvalidArgumentError("--fp8 " + recipe + ": not a recipe");
+  }
+  fp8.amax_history_len = 4;
+  c.compute_dtype = DType::kBF16;
+  c.fp8 = fp8;
   return c;
 }
 

@@ -3,7 +3,7 @@
 //
 //   parallel_train_rank --rank R --dp D --ep E --store DIR --checkpoint-dir DIR
 //                       [--steps N] [--micro M] [--resume] [--hang-after-checkpoint S]
-//                       [--poison]
+//                       [--poison] [--fp8 delayed|current|blockwise|mxfp8]
 //
 // Joins the world through a FileKeyValueStore in the store directory (Gloo over 127.0.0.1),
 // builds the trainer of parallel_test_config.h, resumes when asked, trains, and prints one JSON
@@ -85,8 +85,9 @@ int Main(int argc, char** argv) {
   const std::map<std::string, int64_t*> numbers = {
       {"--rank", &rank},   {"--dp", &dp},       {"--ep", &ep},
       {"--steps", &steps}, {"--micro", &micro}, {"--hang-after-checkpoint", &hang_after}};
-  const std::map<std::string, std::string*> texts = {{"--store", &store_dir},
-                                                     {"--checkpoint-dir", &checkpoint_dir}};
+  std::string fp8;
+  const std::map<std::string, std::string*> texts = {
+      {"--store", &store_dir}, {"--checkpoint-dir", &checkpoint_dir}, {"--fp8", &fp8}};
   const std::map<std::string, bool*> switches = {{"--resume", &resume}, {"--poison", &poison}};
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
@@ -117,6 +118,11 @@ int Main(int argc, char** argv) {
       parallel_test::JobConfig(checkpoint_dir, static_cast<int>(dp), static_cast<int>(ep));
   if (steps > 0) config.steps = steps;
   config.micro_batch_size = micro;
+  if (!fp8.empty()) {
+    absl::StatusOr<TrainerConfig> with_fp8 = parallel_test::WithFp8(config, fp8);
+    if (!with_fp8.ok()) return Fail(with_fp8.status());
+    config = *std::move(with_fp8);
+  }
   absl::StatusOr<std::unique_ptr<Trainer>> trainer =
       Trainer::Create(config, std::shared_ptr<Communicator>(std::move(*world)));
   if (!trainer.ok()) return Fail(trainer.status());

@@ -23,6 +23,7 @@
 #include "engine/train/trainer.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/engine/tensor_test_util.h"
 #include "tests/engine/train/parallel_test_config.h"
 #include "tests/integration/child_process.h"
 
@@ -255,6 +256,38 @@ TEST(ParallelTrainingTest, ExpertParallel4MatchesOneProcess) {
 
 TEST(ParallelTrainingTest, DataParallel2ByExpertParallel2MatchesOneProcess) {
   ExpectLayoutMatchesOneProcess(2, 2);
+}
+
+// FP8 with delayed scaling on two expert-parallel ranks: each rank records the amaxes of its own
+// experts' slots and the step's reduction over the world gives every rank the same scales, those
+// of the single process. An expert's rows arrive in blocks from each rank but are quantised with
+// its one delayed scale, so the layouts agree up to float rounding (plus the FP8 roundings that
+// rounding moves across a boundary: a looser bound than f32's).
+TEST(ParallelTrainingTest, Fp8DelayedScalingOnTwoExpertRanksTracksOneProcess) {
+  TempDir dir;
+  absl::StatusOr<TrainerConfig> config = parallel_test::WithFp8(
+      parallel_test::JobConfig((dir.path() / "reference").string(), 1, 1), "delayed");
+  MOETRAIN_ASSERT_OK(config.status());
+  Recorder reference;
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*config);
+  MOETRAIN_ASSERT_OK(trainer.status());
+  MOETRAIN_ASSERT_OK((*trainer)->Run(&reference));
+  const std::vector<std::vector<Json>> ranks = RunJob(1, 2, dir.path(), {"--fp8", "delayed"});
+  ASSERT_EQ(ranks.size(), 2u);
+  const std::map<int64_t, Json> steps = Steps(ranks[0]);
+  ASSERT_EQ(steps.size(), 10u) << ranks[0].size() << " lines";
+  for (const auto& [step, want] : reference.steps) {
+    const double got = Number(steps.at(step), "loss");
+    EXPECT_LE(std::abs(got - want.loss), 1e-3 * want.loss) << "step " << step;
+    EXPECT_EQ(Steps(ranks[1]).at(step)["loss"], steps.at(step)["loss"]) << "step " << step;
+  }
+  // Rank 0 wrote the recipe's state with the dense part; rank 1 has no copy of it.
+  const fs::path step_dir = dir.path() / "checkpoints" / "parallel" / "step-00000010";
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpoint(step_dir.string());
+  MOETRAIN_ASSERT_OK(loaded.status());
+  EXPECT_TRUE(loaded->optim_tensors.contains("fp8_state"));
+  std::ifstream manifest_file(step_dir / "manifest.json");
+  EXPECT_EQ(Json::parse(manifest_file)["fp8"]["recipe"], "delayed");
 }
 
 // Two micro-batches a step: rank r's share of micro-batch m is not the single process's
