@@ -68,6 +68,9 @@ int main(int argc, char** argv) {
                  "how long a job's series stay on /metrics after it ends (SUCCEEDED, FAILED, "
                  "CANCELLED), so that Prometheus scrapes its final values")
       ->capture_default_str();
+  app.add_flag("--metrics-per-expert", options.metrics_per_expert,
+               "also export FP8 statistics per routed expert on /metrics "
+               "(moetrain_job_fp8_expert_*: layers x experts x 3 series per metric and job)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

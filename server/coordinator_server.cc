@@ -144,7 +144,9 @@ absl::Status CoordinatorServer::Build(const CoordinatorServerOptions& options) {
   MOETRAIN_ASSIGN_OR_RETURN(state_lock_fd_, LockStateFile(options.state_db));
   MOETRAIN_ASSIGN_OR_RETURN(store_, Store::Open(options.state_db));
   coordinator_ = std::make_unique<Coordinator>(store_.get());
-  MOETRAIN_ASSIGN_OR_RETURN(metrics_, ServiceMetrics::Create(&registry_));
+  ServiceMetricsOptions metrics_options;
+  metrics_options.per_expert = options.metrics_per_expert;
+  MOETRAIN_ASSIGN_OR_RETURN(metrics_, ServiceMetrics::Create(&registry_, metrics_options));
   MOETRAIN_ASSIGN_OR_RETURN(
       fleet_, Fleet::Create(store_.get(), coordinator_.get(), metrics_.get(), options.fleet));
   coordinator_->SetSubmittedListener([fleet = fleet_.get()](const std::string&) { fleet->Wake(); });

@@ -60,6 +60,8 @@ struct CoordinatorServerOptions {
   // Directories a spec's data.path must lie in, as the workers see them (checked at submit, as
   // far as the text tells; the workers' own --data-root flags decide); empty = not checked.
   std::vector<std::string> data_roots;
+  // /metrics also carries the series per routed expert (ServiceMetricsOptions::per_expert).
+  bool metrics_per_expert = false;
 
   // InvalidArgument naming the option: bad addresses, a key without a certificate (or the other
   // way round), a client CA without both, a non-positive message size; and the fleet's options.

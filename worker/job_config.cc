@@ -8,6 +8,7 @@
 #include "absl/strings/str_split.h"
 #include "engine/backend/device_query.h"
 #include "engine/core/status.h"
+#include "engine/fp8/fp8_recipe.h"
 #include "moetrain/v1/job_spec.h"
 #include "moetrain/v1/trainer_support.h"
 
@@ -38,6 +39,37 @@ MoeConfig MoeFromSpec(const v1::MoeConfig& s) {
   m.drop_policy =
       s.drop_policy() == v1::MoeConfig::POSITION ? DropPolicy::kPosition : DropPolicy::kProbability;
   return m;
+}
+
+Fp8RecipeKind RecipeFromSpec(v1::Fp8Recipe::Recipe recipe) {
+  switch (recipe) {
+    case v1::Fp8Recipe::CURRENT:
+      return Fp8RecipeKind::kCurrent;
+    case v1::Fp8Recipe::BLOCKWISE:
+      return Fp8RecipeKind::kBlockwise;
+    case v1::Fp8Recipe::MXFP8:
+      return Fp8RecipeKind::kMxfp8;
+    default:
+      return Fp8RecipeKind::kDelayed;
+  }
+}
+
+// `s` as resolved: power_2_scales holds its recipe's default; amax_history_len is set only for
+// DELAYED (the other recipes keep the engine's default, which they do not read).
+Fp8RecipeConfig Fp8FromSpec(const v1::Fp8Recipe& s) {
+  Fp8RecipeConfig f;
+  f.recipe = RecipeFromSpec(s.recipe());
+  f.hybrid = s.format() == v1::Fp8Recipe::HYBRID;
+  if (s.has_amax_history_len()) f.amax_history_len = s.amax_history_len();
+  // ValidateJobSpec bounds it to [0, 64].
+  f.margin = static_cast<int>(s.margin());
+  f.amax_most_recent = s.amax_compute_algo() == v1::Fp8Recipe::MOST_RECENT;
+  // MXFP8's E8M0 scales are powers of two by construction; the flag is read by current and
+  // blockwise only.
+  f.pow2_scales = s.power_2_scales();
+  f.amax_epsilon = s.amax_epsilon();
+  f.fp8_dispatch = s.fp8_dispatch();
+  return f;
 }
 
 DataConfig::Format FormatFromSpec(v1::DataConfig::Format f) {
@@ -106,7 +138,9 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromSpec(const v1::JobSpec& raw_spec,
   c.data.eval_fraction = data.eval_fraction();
   c.data.synthetic_vocab_size = data.synthetic_vocab_size();
 
-  c.compute_dtype = train.precision() == v1::TrainConfig::BF16 ? DType::kBF16 : DType::kF32;
+  // FP8 quantises the linear layers' GEMM operands from bf16; everything else computes in bf16.
+  c.compute_dtype = train.precision() == v1::TrainConfig::FP32 ? DType::kF32 : DType::kBF16;
+  if (train.precision() == v1::TrainConfig::FP8) c.fp8 = Fp8FromSpec(train.fp8());
   c.steps = train.steps();
   // The spec counts a micro-batch per rank, the trainer over all ranks.
   c.micro_batch_size = train.micro_batch_size() * ranks;

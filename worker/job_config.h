@@ -18,8 +18,10 @@ namespace moetrain {
 // usable GPU on this machine (<why: the CUDA error, or a build without CUDA>)".
 absl::Status CheckUsableGpu(const DeviceReport& report);
 
-// Resolves the spec's defaults (ResolveJobSpec), checks what this engine cannot do yet (FP8),
-// and fills a TrainerConfig (its micro-batch counted over all ranks). A CUDA spec needs a usable
+// Resolves the spec's defaults (ResolveJobSpec), checks what this engine cannot do
+// (v1::CheckTrainerSupports), and fills a TrainerConfig (its micro-batch counted over all ranks;
+// train.precision = FP8 gives compute dtype bf16 and `fp8` from train.fp8, validated by
+// TrainerConfig::Validate). A CUDA spec needs a usable
 // GPU here (without one it fails at once with CheckUsableGpu's error) and gets device
 // cuda:<cuda_device>, this process's index of the rank's GPU (0 for `moetrain run`; a worker
 // passes each rank's own, so that TrainerConfig::Validate opens that GPU and no other); a CPU spec

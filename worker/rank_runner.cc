@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -18,6 +19,7 @@
 #include "engine/core/status.h"
 #include "engine/model/transformer.h"
 #include "engine/ops/gemm/gemm.h"
+#include "engine/train/fp8_report.h"
 #include "engine/train/memory_estimate.h"
 #include "moetrain/v1/proto_time.h"
 #include "worker/job_config.h"
@@ -47,6 +49,22 @@ double PeakFlops(const ExecContext& ctx, DType dtype) {
   }
   peaks->emplace(key, peak);
   return peak;
+}
+
+void SetFp8Operand(const Fp8OperandStats& stats, v1::Fp8OperandStats* out) {
+  out->set_amax(stats.amax);
+  out->set_scale_min(stats.scale_min);
+  out->set_scale_max(stats.scale_max);
+  out->set_saturated(stats.saturated);
+}
+
+void SetFp8Stats(int64_t layer, int64_t expert,
+                 const std::array<Fp8OperandStats, kNumFp8Roles>& roles, v1::Fp8Stats* out) {
+  out->set_layer(layer);
+  out->set_expert(expert);
+  SetFp8Operand(roles[static_cast<int>(Fp8Role::kInput)], out->mutable_input());
+  SetFp8Operand(roles[static_cast<int>(Fp8Role::kWeight)], out->mutable_weight());
+  SetFp8Operand(roles[static_cast<int>(Fp8Role::kGrad)], out->mutable_grad());
 }
 
 // Turns the trainer's reports into reports to the coordinator.
@@ -87,6 +105,12 @@ class ReportingObserver : public TrainObserver {
     }
     for (double load : report.expert_load_per_layer) m->add_expert_load_per_layer(load);
     m->mutable_expert_tokens()->Add(report.expert_tokens.begin(), report.expert_tokens.end());
+    for (const Fp8LayerStats& layer : report.fp8_layers) {
+      SetFp8Stats(layer.layer, 0, layer.roles, m->add_fp8_layers());
+    }
+    for (const Fp8ExpertStats& expert : report.fp8_experts) {
+      SetFp8Stats(expert.layer, expert.expert, expert.roles, m->add_fp8_experts());
+    }
     if (best_possible_loss_.has_value()) m->set_best_possible_loss(*best_possible_loss_);
     environment_.reporter->Enqueue(std::move(request));
   }

@@ -235,8 +235,12 @@ absl::Status Coordinator::AppendEvents(const std::vector<NewEvent>& events) {
 
 absl::StatusOr<int64_t> Coordinator::RecordStepMetrics(absl::string_view job_id, int32_t attempt,
                                                        const v1::StepMetrics& metrics) {
+  // The per-expert FP8 statistics (layers × experts entries) go to /metrics only, behind
+  // --metrics-per-expert; the store keeps the per-layer ones.
+  v1::StepMetrics stored = metrics;
+  stored.clear_fp8_experts();
   absl::StatusOr<int64_t> sequence =
-      store_->RecordStepMetrics(job_id, attempt, metrics.SerializeAsString());
+      store_->RecordStepMetrics(job_id, attempt, stored.SerializeAsString());
   if (sequence.ok()) NotifyAppended();
   return sequence;
 }

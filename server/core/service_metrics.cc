@@ -1,5 +1,7 @@
 #include "server/core/service_metrics.h"
 
+#include <array>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,9 +24,37 @@ void SetGauge(Family<Gauge>* family, absl::string_view job_id, double value) {
   if (Gauge* gauge = Child(family, {job_id}); gauge != nullptr) gauge->Set(value);
 }
 
+// The role label of each operand of an FP8 statistics entry (Fp8Role's order).
+std::array<std::pair<absl::string_view, const v1::Fp8OperandStats*>, 3> Fp8Roles(
+    const v1::Fp8Stats& stats) {
+  return {{{"input", &stats.input()}, {"weight", &stats.weight()}, {"grad", &stats.grad()}}};
+}
+
+struct Fp8Families {
+  Family<Gauge>* amax;
+  Family<Gauge>* scale;
+  Family<Counter>* saturated;
+};
+
+// One operand's series. A scale of 0 means block scalings, whose scales are not kept: no scale
+// series then, rather than a 0 that reads as "every value overflows".
+void SetFp8(const Fp8Families& families, std::initializer_list<absl::string_view> labels,
+            const v1::Fp8OperandStats& stats) {
+  if (Gauge* amax = Child(families.amax, labels); amax != nullptr) amax->Set(stats.amax());
+  if (stats.scale_min() > 0) {
+    if (Gauge* scale = Child(families.scale, labels); scale != nullptr) {
+      scale->Set(stats.scale_min());
+    }
+  }
+  if (Counter* saturated = Child(families.saturated, labels); saturated != nullptr) {
+    saturated->Increment(static_cast<double>(stats.saturated()));
+  }
+}
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(MetricsRegistry* registry) {
+absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(
+    MetricsRegistry* registry, const ServiceMetricsOptions& options) {
   std::unique_ptr<ServiceMetrics> m(new ServiceMetrics());
   const std::vector<std::string> job = {"job_id"};
   MOETRAIN_ASSIGN_OR_RETURN(
@@ -90,6 +120,44 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(MetricsRe
       m->dropped_tokens_,
       registry->AddCounter("moetrain_train_dropped_tokens_total",
                            "Routed tokens dropped by expert capacity, at reported steps.", job));
+  const std::vector<std::string> fp8_labels = {"job_id", "layer", "role"};
+  MOETRAIN_ASSIGN_OR_RETURN(
+      m->fp8_amax_,
+      registry->AddGauge("moetrain_job_fp8_amax",
+                         "FP8 jobs: the largest |value| quantised in the last reported step, per "
+                         "transformer layer and operand role (input, weight, grad).",
+                         fp8_labels));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      m->fp8_scale_,
+      registry->AddGauge("moetrain_job_fp8_scale",
+                         "FP8 jobs with per-tensor scaling: the smallest scale the layer's "
+                         "tensors of the role were quantised with in the last reported step.",
+                         fp8_labels));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      m->fp8_saturated_,
+      registry->AddCounter("moetrain_job_fp8_saturated_values_total",
+                           "FP8 jobs: values clamped to the format's largest finite value, per "
+                           "layer and role, at reported steps.",
+                           fp8_labels));
+  if (options.per_expert) {
+    const std::vector<std::string> expert_labels = {"job_id", "layer", "expert", "role"};
+    MOETRAIN_ASSIGN_OR_RETURN(
+        m->fp8_expert_amax_,
+        registry->AddGauge("moetrain_job_fp8_expert_amax",
+                           "FP8 jobs: moetrain_job_fp8_amax of each routed expert.",
+                           expert_labels));
+    MOETRAIN_ASSIGN_OR_RETURN(
+        m->fp8_expert_scale_,
+        registry->AddGauge("moetrain_job_fp8_expert_scale",
+                           "FP8 jobs: moetrain_job_fp8_scale of each routed expert.",
+                           expert_labels));
+    MOETRAIN_ASSIGN_OR_RETURN(
+        m->fp8_expert_saturated_,
+        registry->AddCounter("moetrain_job_fp8_expert_saturated_values_total",
+                             "FP8 jobs: moetrain_job_fp8_saturated_values_total of each routed "
+                             "expert.",
+                             expert_labels));
+  }
   MOETRAIN_ASSIGN_OR_RETURN(m->restarts_,
                             registry->AddCounter("moetrain_job_restarts_total",
                                                  "Restarts of a job after a failed attempt.", job));
@@ -151,7 +219,14 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(MetricsRe
                       m->checkpoint_duration_,
                       m->checkpoint_last_success_,
                       m->checkpoint_last_step_,
-                      m->checkpoint_interval_};
+                      m->checkpoint_interval_,
+                      m->fp8_amax_,
+                      m->fp8_scale_,
+                      m->fp8_saturated_};
+  if (options.per_expert) {
+    m->job_families_.insert(m->job_families_.end(),
+                            {m->fp8_expert_amax_, m->fp8_expert_scale_, m->fp8_expert_saturated_});
+  }
   return m;
 }
 
@@ -220,6 +295,22 @@ void ServiceMetrics::OnStep(absl::string_view job_id, const v1::StepMetrics& met
   }
   if (Counter* dropped = Child(dropped_tokens_, {job_id}); dropped != nullptr) {
     dropped->Increment(static_cast<double>(metrics.dropped_tokens()));
+  }
+  for (const v1::Fp8Stats& layer : metrics.fp8_layers()) {
+    const std::string label = absl::StrCat(layer.layer());
+    for (const auto& [role, stats] : Fp8Roles(layer)) {
+      SetFp8({fp8_amax_, fp8_scale_, fp8_saturated_}, {job_id, label, role}, *stats);
+    }
+  }
+  if (fp8_expert_amax_ != nullptr) {
+    for (const v1::Fp8Stats& expert : metrics.fp8_experts()) {
+      const std::string layer = absl::StrCat(expert.layer());
+      const std::string index = absl::StrCat(expert.expert());
+      for (const auto& [role, stats] : Fp8Roles(expert)) {
+        SetFp8({fp8_expert_amax_, fp8_expert_scale_, fp8_expert_saturated_},
+               {job_id, layer, index, role}, *stats);
+      }
+    }
   }
 }
 

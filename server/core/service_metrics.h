@@ -12,7 +12,15 @@
 //   moetrain_train_step_duration_seconds                  histogram, one sample per reported step
 //   moetrain_train_expert_load_max_over_mean_ratio{layer} per MoE layer
 //   moetrain_train_dropped_tokens_total                   capacity drops (sampled at reported
-//   steps) moetrain_job_restarts_total                           restarts after failed attempts
+//                                                         steps)
+//   moetrain_job_fp8_amax{layer,role}                     FP8 jobs: the layer's largest amax
+//   moetrain_job_fp8_scale{layer,role}                    its smallest per-tensor scale (none
+//                                                         under block scalings)
+//   moetrain_job_fp8_saturated_values_total{layer,role}   values clamped (at reported steps)
+//   moetrain_job_fp8_expert_{amax,scale,saturated_values_total}{layer,expert,role}
+//                                                         the same per routed expert, only with
+//                                                         ServiceMetricsOptions::per_expert
+//   moetrain_job_restarts_total                           restarts after failed attempts
 //   moetrain_job_state{state}                             1 for the job's current state, 0 for
 //                                                         the states it was in before
 //   moetrain_job_last_progress_timestamp_seconds          its last step report, or when it last
@@ -47,11 +55,19 @@
 
 namespace moetrain::server {
 
+struct ServiceMetricsOptions {
+  // Series per routed expert (moetrain_job_fp8_expert_*): layers × experts × 3 per job and
+  // metric, too many for most Prometheus servers (DeepSeek-V3: 58 × 256 × 3), so off unless the
+  // coordinator's --metrics-per-expert asks. Without it those families are not registered at all.
+  bool per_expert = false;
+};
+
 class ServiceMetrics {
  public:
   // Adds the families to `registry` (not owned, outlives this); AlreadyExists when they are
   // there already.
-  static absl::StatusOr<std::unique_ptr<ServiceMetrics>> Create(MetricsRegistry* registry);
+  static absl::StatusOr<std::unique_ptr<ServiceMetrics>> Create(
+      MetricsRegistry* registry, const ServiceMetricsOptions& options = {});
 
   void OnJob(absl::string_view job_id, absl::string_view job_name);
   // An attempt of the job starts (or was reloaded at start): its checkpoint interval
@@ -98,6 +114,13 @@ class ServiceMetrics {
   Family<Histogram>* step_duration_ = nullptr;
   Family<Gauge>* expert_load_ = nullptr;
   Family<Counter>* dropped_tokens_ = nullptr;
+  Family<Gauge>* fp8_amax_ = nullptr;
+  Family<Gauge>* fp8_scale_ = nullptr;
+  Family<Counter>* fp8_saturated_ = nullptr;
+  // Null without ServiceMetricsOptions::per_expert.
+  Family<Gauge>* fp8_expert_amax_ = nullptr;
+  Family<Gauge>* fp8_expert_scale_ = nullptr;
+  Family<Counter>* fp8_expert_saturated_ = nullptr;
   Family<Counter>* restarts_ = nullptr;
   Family<Gauge>* job_state_ = nullptr;
   Family<Gauge>* last_progress_ = nullptr;

@@ -175,13 +175,17 @@ class FailurePolicyTest : public ServiceTest {
   }
 };
 
-TEST_F(FailurePolicyTest, SubmitRefusesAPrecisionNoWorkerCanRunWithExitTwo) {
+// A spec no worker could run (here an FP8 option its recipe does not read) exits 2 naming the
+// field, and nothing is stored.
+TEST_F(FailurePolicyTest, SubmitRefusesAnFp8OptionTheRecipeIgnoresWithExitTwo) {
   StartCoordinator();
   const std::string yaml = ServiceSpec("unrunnable").Yaml();
-  std::ofstream(dir_ / "unrunnable.yaml") << Edit(yaml, "train:\n", "train:\n  precision: FP8\n");
+  std::ofstream(dir_ / "unrunnable.yaml")
+      << Edit(yaml, "train:\n",
+              "train:\n  precision: FP8\n  fp8: {recipe: DELAYED, power_2_scales: true}\n");
   const Finished submitted = Moetrain({"submit", (dir_ / "unrunnable.yaml").string()});
   EXPECT_EQ(submitted.exit_code, 2) << submitted.out << submitted.err;
-  EXPECT_THAT(submitted.err, HasSubstr("train.precision = FP8"));
+  EXPECT_THAT(submitted.err, HasSubstr("train.fp8.power_2_scales = true"));
   const Finished jobs = Moetrain({"jobs", "--json"});
   EXPECT_EQ(jobs.exit_code, 0) << jobs.err;
   EXPECT_EQ(jobs.out, "{\"jobs\":[]}\n") << "a refused job was stored";

@@ -4,7 +4,8 @@
 // trains a job with evaluations and checkpoints. Then every panel target, the job variable's
 // query and every recording rule go through Prometheus' HTTP API, and each must answer with at
 // least one finite sample: no panel or rule names a metric or a label value the service does not
-// export.
+// export. The FP8 panels (those reading moetrain_job_fp8_*) are asked about a second, short job
+// that trains in FP8 on a second worker, the only kind of job that has those series.
 //
 // Alerts cannot be held to that: on a healthy job their expressions must answer nothing, and the
 // test checks that they do. What it asks of an alert instead is that Prometheus loaded it (health
@@ -203,6 +204,15 @@ scrape_configs:
   spec.keep_last = 2;
   const std::string id = Submit(spec);
   ASSERT_FALSE(id.empty());
+  // The FP8 panels read series that only a job training in FP8 has: a short one, on a second
+  // worker. Its series stay on /metrics after it ends (--metrics-retention).
+  StartWorker("w2");
+  TinySpec fp8_spec = ServiceSpec("grafana-fp8");
+  fp8_spec.steps = 20;
+  fp8_spec.checkpoint_every = 10;
+  fp8_spec.train_extra = "  precision: FP8\n  fp8:\n    recipe: CURRENT\n";
+  const std::string fp8_id = Submit(fp8_spec);
+  ASSERT_FALSE(fp8_id.empty());
   ASSERT_TRUE(WaitUntil(
       [&] {
         std::optional<v1::Job> job = GetJob(id);
@@ -216,10 +226,12 @@ scrape_configs:
   std::vector<Query> must_answer;
   for (const json& panel : AllPanels(dashboard)) {
     for (const json& target : panel.value("targets", json::array())) {
+      const std::string expr = target.value("expr", "");
+      const bool fp8 = expr.find("moetrain_job_fp8_") != std::string::npos;
       must_answer.push_back(
           {absl::StrCat("panel ", panel.value("id", 0), " \"", panel.value("title", ""), "\" ",
-                        target.value("refId", "")),
-           Substitute(target.value("expr", ""), id)});
+                        target.value("refId", ""), fp8 ? " (the FP8 job)" : ""),
+           Substitute(expr, fp8 ? fp8_id : id)});
     }
   }
   // The job variable: a query_result whose regex makes the job id the value and the name the

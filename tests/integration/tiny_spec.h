@@ -22,6 +22,9 @@ struct TinySpec {
   int64_t expert_parallel = 1;  // workers / expert_parallel data-parallel replicas
   int64_t max_restarts = 3;
   std::string top_k_line = "top_k: 2";  // replaced to make bad specs
+  // More lines of the train: section, each indented two spaces and ending in a newline (say
+  // "  precision: FP8\n").
+  std::string train_extra;
 
   std::string Yaml() const {
     return absl::StrCat("name: ", name, R"(
@@ -55,7 +58,7 @@ train:
   log_every: )", log_every, R"(
   eval_every: )", eval_every, R"(
   eval_batches: 2
-checkpoint:
+)", train_extra, R"(checkpoint:
   every_steps: )", checkpoint_every, R"(
   keep_last: )", keep_last, R"(
 resources:

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 
@@ -20,6 +21,7 @@ namespace {
 
 using ::google::protobuf::util::MessageDifferencer;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 // The repository root, from this file's path (tests/proto/job_spec_test.cc).
@@ -227,8 +229,8 @@ TEST(JobSpecParseTest, UnknownFieldsAreNamedAtEveryDepth) {
   // Nothing close: the message lists the fields there are.
   EXPECT_THAT(YamlError("train:\n  optimizer:\n    momentum: 0.9\n"),
               HasSubstr("unknown field train.optimizer.momentum (train.optimizer has lr, min_lr"));
-  EXPECT_THAT(YamlError("train:\n  fp8:\n    recipe: x\n"),
-              HasSubstr("unknown field train.fp8.recipe"));
+  EXPECT_THAT(YamlError("train:\n  fp8:\n    recipie: BLOCKWISE\n"),
+              HasSubstr("unknown field train.fp8.recipie (did you mean recipe?)"));
 }
 
 TEST(JobSpecParseTest, WrongTypesNameThePathAndTheValue) {
@@ -426,9 +428,14 @@ TEST(JobSpecDefaultsTest, OmittedFieldsGetTheDocumentedDefaults) {
   EXPECT_EQ(train.micro_batch_size(), 8);
   EXPECT_EQ(train.seq_len(), 256);
   EXPECT_EQ(train.precision(), v1::TrainConfig::FP32);
+  EXPECT_EQ(train.fp8().recipe(), v1::Fp8Recipe::DELAYED);
   EXPECT_EQ(train.fp8().format(), v1::Fp8Recipe::HYBRID);
   EXPECT_EQ(train.fp8().amax_history_len(), 1024);
   EXPECT_EQ(train.fp8().margin(), 0);
+  EXPECT_EQ(train.fp8().amax_compute_algo(), v1::Fp8Recipe::MAX);
+  EXPECT_FALSE(train.fp8().has_power_2_scales());  // DELAYED does not read it
+  EXPECT_EQ(train.fp8().amax_epsilon(), 0.0f);
+  EXPECT_FALSE(train.fp8().fp8_dispatch());
   EXPECT_FLOAT_EQ(train.optimizer().lr(), 3e-4f);
   EXPECT_EQ(train.optimizer().min_lr(), 0.0f);
   EXPECT_EQ(train.optimizer().warmup_steps(), 0);
@@ -453,6 +460,54 @@ TEST(JobSpecDefaultsTest, OmittedFieldsGetTheDocumentedDefaults) {
   EXPECT_EQ(spec.parallel().expert_parallel(), 1);
   EXPECT_EQ(spec.parallel().data_parallel(), 1);
   EXPECT_EQ(spec.restart().max_restarts(), 3);
+}
+
+// Each recipe gets the defaults of the fields it reads and no others, so the resolved spec
+// validates again (the coordinator stores it resolved, and the worker resolves it once more), and
+// prints and parses back.
+TEST(JobSpecDefaultsTest, EachFp8RecipeGetsItsOwnDefaults) {
+  const v1::JobSpec delayed = Resolved("name: d\ntrain: {precision: FP8}\n");
+  EXPECT_EQ(delayed.train().fp8().amax_history_len(), 1024);
+  EXPECT_FALSE(delayed.train().fp8().has_power_2_scales());
+
+  const v1::JobSpec current =
+      Resolved("name: c\ntrain: {precision: FP8, fp8: {recipe: current}}\n");
+  EXPECT_EQ(current.train().fp8().recipe(), v1::Fp8Recipe::CURRENT);
+  EXPECT_EQ(current.train().fp8().format(), v1::Fp8Recipe::HYBRID);
+  EXPECT_FALSE(current.train().fp8().has_amax_history_len());
+  ASSERT_TRUE(current.train().fp8().has_power_2_scales());
+  EXPECT_FALSE(current.train().fp8().power_2_scales());
+
+  const v1::JobSpec blockwise =
+      Resolved("name: b\ntrain: {precision: FP8, fp8: {recipe: BLOCKWISE}}\n");
+  EXPECT_EQ(blockwise.train().fp8().format(), v1::Fp8Recipe::HYBRID);
+  EXPECT_FALSE(blockwise.train().fp8().has_amax_history_len());
+  ASSERT_TRUE(blockwise.train().fp8().has_power_2_scales());
+  EXPECT_TRUE(blockwise.train().fp8().power_2_scales());
+  // An explicit false is kept.
+  const v1::JobSpec exact = Resolved(
+      "name: b\ntrain: {precision: FP8, fp8: {recipe: BLOCKWISE, power_2_scales: false}}\n");
+  ASSERT_TRUE(exact.train().fp8().has_power_2_scales());
+  EXPECT_FALSE(exact.train().fp8().power_2_scales());
+
+  const v1::JobSpec mxfp8 = Resolved("name: m\ntrain: {precision: FP8, fp8: {recipe: MXFP8}}\n");
+  EXPECT_FALSE(mxfp8.train().fp8().has_amax_history_len());
+  EXPECT_FALSE(mxfp8.train().fp8().has_power_2_scales());
+
+  for (const v1::JobSpec& spec : {delayed, current, blockwise, exact, mxfp8}) {
+    EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+    v1::JobSpec again = spec;
+    ApplyDefaults(&again);
+    EXPECT_TRUE(MessageDifferencer::Equals(again, spec)) << spec.train().fp8().DebugString();
+    ExpectRoundTrips(spec);
+  }
+  // The printed spec states the recipe and its options.
+  const std::string yaml = JobSpecToYaml(blockwise);
+  EXPECT_THAT(yaml, HasSubstr("recipe: BLOCKWISE"));
+  EXPECT_THAT(yaml, HasSubstr("power_2_scales: true"));
+  EXPECT_THAT(yaml, HasSubstr("amax_epsilon: 0"));
+  EXPECT_THAT(yaml, HasSubstr("fp8_dispatch: false"));
+  EXPECT_THAT(yaml, Not(HasSubstr("amax_history_len")));
 }
 
 TEST(JobSpecDefaultsTest, ExplicitZeroIsNotUnset) {
@@ -615,6 +670,54 @@ TEST(JobSpecValidateTest, TrainRanges) {
             "train.fp8.amax_history_len = 0 must be at least 1");
 }
 
+TEST(JobSpecValidateTest, Fp8Ranges) {
+  EXPECT_EQ(ValidationError("train: {fp8: {amax_history_len: 1048577}}"),
+            "train.fp8.amax_history_len = 1048577 must be at most 1048576");
+  EXPECT_EQ(ValidationError("train: {fp8: {margin: -1}}"),
+            "train.fp8.margin = -1 must not be negative");
+  EXPECT_EQ(ValidationError("train: {fp8: {margin: 65}}"),
+            "train.fp8.margin = 65 must be at most 64");
+  EXPECT_EQ(ValidationError("train: {fp8: {recipe: CURRENT, amax_epsilon: -1e-06}}"),
+            "train.fp8.amax_epsilon = -1e-06 must be non-negative and finite");
+
+  // A field the recipe does not read is refused, naming it, its value and the recipe.
+  EXPECT_EQ(ValidationError("train: {fp8: {recipe: BLOCKWISE, amax_history_len: 16}}"),
+            "train.fp8.amax_history_len = 16 is read only by train.fp8.recipe = DELAYED, not "
+            "train.fp8.recipe = BLOCKWISE; remove it");
+  EXPECT_EQ(ValidationError("train: {fp8: {recipe: CURRENT, margin: 2}}"),
+            "train.fp8.margin = 2 is read only by train.fp8.recipe = DELAYED, not "
+            "train.fp8.recipe = CURRENT; remove it");
+  EXPECT_EQ(ValidationError("train: {fp8: {recipe: MXFP8, amax_compute_algo: MOST_RECENT}}"),
+            "train.fp8.amax_compute_algo = MOST_RECENT is read only by train.fp8.recipe = "
+            "DELAYED, not train.fp8.recipe = MXFP8; remove it");
+  EXPECT_EQ(ValidationError("train: {fp8: {power_2_scales: false}}"),
+            "train.fp8.power_2_scales = false is read only by train.fp8.recipe = CURRENT or "
+            "BLOCKWISE, not train.fp8.recipe = DELAYED; remove it");
+  EXPECT_EQ(ValidationError("train: {fp8: {recipe: MXFP8, power_2_scales: true}}"),
+            "train.fp8.power_2_scales = true does not apply to train.fp8.recipe = MXFP8, whose "
+            "E8M0 scales are always powers of two; remove it");
+  EXPECT_EQ(ValidationError("train: {fp8: {amax_epsilon: 1e-12}}"),
+            "train.fp8.amax_epsilon = 1e-12 is read only by train.fp8.recipe = CURRENT or "
+            "BLOCKWISE, not train.fp8.recipe = DELAYED; remove it");
+  // Checked whatever the precision: a bad block is a mistake even where it is not read.
+  EXPECT_EQ(ValidationError("train: {precision: BF16, fp8: {recipe: MXFP8, margin: 1}}"),
+            "train.fp8.margin = 1 is read only by train.fp8.recipe = DELAYED, not "
+            "train.fp8.recipe = MXFP8; remove it");
+
+  // Every field where its recipe reads it, and fp8_dispatch without expert parallelism.
+  for (const char* yaml :
+       {"train: {precision: FP8, fp8: {format: E4M3, amax_history_len: 16, margin: 3, "
+        "amax_compute_algo: MOST_RECENT, fp8_dispatch: true}}",
+        "train: {precision: FP8, fp8: {recipe: CURRENT, power_2_scales: true, amax_epsilon: 1e-6}}",
+        "train: {precision: FP8, fp8: {recipe: BLOCKWISE, power_2_scales: false, amax_epsilon: 0}}",
+        "train: {precision: FP8, fp8: {recipe: MXFP8, format: E4M3, fp8_dispatch: true}}",
+        "resources: {device: CUDA}\ntrain: {precision: FP8, fp8: {recipe: BLOCKWISE}}"}) {
+    absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(absl::StrCat("name: ok\n", yaml));
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_TRUE(ValidateJobSpec(*spec).ok()) << yaml << ": " << ValidateJobSpec(*spec);
+  }
+}
+
 TEST(JobSpecValidateTest, CheckpointResourcesParallelRestartRanges) {
   EXPECT_EQ(ValidationError("checkpoint: {every_steps: -1}"),
             "checkpoint.every_steps = -1 must not be negative");
@@ -667,6 +770,16 @@ TEST(JobSpecValidateTest, ValuesOnlyCodeCanSet) {
       static_cast<v1::MoeConfig::ScoreFunction>(7));
   EXPECT_EQ(ValidateJobSpec(spec).message(),
             "model.moe.score_function = 7 is not one of SOFTMAX, SIGMOID");
+
+  spec = v1::JobSpec();
+  spec.set_name("code");
+  spec.mutable_train()->mutable_fp8()->set_recipe(v1::Fp8Recipe::CURRENT);
+  spec.mutable_train()->mutable_fp8()->set_amax_epsilon(std::numeric_limits<float>::infinity());
+  EXPECT_EQ(ValidateJobSpec(spec).message(),
+            "train.fp8.amax_epsilon = inf must be non-negative and finite");
+  spec.mutable_train()->mutable_fp8()->set_recipe(static_cast<v1::Fp8Recipe::Recipe>(9));
+  EXPECT_EQ(ValidateJobSpec(spec).message(),
+            "train.fp8.recipe = 9 is not one of DELAYED, CURRENT, BLOCKWISE, MXFP8");
 }
 
 }  // namespace

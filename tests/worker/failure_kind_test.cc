@@ -88,12 +88,20 @@ TEST_F(FailureKindTest, IoErrorsAreTransientWhateverTheErrno) {
   }
 }
 
-TEST_F(FailureKindTest, AnUnsupportedPrecisionIsPermanentAMissingGpuIsNot) {
-  absl::StatusOr<v1::JobSpec> fp8 = ParseJobSpecYaml("name: kinds\ntrain: {precision: FP8}\n");
+// A spec the trainer refuses fails the same way on every worker; a missing GPU is the worker's.
+TEST_F(FailureKindTest, ASpecTheTrainerRefusesIsPermanentAMissingGpuIsNot) {
+  // Power-of-two scales under DELAYED, which does not read them: parses, but is refused.
+  absl::StatusOr<v1::JobSpec> fp8 = ParseJobSpecYaml(
+      "name: kinds\ntrain: {precision: FP8, fp8: {recipe: DELAYED, power_2_scales: true}}\n");
   ASSERT_TRUE(fp8.ok()) << fp8.status();
   absl::StatusOr<TrainerConfig> config = TrainerConfigFromSpec(*fp8, dir_.string());
   ASSERT_FALSE(config.ok());
+  EXPECT_NE(config.status().message().find("train.fp8.power_2_scales"), std::string::npos)
+      << config.status();
   EXPECT_EQ(FailureKindOf(config.status()), v1::FAILURE_KIND_PERMANENT) << config.status();
+  // FP8 itself is runnable.
+  fp8->mutable_train()->mutable_fp8()->clear_power_2_scales();
+  EXPECT_TRUE(TrainerConfigFromSpec(*fp8, dir_.string()).ok());
   // A CUDA job on a machine without a usable GPU: the job is fine, the place is not (a worker
   // whose GPUs vanished after it started; one without any cannot offer CUDA).
   DeviceReport no_gpus;

@@ -1,6 +1,6 @@
 // TrainerConfigFromSpec: the job spec's fields reach the engine's TrainerConfig (defaults resolved,
-// the micro-batch counted over all ranks, the parallel layout), and what the engine cannot run
-// yet is refused naming the field.
+// the micro-batch counted over all ranks, the parallel layout, the FP8 recipe), and what the
+// engine cannot run is refused naming the field.
 #include "worker/job_config.h"
 
 #include <string>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "engine/backend/device_query.h"
 #include "gtest/gtest.h"
 #include "moetrain/v1/job_spec.h"
@@ -73,12 +74,72 @@ train: {batch_size: 16, micro_batch_size: 2}
   EXPECT_EQ(config->data.batch_size, 16);
 }
 
-TEST(JobConfigTest, WhatTheEngineCannotRunIsRefusedNamingTheField) {
-  absl::StatusOr<TrainerConfig> fp8 =
+// FP8 computes in bf16, its linear layers' GEMMs in FP8 by the recipe; each recipe gets its own
+// defaults, and BF16 and FP32 get no recipe at all.
+TEST(JobConfigTest, Fp8BecomesBf16ComputeWithTheRecipe) {
+  absl::StatusOr<TrainerConfig> delayed =
       TrainerConfigFromSpec(Spec("name: x\ntrain: {precision: FP8}\n"));
-  EXPECT_TRUE(absl::IsUnimplemented(fp8.status())) << fp8.status();
-  EXPECT_NE(fp8.status().message().find("train.precision = FP8"), std::string::npos);
-  EXPECT_NE(fp8.status().message().find("on any device"), std::string::npos) << fp8.status();
+  ASSERT_TRUE(delayed.ok()) << delayed.status();
+  EXPECT_EQ(delayed->compute_dtype, DType::kBF16);
+  ASSERT_TRUE(delayed->fp8.has_value());
+  EXPECT_EQ(delayed->fp8->recipe, Fp8RecipeKind::kDelayed);
+  EXPECT_TRUE(delayed->fp8->hybrid);
+  EXPECT_EQ(delayed->fp8->amax_history_len, 1024);
+  EXPECT_EQ(delayed->fp8->margin, 0);
+  EXPECT_FALSE(delayed->fp8->amax_most_recent);
+  EXPECT_FALSE(delayed->fp8->pow2_scales);
+  EXPECT_EQ(delayed->fp8->amax_epsilon, 0.0f);
+  EXPECT_FALSE(delayed->fp8->fp8_dispatch);
+
+  absl::StatusOr<TrainerConfig> set = TrainerConfigFromSpec(Spec(R"(name: x
+train: {precision: FP8, fp8: {format: E4M3, amax_history_len: 16, margin: 2,
+                              amax_compute_algo: MOST_RECENT, fp8_dispatch: true}}
+)"));
+  ASSERT_TRUE(set.ok()) << set.status();
+  ASSERT_TRUE(set->fp8.has_value());
+  EXPECT_FALSE(set->fp8->hybrid);
+  EXPECT_EQ(set->fp8->amax_history_len, 16);
+  EXPECT_EQ(set->fp8->margin, 2);
+  EXPECT_TRUE(set->fp8->amax_most_recent);
+  EXPECT_TRUE(set->fp8->fp8_dispatch);
+
+  absl::StatusOr<TrainerConfig> current = TrainerConfigFromSpec(
+      Spec("name: x\ntrain: {precision: FP8, fp8: {recipe: CURRENT, amax_epsilon: 1e-12}}\n"));
+  ASSERT_TRUE(current.ok()) << current.status();
+  EXPECT_EQ(current->fp8->recipe, Fp8RecipeKind::kCurrent);
+  EXPECT_FALSE(current->fp8->pow2_scales);
+  EXPECT_EQ(current->fp8->amax_epsilon, 1e-12f);
+
+  absl::StatusOr<TrainerConfig> blockwise =
+      TrainerConfigFromSpec(Spec("name: x\ntrain: {precision: FP8, fp8: {recipe: BLOCKWISE}}\n"));
+  ASSERT_TRUE(blockwise.ok()) << blockwise.status();
+  EXPECT_EQ(blockwise->fp8->recipe, Fp8RecipeKind::kBlockwise);
+  EXPECT_TRUE(blockwise->fp8->pow2_scales);
+  absl::StatusOr<TrainerConfig> exact_blocks = TrainerConfigFromSpec(
+      Spec("name: x\ntrain: {precision: FP8, fp8: {recipe: BLOCKWISE, power_2_scales: false}}\n"));
+  ASSERT_TRUE(exact_blocks.ok()) << exact_blocks.status();
+  EXPECT_FALSE(exact_blocks->fp8->pow2_scales);
+
+  absl::StatusOr<TrainerConfig> mxfp8 =
+      TrainerConfigFromSpec(Spec("name: x\ntrain: {precision: FP8, fp8: {recipe: MXFP8}}\n"));
+  ASSERT_TRUE(mxfp8.ok()) << mxfp8.status();
+  EXPECT_EQ(mxfp8->fp8->recipe, Fp8RecipeKind::kMxfp8);
+
+  for (const char* precision : {"FP32", "BF16"}) {
+    absl::StatusOr<TrainerConfig> plain =
+        TrainerConfigFromSpec(Spec(absl::StrCat("name: x\ntrain: {precision: ", precision, "}\n")));
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    EXPECT_FALSE(plain->fp8.has_value()) << precision;
+  }
+}
+
+TEST(JobConfigTest, WhatTheEngineCannotRunIsRefusedNamingTheField) {
+  // An FP8 option the recipe does not read: refused, not ignored.
+  absl::StatusOr<TrainerConfig> fp8 = TrainerConfigFromSpec(
+      Spec("name: x\ntrain: {precision: FP8, fp8: {recipe: MXFP8, power_2_scales: true}}\n"));
+  EXPECT_TRUE(absl::IsInvalidArgument(fp8.status())) << fp8.status();
+  EXPECT_NE(fp8.status().message().find("train.fp8.power_2_scales = true"), std::string::npos)
+      << fp8.status();
   absl::StatusOr<TrainerConfig> invalid = TrainerConfigFromSpec(
       Spec("name: x\nresources: {workers: 3}\nparallel: {expert_parallel: 2}\n"));
   EXPECT_TRUE(absl::IsInvalidArgument(invalid.status())) << invalid.status();

@@ -42,8 +42,10 @@ absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path);
 // Fills every unset field with its default and replaces every "0 = derived" field with the value
 // it stands for (model.head_dim, data.synthetic_vocab_size, train.micro_batch_size,
 // parallel.data_parallel), so the result states exactly what the job runs with. Fields set
-// explicitly are kept, zeros included. Idempotent. A derived value that cannot be computed
-// (hidden_size not a multiple of num_heads, say) is left 0 for ValidateJobSpec to report.
+// explicitly are kept, zeros included. Of train.fp8, only the fields its recipe reads get
+// defaults (amax_history_len for DELAYED, power_2_scales for CURRENT and BLOCKWISE). Idempotent.
+// A derived value that cannot be computed (hidden_size not a multiple of num_heads, say) is left
+// 0 for ValidateJobSpec to report.
 void ApplyDefaults(v1::JobSpec* spec);
 
 // OK, or InvalidArgument naming the first field out of range with its value and the bound:

@@ -36,6 +36,7 @@ constexpr int64_t kMinSyntheticVocabSize = 2;
 std::string Show(int64_t value) { return absl::StrCat(value); }
 std::string Show(float value) { return FloatText(value); }
 std::string Show(const std::string& value) { return Quoted(value, "\""); }
+std::string Show(bool value) { return value ? "true" : "false"; }
 
 template <typename T>
 absl::Status Invalid(absl::string_view path, const T& value, absl::string_view why) {
@@ -307,6 +308,72 @@ absl::Status ValidateResources(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// A field of train.fp8 the recipe does not read, set anyway: `path` = `value` is refused rather
+// than ignored, since its author expected it to change something.
+template <typename T>
+absl::Status NotReadByRecipe(absl::string_view path, const T& value, absl::string_view readers,
+                             v1::Fp8Recipe::Recipe recipe) {
+  return Invalid(
+      path, value,
+      absl::StrCat("is read only by train.fp8.recipe = ", readers,
+                   ", not train.fp8.recipe = ", v1::Fp8Recipe::Recipe_Name(recipe), "; remove it"));
+}
+
+// train.fp8, checked whatever train.precision says (the block is read only with FP8, but a bad
+// one is a mistake either way). A non-optional field counts as set when it is not its default;
+// amax_history_len and power_2_scales have presence, and ApplyDefaults fills them only for the
+// recipes that read them, so a resolved spec validates again.
+absl::Status ValidateFp8(const v1::Fp8Recipe& fp8) {
+  const v1::Fp8Recipe::Recipe recipe = fp8.recipe();
+  const bool delayed = recipe == v1::Fp8Recipe::DELAYED;
+  const bool per_tensor_or_block =
+      recipe == v1::Fp8Recipe::CURRENT || recipe == v1::Fp8Recipe::BLOCKWISE;
+  if (delayed) {
+    // The bounds of Fp8RecipeConfig::Validate (engine/fp8/fp8_recipe.cc), so that a spec accepted
+    // here is one the trainer runs: the history is a host row per slot, checkpointed; a margin
+    // past 64 leaves nothing of the format's range.
+    MOETRAIN_RETURN_IF_INVALID(AtLeast("train.fp8.amax_history_len", fp8.amax_history_len(), 1));
+    MOETRAIN_RETURN_IF_INVALID(
+        AtMost("train.fp8.amax_history_len", fp8.amax_history_len(), int64_t{1} << 20));
+    MOETRAIN_RETURN_IF_INVALID(AtLeast("train.fp8.margin", fp8.margin(), 0));
+    MOETRAIN_RETURN_IF_INVALID(AtMost("train.fp8.margin", fp8.margin(), 64));
+  } else {
+    if (fp8.has_amax_history_len()) {
+      return NotReadByRecipe("train.fp8.amax_history_len", fp8.amax_history_len(), "DELAYED",
+                             recipe);
+    }
+    if (fp8.margin() != 0) {
+      return NotReadByRecipe("train.fp8.margin", fp8.margin(), "DELAYED", recipe);
+    }
+    if (fp8.amax_compute_algo() != v1::Fp8Recipe::MAX) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("train.fp8.amax_compute_algo = ",
+                       v1::Fp8Recipe::AmaxCompute_Name(fp8.amax_compute_algo()),
+                       " is read only by train.fp8.recipe = DELAYED, not train.fp8.recipe = ",
+                       v1::Fp8Recipe::Recipe_Name(recipe), "; remove it"));
+    }
+  }
+  if (per_tensor_or_block) {
+    MOETRAIN_RETURN_IF_INVALID(NonNegative("train.fp8.amax_epsilon", fp8.amax_epsilon()));
+    return absl::OkStatus();
+  }
+  if (fp8.has_power_2_scales()) {
+    if (recipe == v1::Fp8Recipe::MXFP8) {
+      return Invalid("train.fp8.power_2_scales", fp8.power_2_scales(),
+                     "does not apply to train.fp8.recipe = MXFP8, whose E8M0 scales are always "
+                     "powers of two; remove it");
+    }
+    return NotReadByRecipe("train.fp8.power_2_scales", fp8.power_2_scales(), "CURRENT or BLOCKWISE",
+                           recipe);
+  }
+  // != 0 is also true of NaN, which is refused as well.
+  if (fp8.amax_epsilon() != 0.0f) {
+    return NotReadByRecipe("train.fp8.amax_epsilon", fp8.amax_epsilon(), "CURRENT or BLOCKWISE",
+                           recipe);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateTrain(const v1::JobSpec& spec) {
   const v1::TrainConfig& train = spec.train();
   MOETRAIN_RETURN_IF_INVALID(AtLeast("train.steps", train.steps(), 1));
@@ -329,9 +396,7 @@ absl::Status ValidateTrain(const v1::JobSpec& spec) {
     return Invalid("train.seq_len", train.seq_len(),
                    absl::StrCat("exceeds model.max_seq_len = ", spec.model().max_seq_len()));
   }
-  MOETRAIN_RETURN_IF_INVALID(
-      AtLeast("train.fp8.amax_history_len", train.fp8().amax_history_len(), 1));
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("train.fp8.margin", train.fp8().margin(), 0));
+  MOETRAIN_RETURN_IF_INVALID(ValidateFp8(train.fp8()));
 
   const v1::OptimizerConfig& optimizer = train.optimizer();
   MOETRAIN_RETURN_IF_INVALID(Positive("train.optimizer.lr", optimizer.lr()));
@@ -437,8 +502,17 @@ void ApplyDefaults(v1::JobSpec* spec) {
   if (train.micro_batch_size() == 0 && ranks > 0 && train.batch_size() % ranks == 0) {
     train.set_micro_batch_size(train.batch_size() / ranks);
   }
+  // Only the recipe's own fields get defaults: the others stay unset, so that ValidateFp8 can
+  // tell a field set by hand under a recipe that does not read it.
   v1::Fp8Recipe& fp8 = *train.mutable_fp8();
-  if (!fp8.has_amax_history_len()) fp8.set_amax_history_len(1024);
+  if (fp8.recipe() == v1::Fp8Recipe::DELAYED && !fp8.has_amax_history_len()) {
+    fp8.set_amax_history_len(1024);
+  }
+  if (!fp8.has_power_2_scales()) {
+    // Transformer Engine's defaults: power-of-two scales for blockwise, exact ones for current.
+    if (fp8.recipe() == v1::Fp8Recipe::CURRENT) fp8.set_power_2_scales(false);
+    if (fp8.recipe() == v1::Fp8Recipe::BLOCKWISE) fp8.set_power_2_scales(true);
+  }
   v1::OptimizerConfig& optimizer = *train.mutable_optimizer();
   if (!optimizer.has_lr()) optimizer.set_lr(3e-4f);
   if (!optimizer.has_beta1()) optimizer.set_beta1(0.9f);

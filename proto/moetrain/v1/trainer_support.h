@@ -10,12 +10,13 @@
 
 namespace moetrain::v1 {
 
-// OK, or Unimplemented naming the field and value the trainer cannot run: train.precision = FP8
-// (no FP8 training loop yet, on any device). A function of the spec alone: resources.device =
-// CUDA is accepted whether or not this process was built with CUDA or has a GPU, because the
-// coordinator that calls it at submit needs neither (it places a CUDA job only on workers that
-// offer GPUs); where the trainer starts, TrainerConfigFromSpec (worker/job_config.h) refuses a
-// CUDA job on a machine without a usable GPU.
+// OK, or Unimplemented naming the field and value the trainer cannot run. This version runs every
+// valid spec, train.precision = FP8 included (on the CPU and on CUDA), so it is always OK today;
+// it stays so that a limitation added later is refused at submit. A function of the spec alone:
+// resources.device = CUDA is accepted whether or not this process was built with CUDA or has a
+// GPU, because the coordinator that calls it at submit needs neither (it places a CUDA job only on
+// workers that offer GPUs); where the trainer starts, TrainerConfigFromSpec (worker/job_config.h)
+// refuses a CUDA job on a machine without a usable GPU.
 absl::Status CheckTrainerSupports(const JobSpec& spec);
 
 }  // namespace moetrain::v1

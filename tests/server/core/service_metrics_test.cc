@@ -2,8 +2,15 @@
 // (deploy/prometheus, deploy/grafana) are built on, read back from the registry's text.
 #include "server/core/service_metrics.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,10 +40,13 @@ double UnixSeconds(absl::Time time) { return absl::ToDoubleSeconds(time - absl::
 class ServiceMetricsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::StatusOr<std::unique_ptr<ServiceMetrics>> created = ServiceMetrics::Create(&registry_);
+    absl::StatusOr<std::unique_ptr<ServiceMetrics>> created =
+        ServiceMetrics::Create(&registry_, Options());
     ASSERT_TRUE(created.ok()) << created.status();
     metrics_ = std::move(*created);
   }
+
+  virtual ServiceMetricsOptions Options() const { return {}; }
 
   std::optional<double> Get(absl::string_view series) {
     return Sample(registry_.Serialize(), series);
@@ -266,6 +276,138 @@ TEST_F(ServiceMetricsTest, TheNewFamiliesHaveTheirTypes) {
                            "# TYPE moetrain_workers_lost_total counter"}) {
     EXPECT_NE(text.find(line), std::string::npos) << line << " in\n" << text;
   }
+}
+
+v1::Fp8OperandStats* SetOperand(v1::Fp8OperandStats* operand, float amax, float scale_min,
+                                float scale_max, int64_t saturated) {
+  operand->set_amax(amax);
+  operand->set_scale_min(scale_min);
+  operand->set_scale_max(scale_max);
+  operand->set_saturated(saturated);
+  return operand;
+}
+
+// A step of an FP8 job with two layers (the second an MoE layer of two experts) under per-tensor
+// scaling, except the second layer's weights (as if blockwise: scale 0).
+v1::StepMetrics Fp8Step(int64_t saturated) {
+  v1::StepMetrics step;
+  step.set_step(1);
+  for (int layer = 0; layer < 2; ++layer) {
+    v1::Fp8Stats* stats = step.add_fp8_layers();
+    stats->set_layer(layer);
+    SetOperand(stats->mutable_input(), 3.5f + layer, 128, 256, saturated);
+    SetOperand(stats->mutable_weight(), 0.25f, layer == 0 ? 1024 : 0, layer == 0 ? 2048 : 0, 0);
+    SetOperand(stats->mutable_grad(), 1e-3f, 65536, 65536, 2 * saturated);
+  }
+  for (int expert = 0; expert < 2; ++expert) {
+    v1::Fp8Stats* stats = step.add_fp8_experts();
+    stats->set_layer(1);
+    stats->set_expert(expert);
+    SetOperand(stats->mutable_input(), 4.5f - expert, 128, 128, saturated + expert);
+    SetOperand(stats->mutable_weight(), 0.25f, 0, 0, 0);
+    SetOperand(stats->mutable_grad(), 1e-3f, 65536, 65536, 0);
+  }
+  return step;
+}
+
+TEST_F(ServiceMetricsTest, Fp8StatisticsPerLayerAndRole) {
+  metrics_->OnStep("job-a", Fp8Step(5), 10);
+  metrics_->OnStep("job-a", Fp8Step(7), 10);
+  metrics_->OnStep("job-bf16", v1::StepMetrics(), 10);
+  const std::string text = registry_.Serialize();
+  EXPECT_EQ(Sample(text, R"(moetrain_job_fp8_amax{job_id="job-a",layer="0",role="input"})"), 3.5)
+      << text;
+  EXPECT_EQ(Sample(text, R"(moetrain_job_fp8_amax{job_id="job-a",layer="1",role="input"})"), 4.5);
+  EXPECT_EQ(Sample(text, R"(moetrain_job_fp8_amax{job_id="job-a",layer="1",role="grad"})"),
+            static_cast<double>(1e-3f));
+  // The smallest of the layer's scales.
+  EXPECT_EQ(Sample(text, R"(moetrain_job_fp8_scale{job_id="job-a",layer="0",role="input"})"), 128);
+  EXPECT_EQ(Sample(text, R"(moetrain_job_fp8_scale{job_id="job-a",layer="0",role="weight"})"),
+            1024);
+  // Block scalings keep no per-tensor scale: no series rather than a 0.
+  EXPECT_EQ(Sample(text, R"(moetrain_job_fp8_scale{job_id="job-a",layer="1",role="weight"})"),
+            std::nullopt);
+  // Saturations add up over the reported steps.
+  EXPECT_EQ(
+      Sample(text,
+             R"(moetrain_job_fp8_saturated_values_total{job_id="job-a",layer="1",role="grad"})"),
+      24);
+  EXPECT_EQ(
+      Sample(text,
+             R"(moetrain_job_fp8_saturated_values_total{job_id="job-a",layer="0",role="weight"})"),
+      0);
+  EXPECT_NE(text.find("# TYPE moetrain_job_fp8_amax gauge"), std::string::npos);
+  EXPECT_NE(text.find("# TYPE moetrain_job_fp8_saturated_values_total counter"), std::string::npos);
+  // A job that is not in FP8 has no FP8 series; nothing per expert without the option.
+  EXPECT_FALSE(LinesOfJob(text, "job-bf16").empty());
+  for (const std::string& line : LinesOfJob(text, "job-bf16")) {
+    EXPECT_EQ(line.find("fp8"), std::string::npos) << line;
+  }
+  EXPECT_EQ(text.find("moetrain_job_fp8_expert"), std::string::npos) << text;
+
+  metrics_->RetireJob("job-a");
+  EXPECT_EQ(LinesOfJob(registry_.Serialize(), "job-a"), std::vector<std::string>());
+}
+
+// The same with the per-expert FP8 series on.
+class ServiceMetricsPerExpertTest : public ServiceMetricsTest {
+ protected:
+  ServiceMetricsOptions Options() const override {
+    ServiceMetricsOptions options;
+    options.per_expert = true;
+    return options;
+  }
+};
+
+TEST_F(ServiceMetricsPerExpertTest, ExpertSeriesOnlyWithTheOption) {
+  metrics_->OnStep("job-a", Fp8Step(5), 10);
+  metrics_->OnStep("job-a", Fp8Step(7), 10);
+  const std::string text = registry_.Serialize();
+  EXPECT_EQ(
+      Sample(text,
+             R"(moetrain_job_fp8_expert_amax{job_id="job-a",layer="1",expert="1",role="input"})"),
+      3.5)
+      << text;
+  EXPECT_EQ(
+      Sample(text,
+             R"(moetrain_job_fp8_expert_scale{job_id="job-a",layer="1",expert="0",role="grad"})"),
+      65536);
+  EXPECT_EQ(
+      Sample(text,
+             R"(moetrain_job_fp8_expert_scale{job_id="job-a",layer="1",expert="0",role="weight"})"),
+      std::nullopt);
+  EXPECT_EQ(
+      Sample(
+          text,
+          R"(moetrain_job_fp8_expert_saturated_values_total{job_id="job-a",layer="1",expert="1",role="input"})"),
+      14);
+  // The per-layer series are there as without the option.
+  EXPECT_EQ(Sample(text, R"(moetrain_job_fp8_amax{job_id="job-a",layer="0",role="input"})"), 3.5);
+  metrics_->RetireJob("job-a");
+  EXPECT_EQ(LinesOfJob(registry_.Serialize(), "job-a"), std::vector<std::string>());
+}
+
+// `promtool check metrics` over the FP8 families, per-expert ones included.
+TEST_F(ServiceMetricsPerExpertTest, PromtoolAcceptsTheFp8Series) {
+  if (access("/usr/bin/promtool", X_OK) != 0) {
+    GTEST_SKIP() << "/usr/bin/promtool not found: install Debian's prometheus package "
+                    "(scripts/setup.sh does)";
+  }
+  v1::StepMetrics step = Fp8Step(3);
+  step.mutable_fp8_layers(0)->mutable_input()->set_amax(std::nanf(""));  // a NaN step
+  metrics_->OnStep("job-a", step, 10);
+  const std::string text = registry_.Serialize();
+  const std::string output_path = ::testing::TempDir() + "/service_metrics_promtool_output.txt";
+  const std::string command = "/usr/bin/promtool check metrics >'" + output_path + "' 2>&1";
+  FILE* pipe = popen(command.c_str(), "w");
+  ASSERT_NE(pipe, nullptr);
+  std::fwrite(text.data(), 1, text.size(), pipe);
+  const int status = pclose(pipe);
+  std::ifstream file(output_path);
+  std::stringstream output;
+  output << file.rdbuf();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output.str() << "\nfor:\n" << text;
+  EXPECT_EQ(output.str(), "") << "for:\n" << text;
 }
 
 }  // namespace

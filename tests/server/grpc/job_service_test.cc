@@ -259,9 +259,10 @@ TEST_F(JobServiceTest, MalformedSpecIsInvalidArgumentNamingTheFieldAndStoresNoth
 }
 
 // Acceptance at submit depends on the spec alone: the coordinator needs no GPU to accept a CUDA
-// job (the scheduler gives it only to workers that offer GPUs), while FP8, which no trainer runs
-// yet on any device, is refused naming the field.
-TEST_F(JobServiceTest, ACudaJobIsAcceptedAndAnFp8JobRefused) {
+// job (the scheduler gives it only to workers that offer GPUs), FP8 is accepted on either device,
+// and a spec no trainer could run (an FP8 option its recipe does not read) is refused naming the
+// field, and not stored.
+TEST_F(JobServiceTest, ACudaJobAndFp8JobsAreAcceptedAnFp8OptionTheRecipeIgnoresRefused) {
   v1::SubmitJobRequest cuda = Submission("sub-cuda");
   cuda.mutable_spec()->mutable_resources()->set_device(v1::ResourceConfig::CUDA);
   cuda.mutable_spec()->mutable_resources()->set_devices_per_worker(2);
@@ -272,10 +273,28 @@ TEST_F(JobServiceTest, ACudaJobIsAcceptedAndAnFp8JobRefused) {
 
   v1::SubmitJobRequest fp8 = Submission("sub-fp8");
   fp8.mutable_spec()->mutable_train()->set_precision(v1::TrainConfig::FP8);
+  fp8.mutable_spec()->mutable_train()->mutable_fp8()->set_recipe(v1::Fp8Recipe::BLOCKWISE);
   status = Submit(fp8, &job);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  // Stored resolved: the recipe's own default filled in, the other recipes' fields left unset.
+  EXPECT_TRUE(job.spec().train().fp8().power_2_scales());
+  EXPECT_FALSE(job.spec().train().fp8().has_amax_history_len());
+
+  v1::SubmitJobRequest cuda_fp8 = cuda;
+  cuda_fp8.set_submission_id("sub-cuda-fp8");
+  cuda_fp8.mutable_spec()->mutable_train()->set_precision(v1::TrainConfig::FP8);
+  status = Submit(cuda_fp8, &job);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(StoredJobs(), 3);
+
+  v1::SubmitJobRequest ignored = Submission("sub-fp8-ignored");
+  ignored.mutable_spec()->mutable_train()->set_precision(v1::TrainConfig::FP8);
+  ignored.mutable_spec()->mutable_train()->mutable_fp8()->set_recipe(v1::Fp8Recipe::MXFP8);
+  ignored.mutable_spec()->mutable_train()->mutable_fp8()->set_power_2_scales(true);
+  status = Submit(ignored, &job);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(status.error_message(), HasSubstr("train.precision = FP8"));
-  EXPECT_EQ(StoredJobs(), 1);
+  EXPECT_THAT(status.error_message(), HasSubstr("train.fp8.power_2_scales = true"));
+  EXPECT_EQ(StoredJobs(), 3);
 }
 
 TEST_F(JobServiceTest, StepsCheckpointsAndLogsReachTheWatcherTyped) {
