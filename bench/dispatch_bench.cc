@@ -10,6 +10,9 @@
 //   dispatch+combine time, with one chunk and with --chunks (default 2, the layer's default;
 //   chunks pipelined, nothing to overlap them with). plan_ms: the layout exchange, once per
 //   layer forward.
+// dispatch_wire: one dispatch (one chunk, no combine) with rows in the compute dtype and with FP8
+//   on the wire (E4M3 + one f32 scale per 128 elements, quantise and dequantise included): bytes
+//   each rank sends (all, and to its peers: its own share is a local copy) and the time.
 // layer: one MoE layer forward+backward with overlap (--chunks) and without; compute alone
 //   = the same tokens through a one-rank layer holding all E experts (the same expert FLOPs when
 //   routing is balanced, no communication); communication alone = the layer's four exchanges
@@ -207,6 +210,24 @@ nlohmann::json RunRank(const Flags& flags, Communicator& world) {
   const double chunked_seconds =
       MedianSeconds(world, flags.reps, [&] { return Pipelined(*two, rows, received, back); });
 
+  // FP8 on the wire: the same dispatch (one chunk, no combine) with compute-dtype rows and with
+  // E4M3 rows + 1×128 scales, quantise and dequantise included in the FP8 time.
+  const double dispatch_seconds = MedianSeconds(world, flags.reps, [&] {
+    return Dispatch({.handle = &*one, .rows = rows, .received = received});
+  });
+  const double fp8_dispatch_seconds = MedianSeconds(world, flags.reps, [&] {
+    return Dispatch(
+        {.handle = &*one, .rows = rows, .received = received, .fp8 = true, .ctx = &ctx});
+  });
+  const int64_t peer_rows = r - one->send_counts[rank];  // the own share is a local copy
+  auto wire = [&](bool fp8, double seconds) {
+    const int64_t row = DispatchRowBytes(d, dtype, fp8);
+    return nlohmann::json{{"row_bytes", row},
+                          {"bytes_sent", r * row},
+                          {"bytes_sent_to_peers", peer_rows * row},
+                          {"dispatch_ms", seconds * 1e3}};
+  };
+
   // Layer: expert-parallel step with and without overlap, compute alone, communication alone.
   MoeStats stats;
   Tensor out = Tensor::Empty(dtype, {t, d}), d_x = Tensor::Empty(dtype, {t, d});
@@ -285,6 +306,13 @@ nlohmann::json RunRank(const Flags& flags, Communicator& world) {
           {"dispatch_combine_ms", ms(chunked_seconds)},
           {"dispatch_combine_gb_per_s", bytes / chunked_seconds / 1e9},
           {"efficiency", plain_seconds / chunked_seconds}}}}},
+      {"dispatch_wire",
+       {{"rows_sent", r},
+        {"compute_dtype", wire(false, dispatch_seconds)},
+        {"fp8", wire(true, fp8_dispatch_seconds)},
+        {"byte_ratio", static_cast<double>(DispatchRowBytes(d, dtype, true)) /
+                           static_cast<double>(DispatchRowBytes(d, dtype, false))},
+        {"time_ratio", fp8_dispatch_seconds / dispatch_seconds}}},
       {"layer",
        {{"ep", ranks},
         {"overlap_chunks", chunks},
@@ -390,6 +418,15 @@ int ParentMain(const Flags& flags, char** argv) {
       x["plain_all_to_all_v_ms"].get<double>(), x["efficiency"].get<double>(),
       x["chunked"]["chunks"].get<int>(), x["chunked"]["dispatch_combine_ms"].get<double>(),
       x["chunked"]["efficiency"].get<double>());
+  const nlohmann::json& w = report["dispatch_wire"];
+  std::printf(
+      "wire      dispatch %s %ld B/row %.1f ms; fp8 %ld B/row %.1f ms: bytes x%.3f, time x%.3f\n",
+      report["config"]["dtype"].get<std::string>().c_str(),
+      static_cast<long>(w["compute_dtype"]["row_bytes"].get<int64_t>()),
+      w["compute_dtype"]["dispatch_ms"].get<double>(),
+      static_cast<long>(w["fp8"]["row_bytes"].get<int64_t>()),
+      w["fp8"]["dispatch_ms"].get<double>(), w["byte_ratio"].get<double>(),
+      w["time_ratio"].get<double>());
   std::printf(
       "layer     ep=%d step %.1f ms with overlap, %.1f ms without; compute alone %.1f ms + "
       "communication alone %.1f ms\n",

@@ -15,6 +15,8 @@
 #include <cstdlib>
 #include <functional>
 #include <initializer_list>
+#include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,6 +30,9 @@
 #include "engine/core/status.h"
 #include "engine/core/tensor.h"
 #include "engine/core/thread_pool.h"
+#include "engine/fp8/fp8_recipe.h"
+#include "engine/fp8/fp8_state.h"
+#include "engine/fp8/linear.h"
 #include "engine/moe/moe_layer.h"
 #include "engine/ops/elementwise/elementwise.h"
 #include "engine/ops/gemm/gemm.h"
@@ -40,11 +45,15 @@ namespace moetrain {
 namespace {
 
 constexpr char kUsage[] = R"(usage: moe_layer_bench [--device cpu|cuda|cuda:N] [--json]
-                       [--config NAME[,NAME...]] [--dtype f32|bf16] [--reps N]
+                       [--config NAME[,NAME...]] [--dtype DTYPE[,DTYPE...]] [--reps N]
 
   --device   where everything runs (default cpu). cuda = cuda:0.
   --config   configurations to run (default: those of the device, below).
-  --dtype    compute dtype (default: f32 and bf16 on the CPU, bf16 on a GPU).
+  --dtype    f32, bf16, or the expert GEMMs in FP8 by a recipe (docs/fp8.md): fp8-delayed,
+             fp8-current, fp8-blockwise, fp8-mxfp8 (bf16 compute, HYBRID formats, the recipe's
+             defaults; blockwise with power-of-two scales). Default: f32 and bf16 on the CPU,
+             bf16 on a GPU. An FP8 dtype brings the bf16 run of the same configuration along,
+             for its ratios.
   --reps     timed calls per measurement, after one warm-up; the median is reported (default 5).
   --json     one JSON object on stdout instead of a table.
 
@@ -81,10 +90,46 @@ Output: {"machine": {...}, "results": [one object per configuration and dtype]}.
       device to device of the same bytes; on the CPU a single memcpy), _ratio = op GB/s / copy
       GB/s, target 0.7 (printed, never asserted).
     errors: {measurement: message}, only when one failed.
+  FP8 results (dtype fp8-<recipe>) also have recipe, compute_dtype (bf16), and:
+    emulated: true on the CPU, which quantises, dequantises and multiplies in f32: there the
+      times measure the cost of the exact emulation, NOT FP8 speed. True on a GPU for mxfp8
+      (Hopper has no MXFP8 GEMM: quantised, dequantised to bf16 and multiplied in bf16); false
+      for the other recipes on a GPU (cuBLASLt FP8 GEMMs).
+    fwd_bwd_ms includes Fp8State::EndStep (the step's amax reduction and delayed-scaling
+      update; the trainer runs it once per step for all layers). The expert GEMMs go through
+      engine/fp8/linear.h (quantise each operand, then the FP8 GEMM); the permutation is the
+      bf16 one and is not measured again.
+    bf16_fwd_bwd_ms; fwd_bwd_speedup_vs_bf16 = bf16 time / FP8 time (below 1 on the CPU);
+      grouped_gemm_fwd_tflops_vs_bf16 and expert_gemm_gflops_vs_bf16: FP8 rate / bf16 rate of
+      the same shapes (on a GPU, FP8 TFLOP/s against bf16).
 
 Exit status: 0 every measurement ran; 1 one or more failed (the report is still printed, with
   "errors"); 2 bad usage; 77 --device cuda and no usable GPU ("no GPU: <reason>" on stderr).
 )";
+
+// A --dtype: the compute dtype, and an FP8 recipe for the expert GEMMs or none.
+struct BenchDType {
+  std::string name;
+  DType compute;
+  std::optional<Fp8RecipeKind> fp8;
+};
+
+std::vector<BenchDType> BenchDTypes() {
+  return {{"f32", DType::kF32, std::nullopt},
+          {"bf16", DType::kBF16, std::nullopt},
+          {"fp8-delayed", DType::kBF16, Fp8RecipeKind::kDelayed},
+          {"fp8-current", DType::kBF16, Fp8RecipeKind::kCurrent},
+          {"fp8-blockwise", DType::kBF16, Fp8RecipeKind::kBlockwise},
+          {"fp8-mxfp8", DType::kBF16, Fp8RecipeKind::kMxfp8}};
+}
+
+// The recipe as a job spec gets it by default (job-spec.md): blockwise with power-of-two scales.
+Fp8RecipeConfig BenchRecipe(Fp8RecipeKind kind) {
+  Fp8RecipeConfig config;
+  config.recipe = kind;
+  config.pow2_scales = kind == Fp8RecipeKind::kBlockwise;
+  return config;
+}
 
 constexpr double kGroupedGemmTarget = 0.8;
 constexpr double kPermutationTarget = 0.7;
@@ -235,8 +280,9 @@ absl::Status MakeInputs(const ExecContext& ctx, const BenchConfig& bc, DType dty
 }
 
 // MoeLayer::Forward + Backward on ctx.
-absl::Status MeasureLayer(const ExecContext& ctx, const BenchConfig& bc, DType dtype, int reps,
-                          const LayerInputs& in, nlohmann::json& result) {
+absl::Status MeasureLayer(const ExecContext& ctx, const BenchConfig& bc, const BenchDType& bench,
+                          int reps, const LayerInputs& in, nlohmann::json& result) {
+  const DType dtype = bench.compute;
   const MoeConfig& moe = bc.moe;
   const int64_t t = bc.tokens, d = bc.hidden, e = moe.num_experts, f = moe.expert_ffn_dim;
   MOETRAIN_ASSIGN_OR_RETURN(Tensor d_out, RandomTensor(ctx, dtype, {t, d}, 1.0f, 15));
@@ -256,12 +302,24 @@ absl::Status MeasureLayer(const ExecContext& ctx, const BenchConfig& bc, DType d
                               .expert_down = in.w_down,
                               .shared_gate_up = {},
                               .shared_down = {}};
-  MOETRAIN_ASSIGN_OR_RETURN(MoeLayer layer, MoeLayer::Create(moe, d, dtype, {}, ctx));
+  // Declared before the layer, which keeps a pointer to it.
+  std::unique_ptr<Fp8State> fp8;
+  if (bench.fp8.has_value()) {
+    const Fp8RecipeConfig recipe = BenchRecipe(*bench.fp8);
+    MOETRAIN_RETURN_IF_ERROR(recipe.Validate());
+    fp8 = std::make_unique<Fp8State>(recipe, ctx);
+  }
+  MOETRAIN_ASSIGN_OR_RETURN(MoeLayer layer,
+                            MoeLayer::Create(moe, d, dtype, {}, ctx, fp8.get(), "mlp"));
+  if (fp8 != nullptr) MOETRAIN_RETURN_IF_ERROR(fp8->Allocate());
   MoeStats stats;
+  // With FP8 each call is a training step's share of the layer: its EndStep included, so that
+  // delayed scaling quantises with the scales of the calls before, as in training.
   MOETRAIN_ASSIGN_OR_RETURN(
       const double seconds, MedianSeconds(ctx, reps, [&]() -> absl::Status {
         MOETRAIN_RETURN_IF_ERROR(layer.Forward(weights, in.x, 0, out, &stats));
-        return layer.Backward(weights, d_out, d_x, &grads);
+        MOETRAIN_RETURN_IF_ERROR(layer.Backward(weights, d_out, d_x, &grads));
+        return fp8 != nullptr ? fp8->EndStep(nullptr) : absl::OkStatus();
       }));
   result["fwd_bwd_ms"] = seconds * 1e3;
   result["tokens_per_s"] = t / seconds;
@@ -269,11 +327,27 @@ absl::Status MeasureLayer(const ExecContext& ctx, const BenchConfig& bc, DType d
   return absl::OkStatus();
 }
 
+// The expert GEMMs of an FP8 dtype (engine/fp8/linear.h), in their own Fp8State: the grouped
+// gate_up and down of E experts, and DenseForward's two plain linears.
+struct Fp8ExpertLinears {
+  explicit Fp8ExpertLinears(const Fp8RecipeConfig& recipe, const ExecContext& ctx, int64_t e)
+      : state(recipe, ctx),
+        gate_up(ctx, &state, state.Register("bench.experts.gate_up_proj", e)),
+        down(ctx, &state, state.Register("bench.experts.down_proj", e)),
+        dense_gate_up(ctx, &state, state.Register("bench.dense.gate_up_proj", 1)),
+        dense_down(ctx, &state, state.Register("bench.dense.down_proj", 1)) {}
+
+  Fp8State state;  // first: the linears register in it as they are built
+  GroupedLinear gate_up, down;
+  Linear dense_gate_up, dense_down;
+};
+
 // The expert GEMMs over random rows (their time does not depend on the values), R rows.
 struct ExpertGemms {
   Tensor x, activated, d_out, d_gate_up;  // (R, D), (R, F), (R, D), (R, 2F) compute dtype
   Tensor gate_up, out, d_activated, d_x;  // (R, 2F), (R, D), (R, F), (R, D) f32
   Tensor d_w_gate_up, d_w_down;           // (E, 2F, D), (E, D, F) f32
+  const Fp8ExpertLinears* fp8 = nullptr;  // FP8 GEMMs when set
 
   static absl::StatusOr<ExpertGemms> Create(const ExecContext& ctx, DType dtype, int64_t rows,
                                             int64_t d, int64_t f, int64_t e) {
@@ -294,6 +368,10 @@ struct ExpertGemms {
   // Forward: gate_up = x·w_gate_upᵀ and out = activated·w_downᵀ, per group.
   absl::Status Forward(const ExecContext& ctx, TensorView w_gate_up, TensorView w_down,
                        absl::Span<const int64_t> offsets) {
+    if (fp8 != nullptr) {
+      MOETRAIN_RETURN_IF_ERROR(fp8->gate_up.Forward(x, w_gate_up, offsets, 0, gate_up));
+      return fp8->down.Forward(activated, w_down, offsets, 0, out);
+    }
     MOETRAIN_RETURN_IF_ERROR(ops::GroupedGemmForward(ctx, x, w_gate_up, offsets, gate_up));
     return ops::GroupedGemmForward(ctx, activated, w_down, offsets, out);
   }
@@ -303,6 +381,14 @@ struct ExpertGemms {
                                absl::Span<const int64_t> offsets) {
     const int64_t groups = w_down.dim(0);
     MOETRAIN_RETURN_IF_ERROR(Forward(ctx, w_gate_up, w_down, offsets));
+    if (fp8 != nullptr) {
+      MOETRAIN_RETURN_IF_ERROR(fp8->down.BackwardData(d_out, w_down, offsets, 0, d_activated));
+      MOETRAIN_RETURN_IF_ERROR(fp8->down.BackwardWeight(d_out, activated, offsets, 0,
+                                                        d_w_down.view().Slice(0, groups), false));
+      MOETRAIN_RETURN_IF_ERROR(fp8->gate_up.BackwardData(d_gate_up, w_gate_up, offsets, 0, d_x));
+      return fp8->gate_up.BackwardWeight(d_gate_up, x, offsets, 0,
+                                         d_w_gate_up.view().Slice(0, groups), false);
+    }
     MOETRAIN_RETURN_IF_ERROR(
         ops::GroupedGemmBackwardData(ctx, d_out, w_down, offsets, d_activated));
     MOETRAIN_RETURN_IF_ERROR(ops::GroupedGemmBackwardWeight(
@@ -314,19 +400,36 @@ struct ExpertGemms {
 
   // The forward's two products as dense GEMMs of the same M = R, N and K (expert 0's weights).
   absl::Status DenseForward(const ExecContext& ctx, TensorView w_gate_up, TensorView w_down) {
+    if (fp8 != nullptr) {
+      MOETRAIN_RETURN_IF_ERROR(fp8->dense_gate_up.Forward(x, w_gate_up.Select(0), gate_up));
+      return fp8->dense_down.Forward(activated, w_down.Select(0), out);
+    }
     MOETRAIN_RETURN_IF_ERROR(
         ops::Gemm(ctx, {.a = x, .b = w_gate_up.Select(0), .c = gate_up, .trans_b = true}));
     return ops::Gemm(ctx, {.a = activated, .b = w_down.Select(0), .c = out, .trans_b = true});
   }
 };
 
-absl::Status MeasureExpertGemms(const ExecContext& ctx, const BenchConfig& bc, DType dtype,
-                                int reps, const LayerInputs& in, nlohmann::json& result) {
+absl::Status MeasureExpertGemms(const ExecContext& ctx, const BenchConfig& bc,
+                                const BenchDType& bench, int reps, const LayerInputs& in,
+                                nlohmann::json& result) {
   const int64_t d = bc.hidden, e = bc.moe.num_experts, f = bc.moe.expert_ffn_dim;
   const int64_t rows = in.offsets.back();
-  MOETRAIN_ASSIGN_OR_RETURN(ExpertGemms gemms, ExpertGemms::Create(ctx, dtype, rows, d, f, e));
+  MOETRAIN_ASSIGN_OR_RETURN(ExpertGemms gemms,
+                            ExpertGemms::Create(ctx, bench.compute, rows, d, f, e));
   const TensorView w_gate_up = in.w_gate_up, w_down = in.w_down;
   const std::vector<int64_t> one_group = {0, rows};
+  std::unique_ptr<Fp8ExpertLinears> fp8;
+  if (bench.fp8.has_value()) {
+    fp8 = std::make_unique<Fp8ExpertLinears>(BenchRecipe(*bench.fp8), ctx, e);
+    MOETRAIN_RETURN_IF_ERROR(fp8->state.Allocate());
+    gemms.fp8 = fp8.get();
+    // One step first, so that delayed scaling quantises with scales that fit the values (its
+    // scales start at 1); the other recipes' EndStep only resets the statistics.
+    MOETRAIN_RETURN_IF_ERROR(gemms.ForwardBackward(ctx, w_gate_up, w_down, in.offsets));
+    MOETRAIN_RETURN_IF_ERROR(gemms.DenseForward(ctx, w_gate_up, w_down));
+    MOETRAIN_RETURN_IF_ERROR(fp8->state.EndStep(nullptr));
+  }
 
   // The forward's products alone, grouped against cuBLAS-style dense.
   MOETRAIN_ASSIGN_OR_RETURN(const double grouped_fwd, MedianSeconds(ctx, reps, [&] {
@@ -423,9 +526,11 @@ bool Record(const std::string& config, const char* what, const absl::Status& sta
   return false;
 }
 
-nlohmann::json RunConfig(const ExecContext& ctx, const BenchConfig& bc, DType dtype, int reps) {
+nlohmann::json RunConfig(const ExecContext& ctx, const BenchConfig& bc, const BenchDType& bench,
+                         int reps) {
   const MoeConfig& moe = bc.moe;
-  const std::string dtype_name(DTypeName(dtype));
+  const DType dtype = bench.compute;
+  const std::string& dtype_name = bench.name;
   std::fprintf(stderr, "moe_layer_bench: %s %s on %s (T=%ld D=%ld F=%ld E=%ld k=%ld)...\n",
                bc.name.c_str(), dtype_name.c_str(), ctx.device().DebugString().c_str(), bc.tokens,
                bc.hidden, moe.expert_ffn_dim, moe.num_experts, moe.top_k);
@@ -438,14 +543,22 @@ nlohmann::json RunConfig(const ExecContext& ctx, const BenchConfig& bc, DType dt
       {"experts", moe.num_experts},
       {"top_k", moe.top_k},
   };
+  if (bench.fp8.has_value()) {
+    result["recipe"] = std::string(Fp8RecipeName(*bench.fp8));
+    result["compute_dtype"] = std::string(DTypeName(dtype));
+    // Hopper multiplies MXFP8 in bf16 after dequantising (docs/fp8.md); the CPU emulates all.
+    result["emulated"] = ctx.device().is_cpu() || *bench.fp8 == Fp8RecipeKind::kMxfp8;
+  }
   LayerInputs inputs;
   if (Record(bc.name, "inputs", MakeInputs(ctx, bc, dtype, &inputs), result)) {
     result["rows"] = inputs.offsets.back();
-    Record(bc.name, "layer", MeasureLayer(ctx, bc, dtype, reps, inputs, result), result);
-    Record(bc.name, "expert_gemms", MeasureExpertGemms(ctx, bc, dtype, reps, inputs, result),
+    Record(bc.name, "layer", MeasureLayer(ctx, bc, bench, reps, inputs, result), result);
+    Record(bc.name, "expert_gemms", MeasureExpertGemms(ctx, bc, bench, reps, inputs, result),
            result);
-    Record(bc.name, "permutation", MeasurePermutation(ctx, bc, dtype, reps, inputs, result),
-           result);
+    if (!bench.fp8.has_value()) {
+      Record(bc.name, "permutation", MeasurePermutation(ctx, bc, dtype, reps, inputs, result),
+             result);
+    }
   }
   std::fprintf(stderr, "  %s\n", result.dump().c_str());
   return result;
@@ -473,6 +586,27 @@ nlohmann::json Machine(const ExecContext& ctx, int reps, bool* ok) {
   return machine;
 }
 
+// Each FP8 result against the bf16 result of the same configuration (when both measured it).
+void CompareWithBf16(nlohmann::json& results) {
+  for (nlohmann::json& r : results) {
+    if (!r.contains("recipe")) continue;
+    for (const nlohmann::json& bf16 : results) {
+      if (bf16["dtype"] != "bf16" || bf16["config"] != r["config"]) continue;
+      const auto ratio = [&](const char* fp8_key, const char* bf16_key, const char* out,
+                             bool inverse) {
+        if (!r.contains(fp8_key) || !bf16.contains(bf16_key)) return;
+        const double a = r[fp8_key].get<double>(), b = bf16[bf16_key].get<double>();
+        if (a > 0 && b > 0) r[out] = inverse ? b / a : a / b;
+      };
+      if (bf16.contains("fwd_bwd_ms")) r["bf16_fwd_bwd_ms"] = bf16["fwd_bwd_ms"];
+      ratio("fwd_bwd_ms", "fwd_bwd_ms", "fwd_bwd_speedup_vs_bf16", true);
+      ratio("grouped_gemm_fwd_tflops", "grouped_gemm_fwd_tflops", "grouped_gemm_fwd_tflops_vs_bf16",
+            false);
+      ratio("expert_gemm_gflops", "expert_gemm_gflops", "expert_gemm_gflops_vs_bf16", false);
+    }
+  }
+}
+
 // "12.345" or "-" for a field a failed measurement left out.
 std::string Field(const nlohmann::json& r, const char* key, const char* format) {
   if (!r.contains(key)) return "-";
@@ -482,27 +616,29 @@ std::string Field(const nlohmann::json& r, const char* key, const char* format) 
 }
 
 void PrintTable(const nlohmann::json& results) {
-  std::printf("%-11s %-5s %10s %12s %9s %8s %8s %9s %8s %8s %8s\n", "config", "dtype", "fwd_bwd_ms",
-              "tokens/s", "GFLOP/s", "grouped", "layer", "fwdTFLOP", "fwd/dns", "perm/cp",
-              "unp/cp");
+  std::printf("%-11s %-13s %10s %12s %9s %8s %8s %9s %8s %8s %8s %8s\n", "config", "dtype",
+              "fwd_bwd_ms", "tokens/s", "GFLOP/s", "grouped", "layer", "fwdTFLOP", "fwd/dns",
+              "perm/cp", "unp/cp", "x bf16");
   for (const auto& r : results) {
-    std::printf("%-11s %-5s %10s %12s %9s %8s %8s %9s %8s %8s %8s%s\n",
-                r["config"].get<std::string>().c_str(), r["dtype"].get<std::string>().c_str(),
-                Field(r, "fwd_bwd_ms", "%.1f").c_str(), Field(r, "tokens_per_s", "%.0f").c_str(),
-                Field(r, "expert_gemm_gflops", "%.1f").c_str(),
-                Field(r, "grouped_gemm_efficiency", "%.3f").c_str(),
-                Field(r, "layer_efficiency", "%.3f").c_str(),
-                Field(r, "grouped_gemm_fwd_tflops", "%.3f").c_str(),
-                Field(r, "grouped_gemm_fwd_ratio", "%.3f").c_str(),
-                Field(r, "permute_ratio", "%.3f").c_str(),
-                Field(r, "unpermute_ratio", "%.3f").c_str(),
-                r.contains("errors") ? "  (errors)" : "");
+    std::printf(
+        "%-11s %-13s %10s %12s %9s %8s %8s %9s %8s %8s %8s %8s%s%s\n",
+        r["config"].get<std::string>().c_str(), r["dtype"].get<std::string>().c_str(),
+        Field(r, "fwd_bwd_ms", "%.1f").c_str(), Field(r, "tokens_per_s", "%.0f").c_str(),
+        Field(r, "expert_gemm_gflops", "%.1f").c_str(),
+        Field(r, "grouped_gemm_efficiency", "%.3f").c_str(),
+        Field(r, "layer_efficiency", "%.3f").c_str(),
+        Field(r, "grouped_gemm_fwd_tflops", "%.3f").c_str(),
+        Field(r, "grouped_gemm_fwd_ratio", "%.3f").c_str(),
+        Field(r, "permute_ratio", "%.3f").c_str(), Field(r, "unpermute_ratio", "%.3f").c_str(),
+        Field(r, "fwd_bwd_speedup_vs_bf16", "%.3f").c_str(),
+        r.value("emulated", false) ? "  (emulated)" : "", r.contains("errors") ? "  (errors)" : "");
   }
 }
 
 int Main(int argc, char** argv) {
   bool json = false;
-  std::string device_name = "cpu", only_dtype;
+  std::string device_name = "cpu";
+  std::vector<std::string> only_dtypes;
   std::vector<std::string> only_configs;
   int reps = 5;
   for (int i = 1; i < argc; ++i) {
@@ -519,7 +655,8 @@ int Main(int argc, char** argv) {
       std::vector<std::string> names = absl::StrSplit(argv[++i], ',');
       only_configs = std::move(names);
     } else if (arg == "--dtype" && has_value) {
-      only_dtype = argv[++i];
+      std::vector<std::string> names = absl::StrSplit(argv[++i], ',');
+      only_dtypes = std::move(names);
     } else if (arg == "--reps" && has_value && absl::SimpleAtoi(argv[i + 1], &reps) && reps >= 1) {
       ++i;
     } else {
@@ -527,10 +664,24 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
-  if (!only_dtype.empty() && only_dtype != "f32" && only_dtype != "bf16") {
-    std::fprintf(stderr, "moe_layer_bench: --dtype %s: expected f32 or bf16\n", only_dtype.c_str());
-    return 2;
+  const std::vector<BenchDType> dtypes = BenchDTypes();
+  const auto dtype_listed = [&](const std::string& name) {
+    return std::find(only_dtypes.begin(), only_dtypes.end(), name) != only_dtypes.end();
+  };
+  for (const std::string& name : only_dtypes) {
+    if (std::none_of(dtypes.begin(), dtypes.end(),
+                     [&](const BenchDType& bench) { return bench.name == name; })) {
+      std::fprintf(stderr,
+                   "moe_layer_bench: --dtype %s: expected f32, bf16, fp8-delayed, fp8-current, "
+                   "fp8-blockwise or fp8-mxfp8\n",
+                   name.c_str());
+      return 2;
+    }
   }
+  // An FP8 dtype brings bf16 along: its ratios are against the bf16 run of the same shapes.
+  const bool any_fp8 = std::any_of(dtypes.begin(), dtypes.end(), [&](const BenchDType& bench) {
+    return bench.fp8.has_value() && dtype_listed(bench.name);
+  });
   const std::vector<BenchConfig> configs = Configs();
   for (const std::string& name : only_configs) {
     if (std::none_of(configs.begin(), configs.end(),
@@ -555,14 +706,16 @@ int Main(int argc, char** argv) {
                                              : std::find(only_configs.begin(), only_configs.end(),
                                                          bc.name) != only_configs.end();
     if (!chosen) continue;
-    for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (const BenchDType& bench : dtypes) {
       const bool dtype_chosen =
-          only_dtype.empty() ? (on_cpu || dtype == DType::kBF16) : DTypeName(dtype) == only_dtype;
+          only_dtypes.empty() ? !bench.fp8.has_value() && (on_cpu || bench.compute == DType::kBF16)
+                              : dtype_listed(bench.name) || (any_fp8 && bench.name == "bf16");
       if (!dtype_chosen) continue;
-      results.push_back(RunConfig(ctx, bc, dtype, reps));
+      results.push_back(RunConfig(ctx, bc, bench, reps));
       if (results.back().contains("errors")) ok = false;
     }
   }
+  CompareWithBf16(results);
   const nlohmann::json report = {{"machine", machine}, {"results", results}};
   if (json) {
     std::printf("%s\n", report.dump().c_str());

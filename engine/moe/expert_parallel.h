@@ -21,6 +21,10 @@
 // rows, so a sort on each side would halve the exchange's throughput.) An expert's blocks and
 // their order do not depend on the number of chunks, so neither do its results.
 //
+// FP8 on the wire (DispatchArgs::fp8): a dispatch may send E4M3 rows with 1×128 power-of-two
+// block scales instead of compute-dtype rows (D + 4·ceil(D/128) bytes a row instead of 2·D for
+// bf16), dequantised on arrival; combine always sends the compute dtype (as DeepEP does).
+//
 // Send order: a rank's rows sorted by handle.expert_send_slot of their expert, i.e. by chunk, then
 // destination rank, then global expert, each expert's rows in the sender's order. With one chunk
 // that is simply by global expert; with more, ops::BuildPermutation sorts by it when given
@@ -29,6 +33,7 @@
 #define MOETRAIN_ENGINE_MOE_EXPERT_PARALLEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -36,6 +41,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "engine/backend/exec_context.h"
 #include "engine/comm/communicator.h"
 #include "engine/core/tensor.h"
 
@@ -96,7 +102,18 @@ struct DispatchArgs {
   TensorView rows;      // (R, D) f32 or bf16, in send order; read
   TensorView received;  // (N, D) same dtype, written: by chunk, source, local expert
   int chunk = kAllChunks;
+  // FP8 on the wire (train.fp8.fp8_dispatch): the rows travel as E4M3 with one power-of-two f32
+  // scale per 128 elements of a row (ops::Fp8Scaling::kBlock1x128, amax epsilon 0), and Wait
+  // dequantises them into `received`, so each received row is exactly Dequantize(Quantize(row)).
+  // `ctx` (required then) is the context of the rows' device: it runs the quantise, the
+  // dequantise and the two small scale transposes, and owns the wire buffers' memory.
+  bool fp8 = false;
+  const ExecContext* ctx = nullptr;
 };
+
+// The bytes one row of D elements takes on the wire: D·sizeof(dtype), or with FP8 the E4M3 row
+// (padded to 16 bytes, ops::Fp8PaddedCols) and its ceil(D/128) f32 scales.
+int64_t DispatchRowBytes(int64_t cols, DType dtype, bool fp8);
 
 struct CombineArgs {
   const DispatchHandle* handle = nullptr;
@@ -116,18 +133,25 @@ absl::StatusOr<DispatchHandle> PlanDispatch(const DispatchPlanArgs& args);
 class ExchangeRequest {
  public:
   ExchangeRequest() = default;
-  // The all-to-alls of the exchange's chunks.
-  explicit ExchangeRequest(std::vector<std::unique_ptr<CommRequest>> requests)
-      : requests_(std::move(requests)) {}
+  // The all-to-alls of the exchange's chunks, and what Wait runs once they all succeeded (an FP8
+  // dispatch's dequantise; it owns the wire buffers until then).
+  explicit ExchangeRequest(std::vector<std::unique_ptr<CommRequest>> requests,
+                           std::function<absl::Status()> finish = nullptr)
+      : requests_(std::move(requests)), finish_(std::move(finish)) {}
   ExchangeRequest(ExchangeRequest&& other) noexcept = default;
   ExchangeRequest& operator=(ExchangeRequest&& other) noexcept;
+  // Waits for the transfers but does not finish: an abandoned request writes no buffer.
   ~ExchangeRequest();
 
-  // The first failure among the chunks, or OK; a second Wait returns the same.
+  // The first failure among the chunks (or of the finish), or OK; a second Wait returns the same.
   absl::Status Wait();
 
  private:
+  // Waits for every transfer; drops the finish.
+  void Abandon();
+
   std::vector<std::unique_ptr<CommRequest>> requests_;  // not yet waited for
+  std::function<absl::Status()> finish_;                // not yet run
   absl::Status status_;
 };
 

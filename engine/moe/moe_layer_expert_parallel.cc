@@ -81,9 +81,17 @@ absl::Status MoeLayer::ForwardExpertParallel(const MoeWeights& weights, TensorVi
   MOETRAIN_ASSIGN_OR_RETURN(expert_out_, workspace_.Get(kExpertOut, DType::kF32, {n, d}));
   MOETRAIN_ASSIGN_OR_RETURN(combined_, workspace_.Get(kCombined, DType::kF32, {r, d}));
 
+  // With fp8_dispatch the rows travel as FP8 and arrive dequantised, so everything after the
+  // dispatch (the experts, the backward's use of received_x_) is as without it. Only this
+  // dispatch: combine and the backward's exchanges of gradients stay in the compute dtype.
+  const bool fp8_dispatch = fp8_ != nullptr && fp8_->config().fp8_dispatch;
   TensorView shared_out;
   MOETRAIN_RETURN_IF_ERROR(RunChunks(
-      {.handle = &handle_, .rows = permuted_x_, .received = received_x_},
+      {.handle = &handle_,
+       .rows = permuted_x_,
+       .received = received_x_,
+       .fp8 = fp8_dispatch,
+       .ctx = &ctx_},
       {.handle = &handle_, .rows = expert_out_, .out = combined_},
       [&]() -> absl::Status {
         MOETRAIN_ASSIGN_OR_RETURN(shared_out, SharedExpertsForward(weights));

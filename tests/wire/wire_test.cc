@@ -201,6 +201,11 @@ v1::JobSpec FullSpec() {
   train->mutable_fp8()->set_format(v1::Fp8Recipe::E4M3);
   train->mutable_fp8()->set_amax_history_len(16);
   train->mutable_fp8()->set_margin(1);
+  // DELAYED (the default) reads the history fields; power_2_scales and amax_epsilon are for
+  // other recipes, so a valid spec leaves them unset.
+  train->mutable_fp8()->set_recipe(v1::Fp8Recipe::DELAYED);
+  train->mutable_fp8()->set_amax_compute_algo(v1::Fp8Recipe::MOST_RECENT);
+  train->mutable_fp8()->set_fp8_dispatch(true);
   auto* opt = train->mutable_optimizer();
   opt->set_lr(1e-3f);
   opt->set_min_lr(1e-4f);
