@@ -76,7 +76,7 @@ void ConvertTensor(const ExecContext& ctx, TensorView src, TensorView dst) {
 void Add(const ExecContext& ctx, TensorView a, TensorView b, TensorView out) {
   const int64_t t = a.dim(0), d = a.dim(1);
   ctx.thread_pool().ParallelFor(
-      t, std::max<int64_t>(1, 16384 / d), [&](int64_t begin, int64_t end) {
+      t, std::max<int64_t>(1, 16384 / std::max<int64_t>(d, 1)), [&](int64_t begin, int64_t end) {
         thread_local std::vector<float> widened;
         if (static_cast<int64_t>(widened.size()) < d) widened.resize(d);
         for (int64_t r = begin; r < end; ++r) {

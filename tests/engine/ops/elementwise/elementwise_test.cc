@@ -99,5 +99,41 @@ TEST(ConvertTensorErrorTest, RejectsMismatches) {
   EXPECT_TRUE(IsInvalidArgument(ops::ConvertTensor(Cpu(), TensorView(), f32), "convert"));
 }
 
+// ---------------------------------------------------------------------------------------------
+// Add.
+// ---------------------------------------------------------------------------------------------
+
+// out = a + b is one f32 add per element (b widened from bf16 first), so the sum is exact to
+// compare; zero rows and zero columns are valid and touch nothing.
+TEST(AddTest, AddsElementwiseWithF32AndBF16AndEmptyShapes) {
+  std::mt19937 rng(std::random_device{}());
+  for (const Size size : {Size{1, 1}, Size{37, 23}, Size{0, 5}, Size{7, 0}}) {
+    for (DType b_dtype : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(::testing::Message() << size.rows << "x" << size.cols << " b "
+                                        << DTypeName(b_dtype));
+      const int64_t n = size.rows * size.cols;
+      const std::vector<float> a_values = Uniform(n, -10.0f, 10.0f, rng);
+      const std::vector<float> b_values = Uniform(n, -10.0f, 10.0f, rng);
+      Tensor a = Tensor::Zeros(DType::kF32, {size.rows, size.cols});
+      Tensor b = Tensor::Zeros(b_dtype, {size.rows, size.cols});
+      std::copy(a_values.begin(), a_values.end(), a.data<float>());
+      for (int64_t i = 0; i < n; ++i) {
+        if (b_dtype == DType::kF32) {
+          b.data<float>()[i] = b_values[i];
+        } else {
+          b.data<BF16>()[i] = FloatToBF16(b_values[i]);
+        }
+      }
+      Tensor out = Tensor::Zeros(DType::kF32, {size.rows, size.cols});
+      ASSERT_TRUE(ops::Add(Cpu(), a, b, out).ok());
+      for (int64_t i = 0; i < n; ++i) {
+        const float b_i =
+            b_dtype == DType::kF32 ? b_values[i] : BF16ToFloat(FloatToBF16(b_values[i]));
+        ASSERT_EQ(out.data<float>()[i], a_values[i] + b_i) << "element " << i;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace moetrain::ops_test
