@@ -15,11 +15,13 @@
 #     Unpacks the bundle into a temporary folder, prints the GPU, driver and clocks, then:
 #       1. tests: every bundled test;
 #       2. training: 20 steps of examples/tiny-moe.yaml through `moetrain run --json`, on the CPU
-#          and on CUDA, in f32 and in bf16 (train.precision: BF16), and CUDA f32 a second time;
-#          the per-step losses must agree within 1e-4 relative in f32 and 2e-2 in bf16 (CPU as
-#          the reference), and the two CUDA f32 runs bit for bit;
+#          and on CUDA, in f32, in bf16 (train.precision: BF16) and in FP8 with each of the four
+#          recipes (train.precision: FP8, train.fp8.recipe), and CUDA f32 a second time; the
+#          per-step losses must agree within 1e-4 relative in f32, 2e-2 in bf16 and 3e-2 in FP8
+#          (CPU as the reference), and the two CUDA f32 runs bit for bit;
 #       3. benchmarks: `train_bench --device cuda` (tokens/s, MFU against the measured dense bf16
-#          GEMM rate, peak memory and its breakdown) and `moe_layer_bench --device cuda`;
+#          GEMM rate, peak memory and its breakdown) and `moe_layer_bench --device cuda` in bf16
+#          and each FP8 recipe;
 #     and prints one JSON summary on stdout (progress goes to stderr): every check with its
 #     verdict and numbers, under "checks", and "passed". Exit 1 when a check failed: a test failed
 #     or did not run, the tests found no usable GPU although nvidia-smi lists one, a training run
@@ -69,12 +71,19 @@ readonly TRAIN_STEPS=20
 # another order; bf16 rounds every GEMM input and activation, in another order too.
 readonly LOSS_RTOL_F32=1e-4
 readonly LOSS_RTOL_BF16=2e-2
+# FP8 rounds every GEMM input of the linear layers to 3 (E4M3) or 2 (E5M2) mantissa bits: an input
+# that lands on the other side of a rounding boundary on the GPU moves by a whole FP8 step.
+readonly LOSS_RTOL_FP8=3e-2
+# The FP8 recipes the training check runs on both devices.
+readonly FP8_RECIPES=(delayed current blockwise mxfp8)
 
 bench_args() {
   case $1 in
     # d 2048, 8 layers, 16384 tokens a step, about 87 GiB in bf16 (bench/train_bench.cc): the model
     # of the MFU and peak-memory targets.
     train_bench) echo "--device cuda --config d2048 --json" ;;
+    # bf16 and each FP8 recipe on the same layers: FP8 TFLOP/s against bf16 (docs/fp8.md).
+    moe_layer_bench) echo "--device cuda --dtype bf16,fp8-delayed,fp8-current,fp8-blockwise,fp8-mxfp8 --json" ;;
     *) echo "--device cuda --json" ;;
   esac
 }
@@ -91,7 +100,7 @@ bundle  builds the CUDA tests, moetrain, train_bench and moe_layer_bench in BUIL
         every shared library they load except glibc's and the CUDA driver's and toolkit's,
         and examples/tiny-moe.yaml.
 run     on the GPU machine: unpacks the bundle, prints the GPU, runs the tests, trains
-        tiny-moe on the CPU and on CUDA (f32, bf16) and compares the losses, runs the
+        tiny-moe on the CPU and on CUDA (f32, bf16, FP8) and compares the losses, runs the
         benchmarks, prints one JSON summary; exit 1 when a check failed. Without a GPU:
         "skipped: no GPU", exit 0.
 compare-losses  the per-step losses of two `moetrain run --json` outputs: one JSON verdict;
@@ -461,13 +470,16 @@ run_tests() {
   done
 }
 
-# A copy of the spec SRC at DST that trains STEPS steps in PRECISION (FP32, BF16) and reports
-# every step: train.steps, train.log_every and train.precision set (added when absent), and
-# train.optimizer.warmup_steps lowered to a quarter of the steps where it is longer.
+# A copy of the spec SRC at DST that trains STEPS steps in PRECISION (FP32, BF16, or FP8:RECIPE
+# with RECIPE one of DELAYED, CURRENT, BLOCKWISE, MXFP8) and reports every step: train.steps,
+# train.log_every and train.precision set (added when absent; FP8 adds train.fp8.recipe, and the
+# spec must have no train.fp8 of its own), and train.optimizer.warmup_steps lowered to a quarter
+# of the steps where it is longer.
 make_train_spec() {
   python3 - "$@" <<'PY'
 import re, sys
 src, dst, precision, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+precision, _, recipe = precision.partition(":")
 want = {"steps": str(steps), "log_every": "1", "precision": precision}
 out, section, seen, train_at = [], None, set(), None
 for line in open(src).read().splitlines():
@@ -488,7 +500,8 @@ for line in open(src).read().splitlines():
 if train_at is None:
     out.append("train:")
     train_at = len(out)
-out[train_at:train_at] = ["  %s: %s" % (k, v) for k, v in want.items() if k not in seen]
+out[train_at:train_at] = ["  %s: %s" % (k, v) for k, v in want.items() if k not in seen] + (
+    ["  fp8:", "    recipe: %s" % recipe] if recipe else [])
 with open(dst, "w") as f:
     f.write("\n".join(out) + "\n")
 PY
@@ -595,23 +608,34 @@ PY
 }
 
 # Phase 2: 20 steps of the bundled spec through `moetrain run --json` on the CPU and on CUDA, in
-# f32 and bf16, CUDA f32 twice; then the loss checks. logs/training.tsv (name, outcome, exit,
-# seconds, device, precision), run-NAME.jsonl and .log, train-f32.yaml and train-bf16.yaml (the
+# f32, bf16 and each FP8 recipe, CUDA f32 twice; then the loss checks. logs/training.tsv (name,
+# outcome, exit, seconds, device, precision), run-NAME.jsonl and .log, train-PRECISION.yaml (the
 # specs trained), checks.tsv (check, ref run, new run) and check-NAME.json (each verdict).
 run_training() {
   local dir=$1 logs=$2 spec
   spec=$dir/$(cat "$dir/train-spec.txt")
-  local precision
-  for precision in f32 bf16; do
-    if ! make_train_spec "$spec" "$logs/train-$precision.yaml" \
-      "$([ $precision = f32 ] && echo FP32 || echo BF16)" "$TRAIN_STEPS" 2>"$logs/train-spec.log"; then
+  local precision recipe spec_precision
+  local -a precisions=(f32 bf16) fp8_runs=() fp8_checks=()
+  for recipe in "${FP8_RECIPES[@]}"; do
+    precisions+=("fp8-$recipe")
+    fp8_runs+=("cpu_fp8_$recipe:cpu:fp8-$recipe" "cuda_fp8_$recipe:cuda:fp8-$recipe")
+    fp8_checks+=("loss_fp8_${recipe}_cuda_vs_cpu cpu_fp8_$recipe cuda_fp8_$recipe --rtol $LOSS_RTOL_FP8")
+  done
+  for precision in "${precisions[@]}"; do
+    case $precision in
+      f32) spec_precision=FP32 ;;
+      bf16) spec_precision=BF16 ;;
+      fp8-*) spec_precision=FP8:$(echo "${precision#fp8-}" | tr '[:lower:]' '[:upper:]') ;;
+    esac
+    if ! make_train_spec "$spec" "$logs/train-$precision.yaml" "$spec_precision" "$TRAIN_STEPS" \
+      2>"$logs/train-spec.log"; then
       log "could not write the $precision spec: $(cat "$logs/train-spec.log")"
     fi
   done
   local train_timeout=${GPU_CHECK_TRAIN_TIMEOUT:-60} entry name device limit rc t0 seconds outcome
   local checkpoints=$dir/training-checkpoints
   for entry in cpu_f32:cpu:f32 cuda_f32:cuda:f32 cuda_f32_repeat:cuda:f32 cpu_bf16:cpu:bf16 \
-    cuda_bf16:cuda:bf16; do
+    cuda_bf16:cuda:bf16 "${fp8_runs[@]}"; do
     IFS=: read -r name device precision <<<"$entry"
     limit=$(min "$train_timeout" "$(budget_left)")
     if [ "$limit" -le 0 ]; then
@@ -642,7 +666,7 @@ run_training() {
   local -a how
   for entry in "loss_f32_cuda_vs_cpu cpu_f32 cuda_f32 --rtol $LOSS_RTOL_F32" \
     "loss_bf16_cuda_vs_cpu cpu_bf16 cuda_bf16 --rtol $LOSS_RTOL_BF16" \
-    "cuda_f32_bit_identical cuda_f32 cuda_f32_repeat --identical"; do
+    "cuda_f32_bit_identical cuda_f32 cuda_f32_repeat --identical" "${fp8_checks[@]}"; do
     read -r check ref new how_text <<<"$entry"
     read -ra how <<<"$how_text"
     printf '%s\t%s\t%s\n' "$check" "$ref" "$new" >>"$logs/checks.tsv"

@@ -91,7 +91,8 @@ cmp -s "$repo/examples/tiny-moe.yaml" "$root/examples/tiny-moe.yaml" ||
 [ "$(cat "$root/train-spec.txt")" = examples/tiny-moe.yaml ] || fail "train-spec.txt: $(cat "$root/train-spec.txt")"
 [ "$(cat "$root/tools.txt")" = moetrain ] || fail "tools.txt: $(cat "$root/tools.txt")"
 if ! grep -qx 'train_bench --device cuda .*--json' "$root/benchmarks.txt" ||
-  ! grep -qx 'moe_layer_bench --device cuda --json' "$root/benchmarks.txt"; then
+  ! grep -qx 'moe_layer_bench --device cuda --dtype bf16,fp8-delayed,fp8-current,fp8-blockwise,fp8-mxfp8 --json' \
+    "$root/benchmarks.txt"; then
   fail "benchmarks.txt: $(cat "$root/benchmarks.txt")"
 fi
 
@@ -170,7 +171,9 @@ if sorted(summary.get("bench", {})) != ["moe_layer_bench", "train_bench"]:
 # Training: the CPU runs trained 20 steps from the spec copies; the CUDA runs failed; every loss
 # check failed, naming the failed runs.
 runs = summary.get("training", {}).get("runs", {})
-want_runs = ["cpu_bf16", "cpu_f32", "cuda_bf16", "cuda_f32", "cuda_f32_repeat"]
+recipes = ["delayed", "current", "blockwise", "mxfp8"]
+want_runs = sorted(["cpu_bf16", "cpu_f32", "cuda_bf16", "cuda_f32", "cuda_f32_repeat"] +
+                   ["%s_fp8_%s" % (device, r) for device in ("cpu", "cuda") for r in recipes])
 if sorted(runs) != want_runs:
     problems.append("training runs %s, want %s" % (sorted(runs), want_runs))
 for name, run in runs.items():
@@ -179,20 +182,25 @@ for name, run in runs.items():
             problems.append("the CPU run %s did not train 20 steps: %s" % (name, run))
     elif run.get("exit") == 0:
         problems.append("the CUDA run %s succeeded without a GPU: %s" % (name, run))
-for precision, value in (("f32", "FP32"), ("bf16", "BF16")):
+for precision, value in [("f32", "FP32"), ("bf16", "BF16")] + [("fp8-" + r, "FP8") for r in recipes]:
     text = open(os.path.join(logs, "train-%s.yaml" % precision)).read()
-    for line in ("  precision: " + value, "  steps: 20", "  log_every: 1"):
+    lines = ["  precision: " + value, "  steps: 20", "  log_every: 1"]
+    if value == "FP8":
+        lines.append("    recipe: " + precision[4:].upper())
+    for line in lines:
         if not re.search("^%s$" % line, text, re.M):
             problems.append("train-%s.yaml lacks '%s'" % (precision, line))
 checks = summary.get("checks", {})
-want_checks = ["cuda_f32_bit_identical", "loss_bf16_cuda_vs_cpu", "loss_f32_cuda_vs_cpu",
-               "moe_layer_bench", "tests", "train_bench"]
+fp8_checks = ["loss_fp8_%s_cuda_vs_cpu" % r for r in recipes]
+want_checks = sorted(["cuda_f32_bit_identical", "loss_bf16_cuda_vs_cpu", "loss_f32_cuda_vs_cpu",
+                      "moe_layer_bench", "tests", "train_bench"] + fp8_checks)
 if sorted(checks) != want_checks:
     problems.append("checks %s, want %s" % (sorted(checks), want_checks))
-for name in ("loss_f32_cuda_vs_cpu", "loss_bf16_cuda_vs_cpu", "cuda_f32_bit_identical"):
+for name in ["loss_f32_cuda_vs_cpu", "loss_bf16_cuda_vs_cpu", "cuda_f32_bit_identical"] + fp8_checks:
     check = checks.get(name, {})
     reason = check.get("reason", "")
-    if check.get("pass") is not False or not re.search(r"run cuda_(f32|bf16): exit 2", reason):
+    if check.get("pass") is not False or not re.search(r"run cuda_(f32|bf16|fp8_\w+): exit 2",
+                                                        reason):
         problems.append("%s: %s" % (name, check))
 if summary.get("passed") is not False:
     problems.append("passed: %s" % summary.get("passed"))
