@@ -251,14 +251,15 @@ absl::Status CheckGrouped(const Fp8State& fp8, int id, absl::string_view op, Ten
 }
 
 // A linear's row multiple: its own, or its device's.
-int64_t RowMultiple(const ExecContext& ctx, int64_t own) {
-  return own > 0 ? own : Fp8DeviceRowMultiple(ctx);
+int64_t RowMultiple(const ExecContext& ctx, const Fp8State& fp8, int64_t own) {
+  return own > 0 ? own : Fp8RowMultiple(ctx, fp8.config());
 }
 
 }  // namespace
 
-int64_t Fp8DeviceRowMultiple(const ExecContext& ctx) {
-  return ctx.device().type == DeviceType::kCuda ? 16 : 1;
+int64_t Fp8RowMultiple(const ExecContext& ctx, const Fp8RecipeConfig& config) {
+  return ctx.device().type == DeviceType::kCuda && config.recipe == Fp8RecipeKind::kBlockwise ? 16
+                                                                                              : 1;
 }
 
 absl::Status Linear::Forward(TensorView x, TensorView w, TensorView y, bool accumulate) const {
@@ -268,7 +269,8 @@ absl::Status Linear::Forward(TensorView x, TensorView w, TensorView y, bool accu
   MOETRAIN_RETURN_IF_ERROR(CheckMatrices("linear forward", "x", x, "w", w));
   MOETRAIN_RETURN_IF_ERROR(CheckRegistered(*fp8_, id_, 0, 1, "linear forward"));
   Quantizer quantizer(ctx_, *fp8_, id_);
-  return Fp8Forward(ctx_, quantizer, 0, x, w, y, accumulate, RowMultiple(ctx_, row_multiple_));
+  return Fp8Forward(ctx_, quantizer, 0, x, w, y, accumulate,
+                    RowMultiple(ctx_, *fp8_, row_multiple_));
 }
 
 absl::Status Linear::BackwardData(TensorView dy, TensorView w, TensorView dx,
@@ -278,7 +280,7 @@ absl::Status Linear::BackwardData(TensorView dy, TensorView w, TensorView dx,
   MOETRAIN_RETURN_IF_ERROR(CheckRegistered(*fp8_, id_, 0, 1, "linear backward data"));
   Quantizer quantizer(ctx_, *fp8_, id_);
   return Fp8BackwardData(ctx_, quantizer, 0, dy, w, dx, accumulate,
-                         RowMultiple(ctx_, row_multiple_));
+                         RowMultiple(ctx_, *fp8_, row_multiple_));
 }
 
 absl::Status Linear::BackwardWeight(TensorView dy, TensorView x, TensorView dw,
@@ -290,7 +292,7 @@ absl::Status Linear::BackwardWeight(TensorView dy, TensorView x, TensorView dw,
   MOETRAIN_RETURN_IF_ERROR(CheckRegistered(*fp8_, id_, 0, 1, "linear backward weight"));
   Quantizer quantizer(ctx_, *fp8_, id_);
   return Fp8BackwardWeight(ctx_, quantizer, 0, dy, x, dw, accumulate,
-                           RowMultiple(ctx_, row_multiple_));
+                           RowMultiple(ctx_, *fp8_, row_multiple_));
 }
 
 absl::Status GroupedLinear::Forward(TensorView x, TensorView w, absl::Span<const int64_t> offsets,
@@ -304,7 +306,7 @@ absl::Status GroupedLinear::Forward(TensorView x, TensorView w, absl::Span<const
     if (begin == end) continue;
     MOETRAIN_RETURN_IF_ERROR(Fp8Forward(ctx_, quantizer, first_group + g, x.Slice(begin, end),
                                         w.Select(g), y.Slice(begin, end), /*accumulate=*/false,
-                                        RowMultiple(ctx_, row_multiple_)));
+                                        RowMultiple(ctx_, *fp8_, row_multiple_)));
   }
   return absl::OkStatus();
 }
@@ -321,7 +323,7 @@ absl::Status GroupedLinear::BackwardData(TensorView dy, TensorView w,
     if (begin == end) continue;
     MOETRAIN_RETURN_IF_ERROR(Fp8BackwardData(
         ctx_, quantizer, first_group + g, dy.Slice(begin, end), w.Select(g), dx.Slice(begin, end),
-        /*accumulate=*/false, RowMultiple(ctx_, row_multiple_)));
+        /*accumulate=*/false, RowMultiple(ctx_, *fp8_, row_multiple_)));
   }
   return absl::OkStatus();
 }
@@ -339,7 +341,7 @@ absl::Status GroupedLinear::BackwardWeight(TensorView dy, TensorView x,
     // accumulating), as GroupedGemmBackwardWeight does.
     MOETRAIN_RETURN_IF_ERROR(Fp8BackwardWeight(
         ctx_, quantizer, first_group + g, dy.Slice(begin, end), x.Slice(begin, end), dw.Select(g),
-        accumulate, RowMultiple(ctx_, row_multiple_)));
+        accumulate, RowMultiple(ctx_, *fp8_, row_multiple_)));
   }
   return absl::OkStatus();
 }

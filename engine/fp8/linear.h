@@ -13,12 +13,14 @@
 // x, w and dy are in the compute dtype ("act": f32 or bf16); y, dx and dw are f32. A linear holds
 // no tensors: it borrows the caller's and allocates its FP8 copies per call.
 //
-// Row padding: cuBLASLt's FP8 kernels on Hopper want the token count of each product (the rows of
-// x and dy; the inner dimension of the weight gradient) a multiple of 16, and without it the
-// blockwise scalings find no kernel at all (the exact f32 fallback of ops::Fp8Gemm, many times
-// slower). So on CUDA a group whose rows are not a multiple of 16 is quantised from a copy padded
-// with zero rows, and its products are taken on the padded rows and cut back. Zero rows change
-// no amax, no scale and no saturation count, and add only exact zeros to the weight gradient.
+// Row padding: cuBLASLt's block-scaled FP8 kernels on Hopper want the token count of each product
+// (the rows of x and dy; the inner dimension of the weight gradient) a multiple of 16; for other
+// counts they offer no kernel, and ops::Fp8Gemm takes its exact f32 fallback, many times slower.
+// So under the blockwise recipe on CUDA a group whose rows are not a multiple of 16 is quantised
+// from a copy padded with zero rows, and its products are taken on the padded rows and cut back.
+// Zero rows change no amax, no scale and no saturation count, and add only exact zeros to the
+// weight gradient. The per-tensor kernels take any count (the FP8 copies' columns are padded to
+// 16 bytes already), and padding them measured slower on an H200, so they are not padded.
 #ifndef MOETRAIN_ENGINE_FP8_LINEAR_H_
 #define MOETRAIN_ENGINE_FP8_LINEAR_H_
 
@@ -28,17 +30,19 @@
 #include "absl/types/span.h"
 #include "engine/backend/exec_context.h"
 #include "engine/core/tensor.h"
+#include "engine/fp8/fp8_recipe.h"
 #include "engine/fp8/fp8_state.h"
 
 namespace moetrain {
 
-// The row multiple of the FP8 products on ctx's device: 16 on CUDA, 1 (no padding) on the CPU.
-int64_t Fp8DeviceRowMultiple(const ExecContext& ctx);
+// The row multiple of the FP8 products of `config` on ctx's device: 16 for the blockwise recipe
+// on CUDA, else 1 (no padding).
+int64_t Fp8RowMultiple(const ExecContext& ctx, const Fp8RecipeConfig& config);
 
 class Linear {
  public:
   // Without FP8 (fp8 null), or as linear `id` of `fp8` (fp8->Register). row_multiple: the rows of
-  // the FP8 products are padded to a multiple of it (0: Fp8DeviceRowMultiple; tests set 16 on the
+  // the FP8 products are padded to a multiple of it (0: Fp8RowMultiple; tests set 16 on the
   // CPU to check the padding).
   Linear(const ExecContext& ctx, Fp8State* fp8 = nullptr, int id = -1, int64_t row_multiple = 0)
       : ctx_(ctx), fp8_(fp8), id_(id), row_multiple_(row_multiple) {}
