@@ -139,6 +139,8 @@ absl::StatusOr<Padded> PadRows(const ExecContext& ctx, TensorView src, int64_t m
 absl::StatusOr<Padded> PadOutput(const ExecContext& ctx, TensorView out, int64_t padded_rows,
                                  bool accumulate) {
   if (padded_rows == out.dim(0)) return Padded{.view = out, .storage = Tensor()};
+  // padded_rows is out's rows rounded up to the multiple, so rounding them up to padded_rows
+  // gives padded_rows again.
   if (accumulate) return PadRows(ctx, out, padded_rows);
   Padded padded;
   MOETRAIN_ASSIGN_OR_RETURN(
