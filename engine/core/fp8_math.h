@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "engine/core/host_device.h"
+#include "engine/core/rn_math.h"
 
 namespace moetrain {
 
@@ -40,23 +41,6 @@ MOETRAIN_HOST_DEVICE float FromBits(uint32_t bits) {
 MOETRAIN_HOST_DEVICE bool NotFinite(float x) { return (Bits(x) & 0x7FFFFFFFu) >= 0x7F800000u; }
 MOETRAIN_HOST_DEVICE bool IsNaN(float x) { return (Bits(x) & 0x7FFFFFFFu) > 0x7F800000u; }
 
-// IEEE round-to-nearest division and product: on the device, `/` and `*` could be relaxed by
-// -use_fast_math or contracted into an FMA; the intrinsics pin them to one rounding.
-MOETRAIN_HOST_DEVICE float DivRn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-MOETRAIN_HOST_DEVICE float MulRn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
 }  // namespace fp8_internal
 
 // The running amax of a tensor or block: max(amax, |x|), NaN-sticky (once an element is NaN the
@@ -78,7 +62,7 @@ MOETRAIN_HOST_DEVICE float ScaleFromAmax(float amax, float fp8_max, bool pow2, f
                                          float value_for_inf) {
   if (amax < epsilon) amax = epsilon;
   if (amax == 0.0f || fp8_internal::NotFinite(amax)) return 1.0f;
-  float scale = fp8_internal::DivRn(fp8_max, amax);
+  float scale = DivRn(fp8_max, amax);
   if ((fp8_internal::Bits(scale) & 0x7FFFFFFFu) == 0x7F800000u) scale = value_for_inf;
   if (pow2) scale = fp8_internal::FromBits(fp8_internal::Bits(scale) & 0xFF800000u);
   return scale;
@@ -86,7 +70,7 @@ MOETRAIN_HOST_DEVICE float ScaleFromAmax(float amax, float fp8_max, bool pow2, f
 
 // The dequantisation factor of a scale: RN_f32(1 / scale), as TE's __frcp_rn (or 1.0 / scale in
 // its block kernels, the same bits).
-MOETRAIN_HOST_DEVICE float Fp8ScaleInv(float scale) { return fp8_internal::DivRn(1.0f, scale); }
+MOETRAIN_HOST_DEVICE float Fp8ScaleInv(float scale) { return DivRn(1.0f, scale); }
 
 // Whether a scaled value counts as saturated in the statistics: its magnitude is above the
 // format's max (±inf included, NaN not), whatever it rounds to.
@@ -99,7 +83,7 @@ MOETRAIN_HOST_DEVICE bool Fp8Saturates(float scaled, Fp8Format format) {
 MOETRAIN_HOST_DEVICE uint8_t E8M0FromAmax(float amax, float fp8_max) {
   // The reciprocal is rounded from double, as TE's (float)(1.0 / fp8_max); one RN product.
   const float rcp = static_cast<float>(1.0 / static_cast<double>(fp8_max));
-  const float v = fp8_internal::MulRn(amax, rcp);
+  const float v = MulRn(amax, rcp);
   const uint32_t bits = fp8_internal::Bits(v);
   if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return 0xFF;
   if ((bits & 0x7FFFFFFFu) == 0x7F800000u) return 0xFE;

@@ -101,7 +101,7 @@ struct Stats {
 __device__ __forceinline__ uint8_t QuantizeElement(float x, float scale, const QuantizeParams& p,
                                                    Stats& stats) {
   stats.amax = Fp8AmaxFold(stats.amax, x);
-  const float scaled = fp8_internal::MulRn(x, scale);
+  const float scaled = MulRn(x, scale);
   if (Fp8Saturates(scaled, p.format)) ++stats.saturated;
   return QuantizeFp8(scaled, p.format);
 }
@@ -368,7 +368,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     } else {
       s = scale_inv[r * scale_ld + c / 32];
     }
-    StoreAct(dst, i, fp8_internal::MulRn(Fp8ToFloat(data[r * padded_cols + c], format), s));
+    StoreAct(dst, i, MulRn(Fp8ToFloat(data[r * padded_cols + c], format), s));
   }
 }
 

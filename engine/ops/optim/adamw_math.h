@@ -4,8 +4,9 @@
 // - the CPU's loops that inline these are compiled with MOETRAIN_NO_FP_CONTRACT, so no clone fuses
 //   a multiply-add;
 // - on the device nvcc would fuse a·b + c into an FMA (its default), so the arithmetic goes
-//   through AdamWMul/Add/Sub/Div/Sqrt below, which are the IEEE round-to-nearest intrinsics there
-//   (never fused, and exact division and square root whatever -prec-div/-prec-sqrt say).
+//   through MulRn, AddRn, SubRn, DivRn and SqrtRn (engine/core/rn_math.h), which are the IEEE
+//   round-to-nearest intrinsics there (never fused, and exact division and square root whatever
+//   -prec-div/-prec-sqrt say).
 //   m ← β1·m + (1 − β1)·g,  v ← β2·v + (1 − β2)·g²,
 //   p ← p·decay − step_size · m / (√v · inv_sqrt_bias2 + eps).
 #ifndef MOETRAIN_ENGINE_OPS_OPTIM_ADAMW_MATH_H_
@@ -15,6 +16,7 @@
 #include <string.h>
 
 #include "engine/core/host_device.h"
+#include "engine/core/rn_math.h"
 
 namespace moetrain {
 
@@ -28,62 +30,22 @@ struct AdamWScalars {
   float decay;  // 1 − lr·wd, or exactly 1 for parameters without weight decay
 };
 
-// One correctly rounded f32 operation each: plain operators on the host (whose callers forbid
-// contraction), the _rn intrinsics on the device (which nvcc never contracts).
-MOETRAIN_HOST_DEVICE float AdamWMul(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-MOETRAIN_HOST_DEVICE float AdamWAdd(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-MOETRAIN_HOST_DEVICE float AdamWSub(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-MOETRAIN_HOST_DEVICE float AdamWDiv(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-// IEEE √ on both sides (sqrtss on x86-64; the CPU's AdamW loop calls std::sqrt, the same
-// correctly rounded function).
-MOETRAIN_HOST_DEVICE float AdamWSqrt(float x) {
-#if defined(__CUDA_ARCH__)
-  return __fsqrt_rn(x);
-#else
-  return sqrtf(x);
-#endif
-}
-
 MOETRAIN_HOST_DEVICE void AdamWMoments(float g, float* m, float* v, const AdamWScalars& s) {
-  *m = AdamWAdd(AdamWMul(s.beta1, *m), AdamWMul(s.one_minus_beta1, g));
-  *v = AdamWAdd(AdamWMul(s.beta2, *v), AdamWMul(s.one_minus_beta2, AdamWMul(g, g)));
+  *m = AddRn(MulRn(s.beta1, *m), MulRn(s.one_minus_beta1, g));
+  *v = AddRn(MulRn(s.beta2, *v), MulRn(s.one_minus_beta2, MulRn(g, g)));
 }
 
 // The new parameter from the updated m and √v.
 MOETRAIN_HOST_DEVICE float AdamWParameter(float p, float m, float sqrt_v, const AdamWScalars& s) {
-  const float denom = AdamWAdd(AdamWMul(sqrt_v, s.inv_sqrt_bias2), s.eps);
-  return AdamWSub(AdamWMul(p, s.decay), AdamWMul(s.step_size, AdamWDiv(m, denom)));
+  const float denom = AddRn(MulRn(sqrt_v, s.inv_sqrt_bias2), s.eps);
+  return SubRn(MulRn(p, s.decay), MulRn(s.step_size, DivRn(m, denom)));
 }
 
 // The whole update of one element.
 MOETRAIN_HOST_DEVICE void AdamWUpdateElement(float* p, float g, float* m, float* v,
                                              const AdamWScalars& s) {
   AdamWMoments(g, m, v, s);
-  *p = AdamWParameter(*p, *m, AdamWSqrt(*v), s);
+  *p = AdamWParameter(*p, *m, SqrtRn(*v), s);
 }
 
 // Not NaN or ±Inf: the exponent field is not all ones. Testing the bits needs no float
