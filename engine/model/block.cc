@@ -31,14 +31,19 @@ absl::StatusOr<TransformerBlock> TransformerBlock::Create(const ModelConfig& con
   MOETRAIN_RETURN_IF_ERROR(CheckComputeDType(compute_dtype, "the transformer's compute dtype"));
   TransformerBlock block(config, compute_dtype, ctx);
   const std::string prefix = absl::StrCat("model.layers.", layer, ".");
+  if (config.is_mla()) {
+    block.mla_.emplace(config, compute_dtype, ctx, fp8, prefix + "self_attn.");
+  }
   if (fp8 != nullptr) {
     const auto linear = [&](const char* name) {
       return Linear(ctx, fp8, fp8->Register(prefix + name, 1));
     };
-    block.q_proj_ = linear("self_attn.q_proj");
-    block.k_proj_ = linear("self_attn.k_proj");
-    block.v_proj_ = linear("self_attn.v_proj");
-    block.o_proj_ = linear("self_attn.o_proj");
+    if (!config.is_mla()) {
+      block.q_proj_ = linear("self_attn.q_proj");
+      block.k_proj_ = linear("self_attn.k_proj");
+      block.v_proj_ = linear("self_attn.v_proj");
+      block.o_proj_ = linear("self_attn.o_proj");
+    }
     if (!moe) {
       block.mlp_gate_up_ = linear("mlp.gate_up_proj");
       block.mlp_down_ = linear("mlp.down_proj");
@@ -63,40 +68,23 @@ absl::StatusOr<TensorView> TransformerBlock::ToCompute(TensorView src, int slot)
 absl::Status TransformerBlock::Forward(const BlockWeights& w, int64_t batch, int64_t seq_len,
                                        TensorView x, TensorView y, MoeStats* stats) {
   has_forward_ = false;
-  const int64_t d = config_.hidden_size, dh = config_.resolved_head_dim();
-  const int64_t q_dim = config_.num_heads * dh, kv_dim = config_.num_kv_heads * dh;
-  const int64_t t = batch * seq_len;
+  const int64_t d = config_.hidden_size, t = batch * seq_len;
   MOETRAIN_RETURN_IF_ERROR(CheckStream(x, "block x", t, d));
   MOETRAIN_RETURN_IF_ERROR(CheckStream(y, "block y", t, d));
-  shape_ = {.batch = batch,
-            .seq_len = seq_len,
-            .num_heads = config_.num_heads,
-            .num_kv_heads = config_.num_kv_heads,
-            .head_dim = dh};
   const float eps = config_.rms_norm_eps;
 
-  // Attention.
+  // Attention: a = x + attention(n1), the projection accumulating onto a copy of the residual.
   MOETRAIN_ASSIGN_OR_RETURN(rstd_attn_, workspace_.Get(kRstdAttn, DType::kF32, {t}));
   MOETRAIN_ASSIGN_OR_RETURN(normed_attn_, workspace_.Get(kNormedAttn, dtype_, {t, d}));
   MOETRAIN_RETURN_IF_ERROR(
       ops::RmsNormForward(ctx_, x, w.input_norm, eps, normed_attn_, rstd_attn_));
-  MOETRAIN_ASSIGN_OR_RETURN(q_, workspace_.Get(kQ, DType::kF32, {t, q_dim}));
-  MOETRAIN_ASSIGN_OR_RETURN(k_, workspace_.Get(kK, DType::kF32, {t, kv_dim}));
-  MOETRAIN_ASSIGN_OR_RETURN(v_, workspace_.Get(kV, DType::kF32, {t, kv_dim}));
-  MOETRAIN_RETURN_IF_ERROR(q_proj_.Forward(normed_attn_, w.q_proj, q_));
-  MOETRAIN_RETURN_IF_ERROR(k_proj_.Forward(normed_attn_, w.k_proj, k_));
-  MOETRAIN_RETURN_IF_ERROR(v_proj_.Forward(normed_attn_, w.v_proj, v_));
-  MOETRAIN_RETURN_IF_ERROR(ops::ApplyRope(ctx_, shape_, config_.rope_theta, /*inverse=*/false, q_));
-  MOETRAIN_RETURN_IF_ERROR(ops::ApplyRope(ctx_, shape_, config_.rope_theta, /*inverse=*/false, k_));
-  MOETRAIN_ASSIGN_OR_RETURN(attn_out_, workspace_.Get(kAttnOut, DType::kF32, {t, q_dim}));
-  MOETRAIN_ASSIGN_OR_RETURN(lse_,
-                            workspace_.Get(kLse, DType::kF32, {batch, config_.num_heads, seq_len}));
-  MOETRAIN_RETURN_IF_ERROR(ops::CausalAttentionForward(ctx_, shape_, q_, k_, v_, attn_out_, lse_));
-  MOETRAIN_ASSIGN_OR_RETURN(attn_out_act_, ToCompute(attn_out_, kAttnOutAct));
-  // a = x + o_proj(attention): the GEMM accumulates onto a copy of the residual.
   MOETRAIN_ASSIGN_OR_RETURN(mid_, workspace_.Get(kMid, DType::kF32, {t, d}));
   MOETRAIN_RETURN_IF_ERROR(ops::ConvertTensor(ctx_, x, mid_));
-  MOETRAIN_RETURN_IF_ERROR(o_proj_.Forward(attn_out_act_, w.o_proj, mid_, /*accumulate=*/true));
+  if (mla_.has_value()) {
+    MOETRAIN_RETURN_IF_ERROR(mla_->Forward(w.mla, batch, seq_len, normed_attn_, mid_));
+  } else {
+    MOETRAIN_RETURN_IF_ERROR(GqaForward(w, batch, seq_len));
+  }
 
   // FFN.
   MOETRAIN_ASSIGN_OR_RETURN(rstd_ffn_, workspace_.Get(kRstdFfn, DType::kF32, {t}));
@@ -122,6 +110,31 @@ absl::Status TransformerBlock::Forward(const BlockWeights& w, int64_t batch, int
   return absl::OkStatus();
 }
 
+absl::Status TransformerBlock::GqaForward(const BlockWeights& w, int64_t batch, int64_t seq_len) {
+  const int64_t dh = config_.resolved_head_dim();
+  const int64_t q_dim = config_.num_heads * dh, kv_dim = config_.num_kv_heads * dh;
+  const int64_t t = batch * seq_len;
+  shape_ = {.batch = batch,
+            .seq_len = seq_len,
+            .num_heads = config_.num_heads,
+            .num_kv_heads = config_.num_kv_heads,
+            .head_dim = dh};
+  MOETRAIN_ASSIGN_OR_RETURN(q_, workspace_.Get(kQ, DType::kF32, {t, q_dim}));
+  MOETRAIN_ASSIGN_OR_RETURN(k_, workspace_.Get(kK, DType::kF32, {t, kv_dim}));
+  MOETRAIN_ASSIGN_OR_RETURN(v_, workspace_.Get(kV, DType::kF32, {t, kv_dim}));
+  MOETRAIN_RETURN_IF_ERROR(q_proj_.Forward(normed_attn_, w.q_proj, q_));
+  MOETRAIN_RETURN_IF_ERROR(k_proj_.Forward(normed_attn_, w.k_proj, k_));
+  MOETRAIN_RETURN_IF_ERROR(v_proj_.Forward(normed_attn_, w.v_proj, v_));
+  MOETRAIN_RETURN_IF_ERROR(ops::ApplyRope(ctx_, shape_, config_.rope_theta, /*inverse=*/false, q_));
+  MOETRAIN_RETURN_IF_ERROR(ops::ApplyRope(ctx_, shape_, config_.rope_theta, /*inverse=*/false, k_));
+  MOETRAIN_ASSIGN_OR_RETURN(attn_out_, workspace_.Get(kAttnOut, DType::kF32, {t, q_dim}));
+  MOETRAIN_ASSIGN_OR_RETURN(lse_,
+                            workspace_.Get(kLse, DType::kF32, {batch, config_.num_heads, seq_len}));
+  MOETRAIN_RETURN_IF_ERROR(ops::CausalAttentionForward(ctx_, shape_, q_, k_, v_, attn_out_, lse_));
+  MOETRAIN_ASSIGN_OR_RETURN(attn_out_act_, ToCompute(attn_out_, kAttnOutAct));
+  return o_proj_.Forward(attn_out_act_, w.o_proj, mid_, /*accumulate=*/true);
+}
+
 absl::Status TransformerBlock::Backward(const BlockWeights& w, TensorView d, BlockGrads* grads,
                                         float loss_scale) {
   if (!has_forward_) {
@@ -129,7 +142,6 @@ absl::Status TransformerBlock::Backward(const BlockWeights& w, TensorView d, Blo
   }
   if (grads == nullptr) return absl::InvalidArgumentError("block grads: null");
   const int64_t t = x_.dim(0), dim = config_.hidden_size;
-  const int64_t q_dim = q_.dim(1), kv_dim = k_.dim(1);
   MOETRAIN_RETURN_IF_ERROR(CheckStream(d, "block d", t, dim));
 
   // FFN: d holds dL/dy = dL/d(ffn out); the norm's backward then adds its part, giving dL/da.
@@ -161,6 +173,25 @@ absl::Status TransformerBlock::Backward(const BlockWeights& w, TensorView d, Blo
 
   // Attention: d holds dL/da; the input norm's backward adds its part, giving dL/dx.
   MOETRAIN_ASSIGN_OR_RETURN(d_act, ToCompute(d, kDAct));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_normed_attn,
+                            workspace_.Get(kDNormed, DType::kF32, {t, dim}));
+  if (mla_.has_value()) {
+    MOETRAIN_RETURN_IF_ERROR(mla_->Backward(w.mla, d_act, d_normed_attn, &grads->mla));
+  } else {
+    MOETRAIN_RETURN_IF_ERROR(GqaBackward(w, d_act, d_normed_attn, grads));
+  }
+  return ops::RmsNormBackward(ctx_, {.x = x_,
+                                     .weight = w.input_norm,
+                                     .rstd = rstd_attn_,
+                                     .d_out = d_normed_attn,
+                                     .d_x = d,
+                                     .d_weight = grads->input_norm,
+                                     .accumulate_d_x = true});
+}
+
+absl::Status TransformerBlock::GqaBackward(const BlockWeights& w, TensorView d_act,
+                                           TensorView d_normed_attn, BlockGrads* grads) {
+  const int64_t t = x_.dim(0), q_dim = q_.dim(1), kv_dim = k_.dim(1);
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_attn, workspace_.Get(kDAttn, DType::kF32, {t, q_dim}));
   MOETRAIN_RETURN_IF_ERROR(o_proj_.BackwardData(d_act, w.o_proj, d_attn));
   MOETRAIN_RETURN_IF_ERROR(o_proj_.BackwardWeight(d_act, attn_out_act_, grads->o_proj));
@@ -174,8 +205,6 @@ absl::Status TransformerBlock::Backward(const BlockWeights& w, TensorView d, Blo
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_q_act, ToCompute(d_q, kDQAct));
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_k_act, ToCompute(d_k, kDKAct));
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_v_act, ToCompute(d_v, kDVAct));
-  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_normed_attn,
-                            workspace_.Get(kDNormed, DType::kF32, {t, dim}));
   const struct {
     const Linear& linear;
     TensorView d_proj, weight, grad;
@@ -189,13 +218,7 @@ absl::Status TransformerBlock::Backward(const BlockWeights& w, TensorView d, Blo
     MOETRAIN_RETURN_IF_ERROR(p.linear.BackwardWeight(p.d_proj, normed_attn_, p.grad));
     first = false;
   }
-  return ops::RmsNormBackward(ctx_, {.x = x_,
-                                     .weight = w.input_norm,
-                                     .rstd = rstd_attn_,
-                                     .d_out = d_normed_attn,
-                                     .d_x = d,
-                                     .d_weight = grads->input_norm,
-                                     .accumulate_d_x = true});
+  return absl::OkStatus();
 }
 
 }  // namespace moetrain

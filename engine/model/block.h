@@ -3,6 +3,9 @@
 //   a = x + o_proj(Attention(RoPE(q_proj(n1)), RoPE(k_proj(n1)), v_proj(n1))),  n1 = RMSNorm(x)
 //   y = a + FFN(n2),  n2 = RMSNorm(a);  FFN = dense SwiGLU or the MoE layer.
 //
+// That is grouped-query attention; with Multi-head Latent Attention (config.is_mla()) the
+// attention branch is MlaAttention's (mla_attention.h) instead.
+//
 // T = B·S tokens; D hidden; H, Hkv heads of Dh; F the dense FFN width. The residual stream (x, a,
 // y), the attention core and the norms are f32; the projections are GEMMs on compute-dtype
 // ("act") inputs and weights with f32 outputs; with an Fp8State they run in FP8 by its recipe
@@ -20,6 +23,7 @@
 #include "engine/core/workspace.h"
 #include "engine/fp8/fp8_state.h"
 #include "engine/fp8/linear.h"
+#include "engine/model/mla_attention.h"
 #include "engine/model/model_config.h"
 #include "engine/moe/moe_layer.h"
 #include "engine/ops/attention/attention.h"
@@ -29,7 +33,8 @@ namespace moetrain {
 // The weights one block reads. Norms, router and expert bias are the f32 masters; the rest are
 // the compute-dtype copies.
 struct BlockWeights {
-  TensorView input_norm;           // (D) f32
+  TensorView input_norm;  // (D) f32
+  // Grouped-query attention's projections (q, k, v, o); MLA's are in `mla`.
   TensorView q_proj;               // (H·Dh, D) act
   TensorView k_proj;               // (Hkv·Dh, D) act
   TensorView v_proj;               // (Hkv·Dh, D) act
@@ -38,6 +43,7 @@ struct BlockWeights {
   TensorView mlp_gate_up;          // (2F, D) act: gate_proj rows [0, F), up_proj [F, 2F); dense
   TensorView mlp_down;             // (D, F) act; dense
   MoeWeights moe;                  // MoE blocks
+  MlaWeights mla;                  // MLA blocks
 };
 
 // Gradients, f32, shaped as the weights; Backward adds into them.
@@ -51,6 +57,7 @@ struct BlockGrads {
   TensorView mlp_gate_up;
   TensorView mlp_down;
   MoeGrads moe;
+  MlaWeights mla;  // the gradients of MLA's weights
 };
 
 class TransformerBlock {
@@ -91,6 +98,12 @@ class TransformerBlock {
         mlp_down_(ctx),
         workspace_(kNumBuffers, ctx.allocator()) {}
 
+  // The grouped-query attention branch: mid_ (holding x) += o_proj(attention(normed_attn_)).
+  absl::Status GqaForward(const BlockWeights& weights, int64_t batch, int64_t seq_len);
+  // d_act (T, D) act: the gradient of the branch's output; d_normed_attn (T, D) f32 is written.
+  absl::Status GqaBackward(const BlockWeights& weights, TensorView d_act, TensorView d_normed_attn,
+                           BlockGrads* grads);
+
   // `src` (T, cols) f32 as a compute-dtype tensor: src itself for f32, else converted into
   // workspace slot `slot`.
   absl::StatusOr<TensorView> ToCompute(TensorView src, int slot);
@@ -99,7 +112,8 @@ class TransformerBlock {
   DType dtype_;
   ExecContext ctx_;
   std::optional<MoeLayer> moe_;
-  Linear q_proj_, k_proj_, v_proj_, o_proj_;  // the GEMMs of each projection
+  std::optional<MlaAttention> mla_;           // MLA blocks
+  Linear q_proj_, k_proj_, v_proj_, o_proj_;  // the GEMMs of each projection (GQA)
   Linear mlp_gate_up_, mlp_down_;             // dense blocks
 
   // Saved by Forward for Backward.
@@ -108,7 +122,7 @@ class TransformerBlock {
   TensorView x_;             // (T, D) f32: the caller's input
   TensorView rstd_attn_;     // (T) f32
   TensorView normed_attn_;   // (T, D) act: n1
-  TensorView q_, k_, v_;     // (T, H·Dh), (T, Hkv·Dh) ×2 f32, RoPE applied to q and k
+  TensorView q_, k_, v_;     // GQA: (T, H·Dh), (T, Hkv·Dh) ×2 f32, RoPE applied to q and k
   TensorView attn_out_;      // (T, H·Dh) f32
   TensorView attn_out_act_;  // (T, H·Dh) act: attn_out, or its bf16 copy
   TensorView lse_;           // (B, H, S) f32

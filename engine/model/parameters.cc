@@ -42,9 +42,26 @@ class Layout {
 
 struct BlockRegions {
   Region input_norm, q_proj, k_proj, v_proj, o_proj, post_attention_norm;
-  Region mlp_gate_up, mlp_down;                                                            // dense
+  Region q_a_proj, q_a_norm, q_b_proj, kv_a_proj, kv_a_norm, kv_b_proj;  // MLA (and q_proj, o_proj)
+  Region mlp_gate_up, mlp_down;                                          // dense
   Region router, expert_bias, experts_gate_up, experts_down, shared_gate_up, shared_down;  // MoE
 };
+
+void AddMlaRegions(const ModelConfig& c, Layout* layout, BlockRegions* r) {
+  const MlaConfig& m = c.mla;
+  const int64_t d = c.hidden_size, h = c.num_heads, q_dim = h * m.qk_head_dim();
+  if (m.q_lora_rank == 0) {
+    r->q_proj = layout->Add({q_dim, d});
+  } else {
+    r->q_a_proj = layout->Add({m.q_lora_rank, d});
+    r->q_a_norm = layout->Add({m.q_lora_rank});
+    r->q_b_proj = layout->Add({q_dim, m.q_lora_rank});
+  }
+  r->kv_a_proj = layout->Add({m.kv_lora_rank + m.qk_rope_head_dim, d});
+  r->kv_a_norm = layout->Add({m.kv_lora_rank});
+  r->kv_b_proj = layout->Add({h * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank});
+  r->o_proj = layout->Add({d, h * m.v_head_dim});
+}
 
 }  // namespace
 
@@ -77,10 +94,14 @@ absl::Status Transformer::BuildParameters() {
     dense_stage(layers - l, [&] {
       BlockRegions& r = regions[l];
       r.input_norm = layout.Add({d});
-      r.q_proj = layout.Add({q_dim, d});
-      r.k_proj = layout.Add({kv_dim, d});
-      r.v_proj = layout.Add({kv_dim, d});
-      r.o_proj = layout.Add({d, q_dim});
+      if (c.is_mla()) {
+        AddMlaRegions(c, &layout, &r);
+      } else {
+        r.q_proj = layout.Add({q_dim, d});
+        r.k_proj = layout.Add({kv_dim, d});
+        r.v_proj = layout.Add({kv_dim, d});
+        r.o_proj = layout.Add({d, q_dim});
+      }
       r.post_attention_norm = layout.Add({d});
       if (!blocks_[l].is_moe()) {
         r.mlp_gate_up = layout.Add({2 * c.ffn_dim, d});
@@ -165,26 +186,39 @@ absl::Status Transformer::BuildParameters() {
   for (int64_t l = 0; l < layers; ++l) {
     const BlockRegions& r = regions[l];
     const std::string prefix = absl::StrCat("model.layers.", l, ".");
-    add_region(prefix + "input_layernorm.weight", r.input_norm, Init::kOnes);
-    add_region(prefix + "self_attn.q_proj.weight", r.q_proj, Init::kNormal);
-    add_region(prefix + "self_attn.k_proj.weight", r.k_proj, Init::kNormal);
-    add_region(prefix + "self_attn.v_proj.weight", r.v_proj, Init::kNormal);
-    add_region(prefix + "self_attn.o_proj.weight", r.o_proj, Init::kNormal);
-    add_region(prefix + "post_attention_layernorm.weight", r.post_attention_norm, Init::kOnes);
-
     BlockWeights& w = block_weights_[l];
     BlockGrads& g = block_grads_[l];
+    add_region(prefix + "input_layernorm.weight", r.input_norm, Init::kOnes);
     w.input_norm = master(r.input_norm);
-    w.q_proj = compute(r.q_proj);
-    w.k_proj = compute(r.k_proj);
-    w.v_proj = compute(r.v_proj);
-    w.o_proj = compute(r.o_proj);
-    w.post_attention_norm = master(r.post_attention_norm);
     g.input_norm = grad(r.input_norm);
-    g.q_proj = grad(r.q_proj);
-    g.k_proj = grad(r.k_proj);
-    g.v_proj = grad(r.v_proj);
-    g.o_proj = grad(r.o_proj);
+    // A projection (compute copy) or a norm (f32 master) of the attention.
+    const auto attention = [&](const char* name, const Region& region, TensorView* weight,
+                               TensorView* gradient, bool norm = false) {
+      add_region(absl::StrCat(prefix, "self_attn.", name, ".weight"), region,
+                 norm ? Init::kOnes : Init::kNormal);
+      *weight = norm ? master(region) : compute(region);
+      *gradient = grad(region);
+    };
+    if (c.is_mla()) {
+      if (c.mla.q_lora_rank == 0) {
+        attention("q_proj", r.q_proj, &w.mla.q_proj, &g.mla.q_proj);
+      } else {
+        attention("q_a_proj", r.q_a_proj, &w.mla.q_a_proj, &g.mla.q_a_proj);
+        attention("q_a_layernorm", r.q_a_norm, &w.mla.q_a_norm, &g.mla.q_a_norm, /*norm=*/true);
+        attention("q_b_proj", r.q_b_proj, &w.mla.q_b_proj, &g.mla.q_b_proj);
+      }
+      attention("kv_a_proj_with_mqa", r.kv_a_proj, &w.mla.kv_a_proj, &g.mla.kv_a_proj);
+      attention("kv_a_layernorm", r.kv_a_norm, &w.mla.kv_a_norm, &g.mla.kv_a_norm, /*norm=*/true);
+      attention("kv_b_proj", r.kv_b_proj, &w.mla.kv_b_proj, &g.mla.kv_b_proj);
+      attention("o_proj", r.o_proj, &w.mla.o_proj, &g.mla.o_proj);
+    } else {
+      attention("q_proj", r.q_proj, &w.q_proj, &g.q_proj);
+      attention("k_proj", r.k_proj, &w.k_proj, &g.k_proj);
+      attention("v_proj", r.v_proj, &w.v_proj, &g.v_proj);
+      attention("o_proj", r.o_proj, &w.o_proj, &g.o_proj);
+    }
+    add_region(prefix + "post_attention_layernorm.weight", r.post_attention_norm, Init::kOnes);
+    w.post_attention_norm = master(r.post_attention_norm);
     g.post_attention_norm = grad(r.post_attention_norm);
 
     if (!blocks_[l].is_moe()) {

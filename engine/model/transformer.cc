@@ -171,7 +171,19 @@ double TrainingFlopsPerToken(const ModelConfig& config, int64_t seq_len) {
   const double kv_heads = static_cast<double>(config.num_kv_heads);
   const double layers = static_cast<double>(config.num_layers);
   const double dense_layers = static_cast<double>(config.first_dense_layers);
-  const double attention = 2.0 * d * heads * dh + 2.0 * d * kv_heads * dh;
+  double attention = 2.0 * d * heads * dh + 2.0 * d * kv_heads * dh;
+  // The core's products: q·kᵀ over the query/key width, p·v over the value width.
+  double core_width = 2.0 * dh;
+  if (config.is_mla()) {
+    const MlaConfig& m = config.mla;
+    const double rq = static_cast<double>(m.q_lora_rank), rkv = static_cast<double>(m.kv_lora_rank);
+    const double dqk = static_cast<double>(m.qk_head_dim()), dv = static_cast<double>(m.v_head_dim);
+    const double nope = static_cast<double>(m.qk_nope_head_dim);
+    const double rope = static_cast<double>(m.qk_rope_head_dim);
+    const double query = rq == 0 ? d * heads * dqk : d * rq + rq * heads * dqk;
+    attention = query + d * (rkv + rope) + rkv * heads * (nope + dv) + heads * dv * d;
+    core_width = dqk + dv;
+  }
   const double dense_ffn = 3.0 * d * static_cast<double>(config.ffn_dim);
   const double active_experts = static_cast<double>(moe.top_k + moe.num_shared_experts);
   const double moe_ffn = static_cast<double>(moe.num_experts) * d +
@@ -179,7 +191,8 @@ double TrainingFlopsPerToken(const ModelConfig& config, int64_t seq_len) {
   const double lm_head = static_cast<double>(config.vocab_size) * d;
   const double matmul_params =
       layers * attention + dense_layers * dense_ffn + (layers - dense_layers) * moe_ffn + lm_head;
-  const double attention_core = layers * 6.0 * heads * dh * static_cast<double>(seq_len + 1);
+  const double attention_core =
+      layers * 3.0 * heads * core_width * static_cast<double>(seq_len + 1);
   return 6.0 * matmul_params + attention_core;
 }
 

@@ -83,7 +83,22 @@ MemoryEstimate EstimateTrainingMemory(const TrainerConfig& config) {
 
   // Parameters, as parameters.cc lays them out.
   const double embeddings = v * d * (m.tie_embeddings ? 1.0 : 2.0) + d;
-  const double attention = 2 * d + 2 * q * d + 2 * kv * d;
+  double attention = 2 * d + 2 * q * d + 2 * kv * d;
+  // MLA: its projections and norms (parameters.cc), and per block its saved tensors and scratch
+  // (mla_attention.h): q, k, v, the core's output and their gradients at the query/key width,
+  // the projections' outputs and latents twice (value and gradient, plus compute copies).
+  double mla_block = 0;
+  if (m.is_mla()) {
+    const MlaConfig& a = m.mla;
+    const double h = as_double(m.num_heads), rq = as_double(a.q_lora_rank);
+    const double rkv = as_double(a.kv_lora_rank), rope = as_double(a.qk_rope_head_dim);
+    const double wide = h * as_double(a.qk_head_dim()), dv = h * as_double(a.v_head_dim);
+    const double kv_width = h * as_double(a.qk_nope_head_dim + a.v_head_dim);
+    const double query = rq == 0 ? wide * d : rq * d + rq + wide * rq;
+    attention = 2 * d + query + (rkv + rope) * d + rkv + kv_width * rkv + d * dv;
+    const double narrow = rq + rkv + rope + kv_width + wide + dv;  // per token, each once
+    mla_block = 4 * t * (8 * wide + 2 * narrow + h) + act_copy * t * (2 * narrow);
+  }
   const double dense_ffn = 3 * f * d;
   const double moe_dense = e * d + (moe.expert_bias ? e : 0.0) + 3 * shared_f * d;
   const double experts = local_experts * 3 * fe * d;
@@ -102,10 +117,11 @@ MemoryEstimate EstimateTrainingMemory(const TrainerConfig& config) {
   double activations = 3 * 4 * t + 4 * as_double(layers + 1) * t * d + 4 * t + act * t * d +
                        2 * 4 * t * d + (4 + act) * lm_chunk * v + 4 * t;
   // Every block: attention's saved tensors and backward scratch, and the norms.
-  const double block = 4 * t + act * t * d + 4 * t * (2 * q + 2 * kv) + act_copy * t * q +
-                       4 * t * as_double(m.num_heads) + 4 * t * d + 4 * t + act * t * d +
-                       act_copy * t * d + 4 * t * (2 * q + 2 * kv) + act_copy * t * (q + 2 * kv) +
-                       4 * t * d;
+  const double gqa_block = 4 * t * (2 * q + 2 * kv) + act_copy * t * q +
+                           4 * t * as_double(m.num_heads) + 4 * t * (2 * q + 2 * kv) +
+                           act_copy * t * (q + 2 * kv);
+  const double block = 4 * t + act * t * d + (m.is_mla() ? mla_block : gqa_block) + 4 * t * d +
+                       4 * t + act * t * d + act_copy * t * d + 4 * t * d;
   activations += as_double(layers) * block;
   // Dense FFN blocks: pre-activations, the activated rows and their gradients.
   activations +=

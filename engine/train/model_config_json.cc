@@ -53,37 +53,51 @@ absl::Status ReadEnum(const nlohmann::json& json, const char* key,
 
 nlohmann::json ModelConfigToJson(const ModelConfig& c) {
   const MoeConfig& m = c.moe;
-  return {{"vocab_size", c.vocab_size},
-          {"hidden_size", c.hidden_size},
-          {"num_layers", c.num_layers},
-          {"num_heads", c.num_heads},
-          {"num_kv_heads", c.num_kv_heads},
-          {"head_dim", c.head_dim},
-          {"ffn_dim", c.ffn_dim},
-          {"first_dense_layers", c.first_dense_layers},
-          {"max_seq_len", c.max_seq_len},
-          {"rope_theta", c.rope_theta},
-          {"rms_norm_eps", c.rms_norm_eps},
-          {"tie_embeddings", c.tie_embeddings},
-          {"init_std", c.init_std},
-          {"moe",
-           {{"num_experts", m.num_experts},
-            {"top_k", m.top_k},
-            {"expert_ffn_dim", m.expert_ffn_dim},
-            {"num_shared_experts", m.num_shared_experts},
-            {"score_function", ScoreName(m.score_function)},
-            {"softmax_before_topk", m.softmax_before_topk},
-            {"normalize_topk_weights", m.normalize_topk_weights},
-            {"routed_scaling_factor", m.routed_scaling_factor},
-            {"num_groups", m.num_groups},
-            {"group_top_k", m.group_top_k},
-            {"expert_bias", m.expert_bias},
-            {"expert_bias_update_rate", m.expert_bias_update_rate},
-            {"aux_loss", AuxName(m.aux_loss)},
-            {"aux_loss_coeff", m.aux_loss_coeff},
-            {"z_loss_coeff", m.z_loss_coeff},
-            {"capacity_factor", m.capacity_factor},
-            {"drop_policy", DropName(m.drop_policy)}}}};
+  nlohmann::json json = {{"vocab_size", c.vocab_size},
+                         {"hidden_size", c.hidden_size},
+                         {"num_layers", c.num_layers},
+                         {"num_heads", c.num_heads},
+                         {"num_kv_heads", c.num_kv_heads},
+                         {"head_dim", c.head_dim},
+                         {"ffn_dim", c.ffn_dim},
+                         {"first_dense_layers", c.first_dense_layers},
+                         {"max_seq_len", c.max_seq_len},
+                         {"rope_theta", c.rope_theta},
+                         {"rms_norm_eps", c.rms_norm_eps},
+                         {"tie_embeddings", c.tie_embeddings},
+                         {"init_std", c.init_std},
+                         {"moe",
+                          {{"num_experts", m.num_experts},
+                           {"top_k", m.top_k},
+                           {"expert_ffn_dim", m.expert_ffn_dim},
+                           {"num_shared_experts", m.num_shared_experts},
+                           {"score_function", ScoreName(m.score_function)},
+                           {"softmax_before_topk", m.softmax_before_topk},
+                           {"normalize_topk_weights", m.normalize_topk_weights},
+                           {"routed_scaling_factor", m.routed_scaling_factor},
+                           {"num_groups", m.num_groups},
+                           {"group_top_k", m.group_top_k},
+                           {"expert_bias", m.expert_bias},
+                           {"expert_bias_update_rate", m.expert_bias_update_rate},
+                           {"aux_loss", AuxName(m.aux_loss)},
+                           {"aux_loss_coeff", m.aux_loss_coeff},
+                           {"z_loss_coeff", m.z_loss_coeff},
+                           {"capacity_factor", m.capacity_factor},
+                           {"drop_policy", DropName(m.drop_policy)}}}};
+  // Written only when used, so that the manifests of earlier models stay as they were.
+  if (c.is_mla()) {
+    json["attention"] = "mla";
+    json["mla"] = {{"q_lora_rank", c.mla.q_lora_rank},
+                   {"kv_lora_rank", c.mla.kv_lora_rank},
+                   {"qk_nope_head_dim", c.mla.qk_nope_head_dim},
+                   {"qk_rope_head_dim", c.mla.qk_rope_head_dim},
+                   {"v_head_dim", c.mla.v_head_dim}};
+  }
+  if (c.mtp_depth > 0) {
+    json["mtp_depth"] = c.mtp_depth;
+    json["mtp_loss_weight"] = c.mtp_loss_weight;
+  }
+  return json;
 }
 
 absl::StatusOr<ModelConfig> ModelConfigFromJson(const nlohmann::json& json) {
@@ -104,6 +118,28 @@ absl::StatusOr<ModelConfig> ModelConfigFromJson(const nlohmann::json& json) {
   MOETRAIN_RETURN_IF_ERROR(Read(json, "", "rms_norm_eps", &c.rms_norm_eps));
   MOETRAIN_RETURN_IF_ERROR(Read(json, "", "tie_embeddings", &c.tie_embeddings));
   MOETRAIN_RETURN_IF_ERROR(Read(json, "", "init_std", &c.init_std));
+  if (json.contains("attention")) {
+    std::string attention;
+    MOETRAIN_RETURN_IF_ERROR(Read(json, "", "attention", &attention));
+    if (attention != "mla") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model config: attention = '", attention, "' is not a known value"));
+    }
+    if (!json.contains("mla") || !json["mla"].is_object()) {
+      return absl::InvalidArgumentError("model config: attention = 'mla' needs an 'mla' object");
+    }
+    const nlohmann::json& mla = json["mla"];
+    c.attention = AttentionType::kMla;
+    MOETRAIN_RETURN_IF_ERROR(Read(mla, "mla.", "q_lora_rank", &c.mla.q_lora_rank));
+    MOETRAIN_RETURN_IF_ERROR(Read(mla, "mla.", "kv_lora_rank", &c.mla.kv_lora_rank));
+    MOETRAIN_RETURN_IF_ERROR(Read(mla, "mla.", "qk_nope_head_dim", &c.mla.qk_nope_head_dim));
+    MOETRAIN_RETURN_IF_ERROR(Read(mla, "mla.", "qk_rope_head_dim", &c.mla.qk_rope_head_dim));
+    MOETRAIN_RETURN_IF_ERROR(Read(mla, "mla.", "v_head_dim", &c.mla.v_head_dim));
+  }
+  if (json.contains("mtp_depth")) {
+    MOETRAIN_RETURN_IF_ERROR(Read(json, "", "mtp_depth", &c.mtp_depth));
+    MOETRAIN_RETURN_IF_ERROR(Read(json, "", "mtp_loss_weight", &c.mtp_loss_weight));
+  }
   const nlohmann::json& moe = json["moe"];
   MoeConfig& m = c.moe;
   MOETRAIN_RETURN_IF_ERROR(Read(moe, "moe.", "num_experts", &m.num_experts));

@@ -243,10 +243,6 @@ class Trainer {
 // eval).
 absl::Status RestoreModelParameters(const LoadedCheckpoint& loaded, Transformer* model);
 
-// The Hugging Face config.json of a model (DeepSeek-V3 key names, plus moetrain_* keys for what
-// they do not cover).
-nlohmann::json HuggingFaceConfig(const ModelConfig& config, int64_t seq_len);
-
 }  // namespace moetrain
 
 #endif  // MOETRAIN_ENGINE_TRAIN_TRAINER_H_

@@ -28,6 +28,7 @@
 #include "engine/core/status.h"
 #include "engine/ops/elementwise/elementwise.h"
 #include "engine/train/checkpoint.h"
+#include "engine/train/hf_config.h"
 #include "engine/train/model_config_json.h"
 #include "engine/train/trainer.h"
 
@@ -499,39 +500,6 @@ absl::Status Trainer::Resume(TrainObserver* observer) {
   }
   return absl::DataLossError(
       absl::StrCat("no good checkpoint under ", root, ": ", absl::StrJoin(warnings, "; ")));
-}
-
-nlohmann::json HuggingFaceConfig(const ModelConfig& c, int64_t seq_len) {
-  const MoeConfig& m = c.moe;
-  return {
-      {"architectures", {"DeepseekV3ForCausalLM"}},
-      {"model_type", "deepseek_v3"},
-      {"vocab_size", c.vocab_size},
-      {"hidden_size", c.hidden_size},
-      {"num_hidden_layers", c.num_layers},
-      {"num_attention_heads", c.num_heads},
-      {"num_key_value_heads", c.num_kv_heads},
-      {"head_dim", c.resolved_head_dim()},
-      {"intermediate_size", c.ffn_dim},
-      {"moe_intermediate_size", m.expert_ffn_dim},
-      {"n_routed_experts", m.num_experts},
-      {"num_experts_per_tok", m.top_k},
-      {"n_shared_experts", m.num_shared_experts},
-      {"first_k_dense_replace", c.first_dense_layers},
-      {"scoring_func", m.score_function == ScoreFunction::kSigmoid ? "sigmoid" : "softmax"},
-      {"norm_topk_prob", m.normalize_topk_weights},
-      {"routed_scaling_factor", m.routed_scaling_factor},
-      {"n_group", m.num_groups},
-      {"topk_group", m.group_top_k},
-      {"rms_norm_eps", c.rms_norm_eps},
-      {"rope_theta", c.rope_theta},
-      {"max_position_embeddings", seq_len},
-      {"tie_word_embeddings", c.tie_embeddings},
-      {"hidden_act", "silu"},
-      {"moetrain_softmax_before_topk", m.softmax_before_topk},
-      {"moetrain_expert_bias", m.expert_bias},
-      {"moetrain_capacity_factor", m.capacity_factor},
-  };
 }
 
 }  // namespace moetrain

@@ -19,6 +19,7 @@
 #include "engine/ops/common/cuda_elements.cuh"
 #include "engine/ops/common/cuda_launch.h"
 #include "engine/ops/rope/rope_cuda.h"
+#include "engine/ops/rope/rope_cuda_table.cuh"
 #include "engine/ops/rope/rope_math.h"
 #include "engine/ops/rope/rope_table.h"
 
@@ -44,13 +45,6 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     RopeRotate(head_x[i], head_x[i + half], cos[at], sign * sin[at], &head_x[i], &head_x[i + half]);
   }
 }
-
-// One device's copy of a host table: cos then sin, each (S, Dh/2) f32.
-struct DeviceRopeTable {
-  int ordinal;
-  std::shared_ptr<const RopeTable> host;  // what it was copied from, kept while it may be read
-  Tensor values;                          // (2, S, Dh/2) f32 on device `ordinal`
-};
 
 // The device tables of the last few (device, S, Dh, θ). A table is filled on the compute stream
 // of its device, before the entry is published: every op on that device runs on that stream,
@@ -95,14 +89,19 @@ class DeviceRopeCache {
 
 }  // namespace
 
+absl::StatusOr<std::shared_ptr<const DeviceRopeTable>> DeviceRopeTableFor(
+    const ExecContext& ctx, const CudaOp& op, int64_t seq_len, int64_t head_dim, float theta) {
+  static DeviceRopeCache* cache = new DeviceRopeCache();
+  return cache->Get(ctx, op, seq_len, head_dim, theta);
+}
+
 absl::Status ApplyRope(const ExecContext& ctx, const AttentionShape& shape, float theta,
                        bool inverse, TensorView x) {
   const int64_t rows = x.dim(0), cols = x.dim(1);
   if (rows * cols == 0) return absl::OkStatus();
   MOETRAIN_ASSIGN_OR_RETURN(const CudaOp op, BeginCudaOp(ctx, "rope"));
-  static DeviceRopeCache* cache = new DeviceRopeCache();
   MOETRAIN_ASSIGN_OR_RETURN(const std::shared_ptr<const DeviceRopeTable> table,
-                            cache->Get(ctx, op, shape.seq_len, shape.head_dim, theta));
+                            DeviceRopeTableFor(ctx, op, shape.seq_len, shape.head_dim, theta));
   const int64_t half = shape.head_dim / 2;
   const auto* cos = static_cast<const float*>(table->values.view().raw());
   const float* sin = cos + shape.seq_len * half;

@@ -131,5 +131,18 @@ TEST(TransformerGradientTest, SoftmaxTiedMatchesFiniteDifferences) {
               stats.skipped, stats.worst);
 }
 
+TEST(TransformerGradientTest, MlaMatchesFiniteDifferences) {
+  for (const int64_t q_lora_rank : {0, 5}) {
+    SCOPED_TRACE(::testing::Message() << "q_lora_rank " << q_lora_rank);
+    ModelConfig c = TinyMlaConfig(q_lora_rank);
+    c.init_std = 0.4f;
+    const GradCheckStats stats = CheckGradients(c, 5 + q_lora_rank);
+    EXPECT_GE(stats.checked, 80);
+    EXPECT_LE(stats.skipped, stats.checked / 3);
+    std::printf("MLA q_lora_rank %lld: checked %d, skipped %d, worst error / tolerance %.3f\n",
+                static_cast<long long>(q_lora_rank), stats.checked, stats.skipped, stats.worst);
+  }
+}
+
 }  // namespace
 }  // namespace moetrain::transformer_test

@@ -54,6 +54,20 @@ inline ModelConfig TinySoftmaxTiedConfig() {
   return c;
 }
 
+// TinyConfig with Multi-head Latent Attention: query compression (q_lora_rank > 0) or not,
+// values narrower than the keys.
+inline ModelConfig TinyMlaConfig(int64_t q_lora_rank) {
+  ModelConfig c = TinyConfig();
+  c.attention = AttentionType::kMla;
+  c.num_kv_heads = c.num_heads;
+  c.mla = {.q_lora_rank = q_lora_rank,
+           .kv_lora_rank = 6,
+           .qk_nope_head_dim = 4,
+           .qk_rope_head_dim = 4,
+           .v_head_dim = 6};
+  return c;
+}
+
 inline Tensor RandomTokens(int64_t batch, int64_t seq_len, int64_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
