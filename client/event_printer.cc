@@ -108,6 +108,7 @@ void EventPrinter::PrintStep(const v1::StepMetrics& m, absl::Time time) {
                  {"tokens_seen", m.tokens_seen()}};
     // Only a job on a device reports its memory (0 on the CPU), and only it gets these keys,
     // so a CPU run prints what it always has.
+    if (m.has_mtp_loss()) line["mtp_loss"] = m.mtp_loss();
     if (m.device_memory_bytes() > 0 || m.device_memory_peak_bytes() > 0) {
       line["device_memory_bytes"] = m.device_memory_bytes();
       line["device_memory_peak_bytes"] = m.device_memory_peak_bytes();
@@ -115,7 +116,8 @@ void EventPrinter::PrintStep(const v1::StepMetrics& m, absl::Time time) {
     PrintJson(Dump(line));
     return;
   }
-  const std::string eval = m.has_eval_loss() ? absl::StrFormat("  eval %.4f", m.eval_loss()) : "";
+  std::string eval = m.has_eval_loss() ? absl::StrFormat("  eval %.4f", m.eval_loss()) : "";
+  if (m.has_mtp_loss()) eval += absl::StrFormat("  mtp %.4f", m.mtp_loss());
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   const std::string memory =
       m.device_memory_bytes() > 0 || m.device_memory_peak_bytes() > 0

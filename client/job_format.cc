@@ -93,6 +93,7 @@ std::string DescribeMetrics(const v1::StepMetrics& m, int64_t total_steps) {
   parts.push_back(absl::StrCat("tokens seen ", m.tokens_seen()));
   parts.push_back(absl::StrFormat("expert load max/mean %.2f", m.expert_load_max_over_mean()));
   parts.push_back(absl::StrFormat("aux loss %.4g", m.aux_loss()));
+  if (m.has_mtp_loss()) parts.push_back(absl::StrCat("mtp loss ", FormatLoss(m.mtp_loss())));
   if (m.dropped_tokens() > 0) parts.push_back(absl::StrCat("dropped tokens ", m.dropped_tokens()));
   if (m.mfu() > 0) parts.push_back(absl::StrFormat("MFU %.1f%%", 100 * m.mfu()));
   if (m.device_memory_bytes() > 0 || m.device_memory_peak_bytes() > 0) {

@@ -7,8 +7,8 @@
 #
 #   gpu-check.sh bundle [--no-build] [BUILD_DIR [OUT_DIR]]    here (defaults: build, gpu-bundle)
 #     Builds the CUDA tests, the `moetrain` CLI and the benchmarks, collects them with every shared
-#     library they load except glibc's and the CUDA driver's and toolkit's (their ldd closure) and
-#     examples/tiny-moe.yaml, and writes OUT_DIR/moetrain-gpu-bundle.tar.xz (under 64 MiB), its
+#     library they load except glibc's and the CUDA driver's and toolkit's (their ldd closure),
+#     examples/tiny-moe.yaml and examples/deepseek-v3-mini.yaml, and writes OUT_DIR/moetrain-gpu-bundle.tar.xz (under 64 MiB), its
 #     .sha256 and MANIFEST.txt. OUT_DIR must be outside the repository or ignored by git
 #     (gpu-bundle/ is). --no-build: the build is done.
 #   gpu-check.sh run [BUNDLE_DIR [LOG_DIR]]                   there (default: gpu-bundle)
@@ -18,7 +18,8 @@
 #          and on CUDA, in f32, in bf16 (train.precision: BF16) and in FP8 with each of the four
 #          recipes (train.precision: FP8, train.fp8.recipe), and CUDA f32 a second time; the
 #          per-step losses must agree within 1e-4 relative in f32, 2e-2 in bf16 and 3e-2 in FP8
-#          (CPU as the reference), and the two CUDA f32 runs bit for bit;
+#          (CPU as the reference), and the two CUDA f32 runs bit for bit; and 20 steps of
+#          examples/deepseek-v3-mini.yaml (MLA, MTP) at batch 4 in f32 on both, within 1e-4;
 #       3. benchmarks: `train_bench --device cuda` (tokens/s, MFU against the measured dense bf16
 #          GEMM rate, peak memory and its breakdown) and `moe_layer_bench --device cuda` in bf16
 #          and each FP8 recipe;
@@ -66,6 +67,9 @@ readonly BENCHMARKS=(train_bench moe_layer_bench)
 # Programs the training check runs, and the spec it trains (from the repository root).
 readonly TOOLS=(moetrain)
 readonly TRAIN_SPEC=examples/tiny-moe.yaml
+# And DeepSeek-V3's attention and multi-token prediction (MLA, MTP) in f32, at a smaller batch.
+readonly MLA_SPEC=examples/deepseek-v3-mini.yaml
+readonly -a MLA_TRAIN_KEYS=(batch_size=4 micro_batch_size=4)
 readonly TRAIN_STEPS=20
 # Per-step loss tolerances of CUDA against the CPU (relative to the CPU's loss): f32 sums in
 # another order; bf16 rounds every GEMM input and activation, in another order too.
@@ -98,9 +102,10 @@ usage: gpu-check.sh bundle [--no-build] [BUILD_DIR [OUT_DIR]]   (defaults: build
 bundle  builds the CUDA tests, moetrain, train_bench and moe_layer_bench in BUILD_DIR and
         writes OUT_DIR/moetrain-gpu-bundle.tar.xz (+ .sha256, MANIFEST.txt): the binaries,
         every shared library they load except glibc's and the CUDA driver's and toolkit's,
-        and examples/tiny-moe.yaml.
+        and examples/tiny-moe.yaml and deepseek-v3-mini.yaml.
 run     on the GPU machine: unpacks the bundle, prints the GPU, runs the tests, trains
-        tiny-moe on the CPU and on CUDA (f32, bf16, FP8) and compares the losses, runs the
+        tiny-moe on the CPU and on CUDA (f32, bf16, FP8) and deepseek-v3-mini (MLA and MTP,
+        f32) and compares the losses, runs the
         benchmarks, prints one JSON summary; exit 1 when a check failed. Without a GPU:
         "skipped: no GPU", exit 0.
 compare-losses  the per-step losses of two `moetrain run --json` outputs: one JSON verdict;
@@ -218,6 +223,7 @@ bundle() {
   mapfile -t tests < <(bundled_test_names "$src")
   [ ${#tests[@]} -gt 0 ] || die "no CUDA test found under $src/tests"
   [ -f "$src/$TRAIN_SPEC" ] || die "no $src/$TRAIN_SPEC, which the training check trains"
+  [ -f "$src/$MLA_SPEC" ] || die "no $src/$MLA_SPEC, which the training check trains"
   targets=("${tests[@]}" "${TOOLS[@]}" "${BENCHMARKS[@]}")
   # `--target help` also re-runs CMake when a test file was added since the last configure.
   local help
@@ -294,6 +300,9 @@ EOF
   mkdir -p "$root/$(dirname "$TRAIN_SPEC")"
   cp "$src/$TRAIN_SPEC" "$root/$TRAIN_SPEC"
   echo "$TRAIN_SPEC" >"$root/train-spec.txt"
+  mkdir -p "$root/$(dirname "$MLA_SPEC")"
+  cp "$src/$MLA_SPEC" "$root/$MLA_SPEC"
+  echo "$MLA_SPEC" >"$root/mla-spec.txt"
   printf '%s\n' "${provided[@]}" | LC_ALL=C sort -u >"$root/provided-by-gpu-machine.txt"
   write_runtime_needs "$root" >"$root/runtime-needs.txt"
   {
@@ -481,13 +490,14 @@ import re, sys
 src, dst, precision, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 precision, _, recipe = precision.partition(":")
 want = {"steps": str(steps), "log_every": "1", "precision": precision}
+want.update(arg.split("=", 1) for arg in sys.argv[5:])  # more train keys, KEY=VALUE
 out, section, seen, train_at = [], None, set(), None
 for line in open(src).read().splitlines():
     top = re.match(r"^([A-Za-z_][A-Za-z0-9_]*):", line)
     if top:
         section = top.group(1)
     elif section == "train":
-        key = re.match(r"^  (steps|log_every|precision):", line)
+        key = re.match(r"^  (%s):" % "|".join(want), line)
         warmup = re.match(r"^    warmup_steps:\s*(\d+)", line)
         if key:
             seen.add(key.group(1))
@@ -632,10 +642,14 @@ run_training() {
       log "could not write the $precision spec: $(cat "$logs/train-spec.log")"
     fi
   done
+  if ! make_train_spec "$dir/$(cat "$dir/mla-spec.txt")" "$logs/train-mla-f32.yaml" FP32 \
+    "$TRAIN_STEPS" "${MLA_TRAIN_KEYS[@]}" 2>"$logs/train-spec.log"; then
+    log "could not write the MLA spec: $(cat "$logs/train-spec.log")"
+  fi
   local train_timeout=${GPU_CHECK_TRAIN_TIMEOUT:-60} entry name device limit rc t0 seconds outcome
   local checkpoints=$dir/training-checkpoints
   for entry in cpu_f32:cpu:f32 cuda_f32:cuda:f32 cuda_f32_repeat:cuda:f32 cpu_bf16:cpu:bf16 \
-    cuda_bf16:cuda:bf16 "${fp8_runs[@]}"; do
+    cuda_bf16:cuda:bf16 "${fp8_runs[@]}" cpu_mla_f32:cpu:mla-f32 cuda_mla_f32:cuda:mla-f32; do
     IFS=: read -r name device precision <<<"$entry"
     limit=$(min "$train_timeout" "$(budget_left)")
     if [ "$limit" -le 0 ]; then
@@ -666,7 +680,8 @@ run_training() {
   local -a how
   for entry in "loss_f32_cuda_vs_cpu cpu_f32 cuda_f32 --rtol $LOSS_RTOL_F32" \
     "loss_bf16_cuda_vs_cpu cpu_bf16 cuda_bf16 --rtol $LOSS_RTOL_BF16" \
-    "cuda_f32_bit_identical cuda_f32 cuda_f32_repeat --identical" "${fp8_checks[@]}"; do
+    "cuda_f32_bit_identical cuda_f32 cuda_f32_repeat --identical" "${fp8_checks[@]}" \
+    "loss_mla_f32_cuda_vs_cpu cpu_mla_f32 cuda_mla_f32 --rtol $LOSS_RTOL_F32"; do
     read -r check ref new how_text <<<"$entry"
     read -ra how <<<"$how_text"
     printf '%s\t%s\t%s\n' "$check" "$ref" "$new" >>"$logs/checks.tsv"

@@ -78,6 +78,8 @@ DataConfig::Format FormatFromSpec(v1::DataConfig::Format f) {
       return DataConfig::Format::kLlmc;
     case v1::DataConfig::U16:
       return DataConfig::Format::kU16;
+    case v1::DataConfig::U32:
+      return DataConfig::Format::kU32;
     case v1::DataConfig::TEXT:
       return DataConfig::Format::kText;
     default:
@@ -127,6 +129,17 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromSpec(const v1::JobSpec& raw_spec,
   c.model.tie_embeddings = model.tie_embeddings();
   c.model.init_std = model.init_std();
   c.model.moe = MoeFromSpec(model.moe());
+  if (model.attention() == v1::ModelConfig::MLA) {
+    c.model.attention = AttentionType::kMla;
+    c.model.head_dim = 0;
+    c.model.mla = {.q_lora_rank = model.mla().q_lora_rank(),
+                   .kv_lora_rank = model.mla().kv_lora_rank(),
+                   .qk_nope_head_dim = model.mla().qk_nope_head_dim(),
+                   .qk_rope_head_dim = model.mla().qk_rope_head_dim(),
+                   .v_head_dim = model.mla().v_head_dim()};
+  }
+  c.model.mtp_depth = model.mtp_depth();
+  if (model.has_mtp_loss_weight()) c.model.mtp_loss_weight = model.mtp_loss_weight();
 
   const v1::DataConfig& data = spec.data();
   c.data.format = FormatFromSpec(data.format());

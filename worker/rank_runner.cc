@@ -95,6 +95,7 @@ class ReportingObserver : public TrainObserver {
     m->set_expert_load_max_over_mean(report.expert_load_max_over_mean);
     m->set_tokens_seen(report.tokens_seen);
     m->set_aux_loss(report.aux_loss);
+    if (report.mtp_loss.has_value()) m->set_mtp_loss(*report.mtp_loss);
     m->set_z_loss(report.z_loss);
     m->set_dropped_tokens(report.dropped_tokens);
     m->set_step_seconds(report.step_seconds);

@@ -85,47 +85,65 @@ absl::Status Transformer::BuildParameters() {
     grad_stages_[stage].dense_end = layout.size();
   };
   Region lm_head, final_norm, embed;
-  std::vector<BlockRegions> regions(layers);
+  const int64_t blocks = c.total_blocks();  // MTP modules' blocks after the model's
+  std::vector<BlockRegions> regions(blocks);
+  // The regions of block l, its dense part.
+  const auto add_block_regions = [&](int64_t l) {
+    BlockRegions& r = regions[l];
+    r.input_norm = layout.Add({d});
+    if (c.is_mla()) {
+      AddMlaRegions(c, &layout, &r);
+    } else {
+      r.q_proj = layout.Add({q_dim, d});
+      r.k_proj = layout.Add({kv_dim, d});
+      r.v_proj = layout.Add({kv_dim, d});
+      r.o_proj = layout.Add({d, q_dim});
+    }
+    r.post_attention_norm = layout.Add({d});
+    if (!blocks_[l].is_moe()) {
+      r.mlp_gate_up = layout.Add({2 * c.ffn_dim, d});
+      r.mlp_down = layout.Add({d, c.ffn_dim});
+      return;
+    }
+    r.router = layout.Add({e, d});
+    if (moe.expert_bias) r.expert_bias = layout.Add({e});
+    if (shared_f > 0) {
+      r.shared_gate_up = layout.Add({2 * shared_f, d});
+      r.shared_down = layout.Add({d, shared_f});
+    }
+  };
+  // An MTP module's norms and eh_proj; its block's regions follow.
+  struct MtpRegions {
+    Region enorm, hnorm, eh_proj, shared_norm;
+  };
+  std::vector<MtpRegions> mtp(c.mtp_depth);
+  // Stage 0: the LM head and final norm, and the MTP modules, whose backward runs before it ends.
   dense_stage(0, [&] {
     if (!c.tie_embeddings) lm_head = layout.Add({v, d});
     final_norm = layout.Add({d});
+    for (int64_t k = 0; k < c.mtp_depth; ++k) {
+      mtp[k].enorm = layout.Add({d});
+      mtp[k].hnorm = layout.Add({d});
+      mtp[k].eh_proj = layout.Add({d, 2 * d});
+      add_block_regions(layers + k);
+      mtp[k].shared_norm = layout.Add({d});
+    }
   });
-  for (int64_t l = layers - 1; l >= 0; --l) {
-    dense_stage(layers - l, [&] {
-      BlockRegions& r = regions[l];
-      r.input_norm = layout.Add({d});
-      if (c.is_mla()) {
-        AddMlaRegions(c, &layout, &r);
-      } else {
-        r.q_proj = layout.Add({q_dim, d});
-        r.k_proj = layout.Add({kv_dim, d});
-        r.v_proj = layout.Add({kv_dim, d});
-        r.o_proj = layout.Add({d, q_dim});
-      }
-      r.post_attention_norm = layout.Add({d});
-      if (!blocks_[l].is_moe()) {
-        r.mlp_gate_up = layout.Add({2 * c.ffn_dim, d});
-        r.mlp_down = layout.Add({d, c.ffn_dim});
-        return;
-      }
-      r.router = layout.Add({e, d});
-      if (moe.expert_bias) r.expert_bias = layout.Add({e});
-      if (shared_f > 0) {
-        r.shared_gate_up = layout.Add({2 * shared_f, d});
-        r.shared_down = layout.Add({d, shared_f});
-      }
-    });
-  }
+  for (int64_t l = layers - 1; l >= 0; --l) dense_stage(layers - l, [&] { add_block_regions(l); });
   dense_stage(layers + 1, [&] { embed = layout.Add({v, d}); });
   if (c.tie_embeddings) lm_head = embed;
   dense_size_ = layout.size();
   for (int64_t stage = 0; stage < layers + 2; ++stage) {
     GradStage& s = grad_stages_[stage];
     s.expert_begin = layout.size();
-    const int64_t l = layers - stage;  // the block of this stage, when it is one
-    if (stage >= 1 && stage <= layers && blocks_[l].is_moe()) {
+    const auto add_experts = [&](int64_t l) {
       regions[l].experts_gate_up = layout.Add({local_e, 2 * fe, d});
       regions[l].experts_down = layout.Add({local_e, d, fe});
+    };
+    const int64_t l = layers - stage;  // the block of this stage, when it is one
+    if (stage >= 1 && stage <= layers && blocks_[l].is_moe()) add_experts(l);
+    if (stage == 0) {
+      for (int64_t k = 0; k < c.mtp_depth; ++k) add_experts(layers + k);
     }
     s.expert_end = layout.size();
   }
@@ -181,9 +199,10 @@ absl::Status Transformer::BuildParameters() {
   };
 
   add_region("model.embed_tokens.weight", embed, Init::kNormal);
-  block_weights_.assign(layers, {});
-  block_grads_.assign(layers, {});
-  for (int64_t l = 0; l < layers; ++l) {
+  block_weights_.assign(blocks, {});
+  block_grads_.assign(blocks, {});
+  // Block l's parameters, views and names.
+  const auto add_block = [&](int64_t l) {
     const BlockRegions& r = regions[l];
     const std::string prefix = absl::StrCat("model.layers.", l, ".");
     BlockWeights& w = block_weights_[l];
@@ -230,7 +249,7 @@ absl::Status Transformer::BuildParameters() {
       w.mlp_down = compute(r.mlp_down);
       g.mlp_gate_up = grad(r.mlp_gate_up);
       g.mlp_down = grad(r.mlp_down);
-      continue;
+      return;
     }
     // The router and the bias are read in f32; the experts through their compute copies.
     add_region(prefix + "mlp.gate.weight", r.router, Init::kNormal);
@@ -271,9 +290,31 @@ absl::Status Transformer::BuildParameters() {
       g.moe.shared_gate_up = grad(r.shared_gate_up);
       g.moe.shared_down = grad(r.shared_down);
     }
-  }
+  };
+  for (int64_t l = 0; l < layers; ++l) add_block(l);
   add_region("model.norm.weight", final_norm, Init::kOnes);
   if (!c.tie_embeddings) add_region("lm_head.weight", lm_head, Init::kNormal);
+  // The MTP modules last, under Hugging Face's DeepSeek-V3 names (model.layers.{L + k}); they
+  // share the embedding and the LM head.
+  mtp_weights_.assign(c.mtp_depth, {});
+  mtp_grads_.assign(c.mtp_depth, {});
+  for (int64_t k = 0; k < c.mtp_depth; ++k) {
+    const std::string prefix = absl::StrCat("model.layers.", layers + k, ".");
+    const MtpRegions& r = mtp[k];
+    add_region(prefix + "enorm.weight", r.enorm, Init::kOnes);
+    add_region(prefix + "hnorm.weight", r.hnorm, Init::kOnes);
+    add_region(prefix + "eh_proj.weight", r.eh_proj, Init::kNormal);
+    add_block(layers + k);
+    add_region(prefix + "shared_head.norm.weight", r.shared_norm, Init::kOnes);
+    mtp_weights_[k] = {.enorm = master(r.enorm),
+                       .hnorm = master(r.hnorm),
+                       .eh_proj = compute(r.eh_proj),
+                       .shared_norm = master(r.shared_norm)};
+    mtp_grads_[k] = {.enorm = grad(r.enorm),
+                     .hnorm = grad(r.hnorm),
+                     .eh_proj = grad(r.eh_proj),
+                     .shared_norm = grad(r.shared_norm)};
+  }
 
   embed_ = master(embed);
   embed_grad_ = grad(embed);

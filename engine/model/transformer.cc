@@ -33,7 +33,7 @@ absl::StatusOr<Transformer> Transformer::Create(const ModelConfig& config, DType
   }
   model.num_local_experts_ = config.moe.num_experts / ep;
   model.first_local_expert_ = ep > 1 ? parallel.expert_group->rank() * model.num_local_experts_ : 0;
-  for (int64_t l = 0; l < config.num_layers; ++l) {
+  for (int64_t l = 0; l < config.total_blocks(); ++l) {
     MOETRAIN_ASSIGN_OR_RETURN(
         TransformerBlock block,
         TransformerBlock::Create(config, l >= config.first_dense_layers, compute_dtype, parallel,
@@ -47,7 +47,13 @@ absl::StatusOr<Transformer> Transformer::Create(const ModelConfig& config, DType
 
 absl::Status Transformer::PrepareTokens(TensorView tokens) {
   MOETRAIN_RETURN_IF_ERROR(CheckTensor(tokens, "tokens", DType::kI32, {-1, -1}));
-  const int64_t b = tokens.dim(0), s = tokens.dim(1) - 1;
+  const int64_t b = tokens.dim(0), s = tokens.dim(1) - 1 - config_.mtp_depth;
+  if (config_.mtp_depth > 0 && s < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tokens: ", tokens.DebugString(), " has no room for S >= 1 inputs and the ",
+        config_.mtp_depth, " tokens past them that model.mtp_depth = ", config_.mtp_depth,
+        " reads: expected (B, S + 1 + ", config_.mtp_depth, ")"));
+  }
   if (s > config_.max_seq_len) {
     return absl::InvalidArgumentError(
         absl::StrCat("tokens: sequence length S = ", s, " (", tokens.DebugString(),
@@ -56,15 +62,22 @@ absl::Status Transformer::PrepareTokens(TensorView tokens) {
   // The data loader's windows are host memory: they travel to the model's device first.
   if (tokens.device() != ctx_.device() && b >= 1 && s >= 1) {
     MOETRAIN_ASSIGN_OR_RETURN(TensorView on_device,
-                              workspace_.Get(kTokens, DType::kI32, {b, s + 1}));
+                              workspace_.Get(kTokens, DType::kI32, {b, tokens.dim(1)}));
     MOETRAIN_RETURN_IF_ERROR(ops::CopyTensor(ctx_, tokens, on_device));
     tokens = on_device;
   }
+  windows_ = tokens;
   MOETRAIN_ASSIGN_OR_RETURN(inputs_,
                             workspace_.Get(kInputs, DType::kI32, {std::max<int64_t>(b * s, 0)}));
   MOETRAIN_ASSIGN_OR_RETURN(targets_,
                             workspace_.Get(kTargets, DType::kI32, {std::max<int64_t>(b * s, 0)}));
-  MOETRAIN_RETURN_IF_ERROR(ops::SplitTokens(ctx_, tokens, config_.vocab_size, inputs_, targets_));
+  if (b >= 1 && s >= 1) {
+    MOETRAIN_RETURN_IF_ERROR(
+        ops::SplitTokens(ctx_, tokens, config_.vocab_size, /*offset=*/0, inputs_, targets_));
+  } else {
+    // Let the op say what is wrong with the shape.
+    MOETRAIN_RETURN_IF_ERROR(ops::SplitTokens(ctx_, tokens, config_.vocab_size, inputs_, targets_));
+  }
   batch_ = b;
   seq_len_ = s;
   return absl::OkStatus();
@@ -125,21 +138,25 @@ absl::StatusOr<StepResult> Transformer::ForwardBackward(TensorView tokens,
                        ctx_, LmHeadArgs(),
                        {.d_loss = loss_scale, .d_hidden = d_final, .d_weight = lm_head_grad_},
                        &lm_head_workspace_));
-  if (!options.backward_through_nonfinite_loss &&
-      (!std::isfinite(result.loss) || !std::isfinite(result.aux_loss) ||
-       !std::isfinite(result.z_loss))) {
-    return NonFiniteError(absl::StrCat("loss = ", result.loss, ", aux_loss = ", result.aux_loss,
-                                       ", z_loss = ", result.z_loss,
-                                       " (grads are partly accumulated: zero them)"));
-  }
-  // d_residual carries dL/d(residual stream) down the blocks.
+
+  // d_residual carries dL/d(residual stream) down the blocks; the MTP modules start it.
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_residual, workspace_.Get(kDResidual, DType::kF32, {t, d}));
+  const bool mtp = config_.mtp_depth > 0;
+  if (mtp) MOETRAIN_RETURN_IF_ERROR(MtpForwardBackward(loss_scale, &result, d_residual));
   MOETRAIN_RETURN_IF_ERROR(ops::RmsNormBackward(ctx_, {.x = residual_.Select(layers),
                                                        .weight = final_norm_,
                                                        .rstd = final_rstd_,
                                                        .d_out = d_final,
                                                        .d_x = d_residual,
-                                                       .d_weight = final_norm_grad_}));
+                                                       .d_weight = final_norm_grad_,
+                                                       .accumulate_d_x = mtp}));
+  if (!options.backward_through_nonfinite_loss &&
+      (!std::isfinite(result.loss) || !std::isfinite(result.aux_loss) ||
+       !std::isfinite(result.z_loss) || !std::isfinite(result.mtp_loss))) {
+    return NonFiniteError(absl::StrCat(
+        "loss = ", result.loss, ", aux_loss = ", result.aux_loss, ", z_loss = ", result.z_loss,
+        ", mtp_loss = ", result.mtp_loss, " (grads are partly accumulated: zero them)"));
+  }
   MOETRAIN_RETURN_IF_ERROR(StageDone(options, 0));
   for (int64_t l = layers - 1; l >= 0; --l) {
     MOETRAIN_RETURN_IF_ERROR(
@@ -189,10 +206,13 @@ double TrainingFlopsPerToken(const ModelConfig& config, int64_t seq_len) {
   const double moe_ffn = static_cast<double>(moe.num_experts) * d +
                          active_experts * 3.0 * d * static_cast<double>(moe.expert_ffn_dim);
   const double lm_head = static_cast<double>(config.vocab_size) * d;
-  const double matmul_params =
-      layers * attention + dense_layers * dense_ffn + (layers - dense_layers) * moe_ffn + lm_head;
+  // Each MTP module: eh_proj, an MoE block and the shared LM head once more.
+  const double mtp = static_cast<double>(config.mtp_depth);
+  const double matmul_params = (layers + mtp) * attention + dense_layers * dense_ffn +
+                               (layers - dense_layers + mtp) * moe_ffn + lm_head * (1 + mtp) +
+                               mtp * 2.0 * d * d;
   const double attention_core =
-      layers * 3.0 * heads * core_width * static_cast<double>(seq_len + 1);
+      (layers + mtp) * 3.0 * heads * core_width * static_cast<double>(seq_len + 1);
   return 6.0 * matmul_params + attention_core;
 }
 

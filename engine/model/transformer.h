@@ -19,6 +19,7 @@
 #ifndef MOETRAIN_ENGINE_MODEL_TRANSFORMER_H_
 #define MOETRAIN_ENGINE_MODEL_TRANSFORMER_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -34,6 +35,7 @@
 #include "engine/core/workspace.h"
 #include "engine/fp8/fp8_recipe.h"
 #include "engine/fp8/fp8_state.h"
+#include "engine/fp8/linear.h"
 #include "engine/model/block.h"
 #include "engine/model/model_config.h"
 #include "engine/moe/moe_layer.h"
@@ -74,11 +76,14 @@ struct BackwardOptions {
 };
 
 struct StepResult {
-  float loss = 0.0f;                 // mean next-token cross-entropy
+  float loss = 0.0f;  // mean next-token cross-entropy
+  // Multi-token prediction: the mean over the modules of each one's cross-entropy, unweighted
+  // (model.mtp_loss_weight multiplies it in the objective); 0 without MTP.
+  float mtp_loss = 0.0f;
   float aux_loss = 0.0f;             // Σ over MoE layers, already multiplied by the coefficient
   float z_loss = 0.0f;               // Σ over MoE layers, already multiplied by the coefficient
   int64_t tokens = 0;                // predicted tokens: B·S
-  std::vector<MoeStats> moe_layers;  // one per MoE block, in layer order
+  std::vector<MoeStats> moe_layers;  // one per MoE block, in layer order (MTP blocks last)
 };
 
 class Transformer {
@@ -114,16 +119,19 @@ class Transformer {
   absl::Status SyncComputeWeights();
   absl::Status ZeroGrads();
 
-  // tokens (B, S+1) i32 with 1 ≤ S ≤ max_seq_len, on the CPU or the model's device: inputs
-  // tokens[:, :S], targets tokens[:, 1:].
-  // Adds loss_scale · ∇(cross-entropy + aux + z losses) into the grads (loss_scale > 0, e.g.
+  // tokens (B, S + 1 + mtp_depth) i32 with 1 ≤ S ≤ max_seq_len, on the CPU or the model's
+  // device: inputs tokens[:, :S], targets tokens[:, 1:S+1]; MTP module k reads inputs
+  // tokens[:, k:S+k] and targets tokens[:, k+1:S+k+1].
+  // Adds loss_scale · ∇(cross-entropy + aux + z losses + mtp_loss_weight · mtp loss) into the
+  // grads (loss_scale > 0, e.g.
   // 1 / micro-batches). The result reports the losses unscaled. A NaN or Inf loss is a
   // NonFiniteError (engine/core/status.h), with the grads partly accumulated.
   absl::StatusOr<StepResult> ForwardBackward(TensorView tokens, float loss_scale = 1.0f);
   // The same with every option; a NaN/Inf loss is a NonFiniteError unless
   // options.backward_through_nonfinite_loss.
   absl::StatusOr<StepResult> ForwardBackward(TensorView tokens, const BackwardOptions& options);
-  // The mean next-token cross-entropy only (NonFiniteError if NaN or Inf); grads untouched. FP8
+  // The main model's mean next-token cross-entropy only (NonFiniteError if NaN or Inf), from
+  // tokens shaped as ForwardBackward's; grads untouched. FP8
   // statistics are not recorded, so evaluation does not feed the amax histories.
   absl::StatusOr<float> Evaluate(TensorView tokens);
 
@@ -137,7 +145,10 @@ class Transformer {
   // Every parameter (and zero padding between them): (N) f32.
   TensorView master_buffer() const { return masters_; }
   TensorView grad_buffer() const { return grads_; }
-  int64_t num_moe_layers() const { return config_.num_layers - config_.first_dense_layers; }
+  // MoE blocks: the model's, then one per MTP module.
+  int64_t num_moe_layers() const {
+    return config_.num_layers - config_.first_dense_layers + config_.mtp_depth;
+  }
   // This rank's routed experts: [first_local_expert, first_local_expert + num_local_experts).
   int64_t first_local_expert() const { return first_local_expert_; }
   int64_t num_local_experts() const { return num_local_experts_; }
@@ -151,6 +162,9 @@ class Transformer {
       : config_(config),
         dtype_(dtype),
         ctx_(ctx),
+        mtp_eh_proj_(ctx),
+        mtp_workspace_(kMtpBuffers * static_cast<int>(std::max<int64_t>(config.mtp_depth, 0)),
+                       ctx.allocator()),
         workspace_(kNumBuffers, ctx.allocator()),
         lm_head_workspace_(ctx) {}
 
@@ -164,6 +178,10 @@ class Transformer {
   // Embedding, blocks and final norm; the final norm's output is in final_normed_.
   absl::Status ForwardToFinalNorm(StepResult* result);
   ops::LmHeadLossArgs LmHeadArgs() const;
+  // Multi-token prediction (mtp.cc): every module's forward and loss, then its backward, after
+  // the main LM head. Adds the MTP losses and MoE statistics to `result` and writes the gradient
+  // of the last block's output (the first module's input) into d_h0 (T, D) f32.
+  absl::Status MtpForwardBackward(float loss_scale, StepResult* result, TensorView d_h0);
 
   ModelConfig config_;
   DType dtype_;
@@ -188,14 +206,26 @@ class Transformer {
   TensorView embed_grad_;  // (V, D)
   TensorView final_norm_;  // (D) f32
   TensorView final_norm_grad_;
-  TensorView lm_head_;       // (V, D) act: lm_head, or the embedding when tied
-  TensorView lm_head_grad_;  // (V, D): lm_head's grad, or the embedding's when tied
-  std::vector<TransformerBlock> blocks_;
+  TensorView lm_head_;                    // (V, D) act: lm_head, or the embedding when tied
+  TensorView lm_head_grad_;               // (V, D): lm_head's grad, or the embedding's when tied
+  std::vector<TransformerBlock> blocks_;  // the model's num_layers, then one per MTP module
   std::vector<BlockWeights> block_weights_;
   std::vector<BlockGrads> block_grads_;
+  // An MTP module's own parameters besides its block (masters f32 but eh_proj, a compute copy).
+  struct MtpWeights {
+    TensorView enorm;        // (D): RMSNorm of the embedding of token t+k
+    TensorView hnorm;        // (D): RMSNorm of the previous depth's hidden state
+    TensorView eh_proj;      // (D, 2D): [enorm output | hnorm output] → the block's input
+    TensorView shared_norm;  // (D): shared_head.norm, before the shared LM head
+  };
+  std::vector<MtpWeights> mtp_weights_, mtp_grads_;  // one per module
+  Linear mtp_eh_proj_;                               // in the compute dtype, never FP8
+  static constexpr int kMtpBuffers = 20;             // mtp.cc's per module
+  Workspace mtp_workspace_;                          // mtp.cc's buffers, per module
 
   // Activations of the last forward.
   int64_t batch_ = 0, seq_len_ = 0;
+  TensorView windows_;     // (B, S + 1 + mtp_depth) i32 on the model's device
   TensorView inputs_;      // (T) i32
   TensorView targets_;     // (T) i32
   TensorView residual_;    // (L + 1, T, D) f32: the stream entering each block, and after the last

@@ -32,6 +32,8 @@ TokenFileFormat FileFormat(DataConfig::Format format) {
       return TokenFileFormat::kLlmc;
     case DataConfig::Format::kU16:
       return TokenFileFormat::kU16;
+    case DataConfig::Format::kU32:
+      return TokenFileFormat::kU32;
     default:
       return TokenFileFormat::kText;
   }
@@ -80,8 +82,8 @@ struct DataLoader::Source {
 };
 
 absl::Status DataConfig::Validate() const {
-  if (format != Format::kLlmc && format != Format::kU16 && format != Format::kText &&
-      format != Format::kSynthetic) {
+  if (format != Format::kLlmc && format != Format::kU16 && format != Format::kU32 &&
+      format != Format::kText && format != Format::kSynthetic) {
     return Invalid("format", static_cast<int>(format), "is not a data format");
   }
   if (vocab_size < 1 || vocab_size > std::numeric_limits<int32_t>::max()) {
@@ -90,6 +92,7 @@ absl::Status DataConfig::Validate() const {
   }
   if (seq_len < 1) return Invalid("seq_len", seq_len, "must be at least 1");
   if (batch_size < 1) return Invalid("batch_size", batch_size, "must be at least 1");
+  if (extra_tokens < 0) return Invalid("extra_tokens", extra_tokens, "must not be negative");
   if (seq_len >= kMaxBatchTokens || (seq_len + 1) * batch_size > kMaxBatchTokens) {
     return Invalid("batch_size", batch_size,
                    absl::StrCat("of data.seq_len + 1 = ", seq_len + 1,
@@ -127,6 +130,8 @@ std::string_view DataFormatName(DataConfig::Format format) {
       return "llmc";
     case DataConfig::Format::kU16:
       return "u16";
+    case DataConfig::Format::kU32:
+      return "u32";
     case DataConfig::Format::kText:
       return "text";
     case DataConfig::Format::kSynthetic:
@@ -136,12 +141,13 @@ std::string_view DataFormatName(DataConfig::Format format) {
 }
 
 absl::StatusOr<DataConfig::Format> ParseDataFormat(std::string_view name) {
-  for (DataConfig::Format format : {DataConfig::Format::kLlmc, DataConfig::Format::kU16,
-                                    DataConfig::Format::kText, DataConfig::Format::kSynthetic}) {
+  for (DataConfig::Format format :
+       {DataConfig::Format::kLlmc, DataConfig::Format::kU16, DataConfig::Format::kU32,
+        DataConfig::Format::kText, DataConfig::Format::kSynthetic}) {
     if (DataFormatName(format) == name) return format;
   }
-  return absl::InvalidArgumentError(absl::StrCat("data.format = \"", ToAbsl(name),
-                                                 "\" is not one of llmc, u16, text, synthetic"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "data.format = \"", ToAbsl(name), "\" is not one of llmc, u16, u32, text, synthetic"));
 }
 
 nlohmann::json DataPosition::ToJson() const { return {{"epoch", epoch}, {"index", index}}; }
@@ -200,7 +206,9 @@ absl::StatusOr<DataLoader> DataLoader::Create(const DataConfig& config, int rank
   }
 
   auto source = std::make_shared<Source>();
-  const int64_t window = config.seq_len + 1;
+  const int64_t window = config.seq_len + 1 + config.extra_tokens;
+  const std::string window_name =
+      config.extra_tokens > 0 ? "seq_len + 1 + model.mtp_depth = " : "seq_len + 1 = ";
   source->window_tokens = window;
   if (config.format == DataConfig::Format::kSynthetic) {
     MOETRAIN_ASSIGN_OR_RETURN(SyntheticSource synthetic,
@@ -219,14 +227,14 @@ absl::StatusOr<DataLoader> DataLoader::Create(const DataConfig& config, int rank
         absl::StrCat("data.eval_fraction = ", config.eval_fraction, " holds out ", held_out,
                      " of the ", total, " tokens of data.path ", config.path);
     if (train_tokens < window) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(split, ", leaving ", train_tokens,
-                       " for training, fewer than one sequence of seq_len + 1 = ", window));
+      return absl::InvalidArgumentError(absl::StrCat(split, ", leaving ", train_tokens,
+                                                     " for training, fewer than one sequence of ",
+                                                     window_name, window));
     }
     if (config.eval_fraction > 0.0 && held_out < window) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(split, ", fewer than one sequence of seq_len + 1 = ", window,
-                       " (0 turns the eval set off)"));
+      return absl::InvalidArgumentError(absl::StrCat(split, ", fewer than one sequence of ",
+                                                     window_name, window,
+                                                     " (0 turns the eval set off)"));
     }
     source->train_windows = train_tokens / window;
     source->eval_begin = train_tokens;

@@ -34,14 +34,17 @@
 namespace moetrain {
 
 struct DataConfig {
-  enum class Format { kLlmc, kU16, kText, kSynthetic };
+  enum class Format { kLlmc, kU16, kU32, kText, kSynthetic };
 
   Format format = Format::kSynthetic;
   std::string path;          // the token file; unused (and may be empty) for kSynthetic
   int64_t vocab_size = 256;  // model.vocab_size: every token id must be below it
   int64_t seq_len = 256;     // S: a sequence has S inputs and S targets (S + 1 tokens)
-  int64_t batch_size = 8;    // B: sequences per global batch, over all ranks
-  uint64_t seed = 0;         // the shuffle of every epoch; for kSynthetic also the chain
+  // Tokens each window carries past S + 1: model.mtp_depth, whose modules read that far ahead.
+  // A window is S + 1 + extra_tokens tokens. The trainer sets it from the model.
+  int64_t extra_tokens = 0;
+  int64_t batch_size = 8;  // B: sequences per global batch, over all ranks
+  uint64_t seed = 0;       // the shuffle of every epoch; for kSynthetic also the chain
   // Files: the last floor(eval_fraction · N) tokens are held out for eval; 0 = no eval set.
   // When positive it must hold at least one window.
   double eval_fraction = 0.05;
@@ -61,7 +64,7 @@ struct DataConfig {
   }
 };
 
-// "llmc", "u16", "text", "synthetic" and back; InvalidArgument naming the value otherwise.
+// "llmc", "u16", "u32", "text", "synthetic" and back; InvalidArgument naming the value otherwise.
 std::string_view DataFormatName(DataConfig::Format format);
 absl::StatusOr<DataConfig::Format> ParseDataFormat(std::string_view name);
 
@@ -106,7 +109,7 @@ class DataLoader {
   // epoch 0, index 0.
   static absl::StatusOr<DataLoader> Create(const DataConfig& config, int rank, int world_size);
 
-  // This rank's slice of the next global batch: (batch_size / world_size, seq_len + 1) i32, rows
+  // This rank's slice of the next global batch: (batch_size / world_size, window) i32, rows
   // in global batch order. Inputs are columns [0, S), targets columns [1, S + 1). Cannot fail:
   // Create checked all of the data.
   Tensor Next();
@@ -146,7 +149,7 @@ class EvalIterator {
  public:
   // Batches over all ranks: ceil(eval windows / batch_size); the same on every rank.
   int64_t num_batches() const { return num_batches_; }
-  // This rank's share of the next global eval batch, (rows, seq_len + 1) i32. Full batches give
+  // This rank's share of the next global eval batch, (rows, window) i32. Full batches give
   // every rank batch_size / world_size rows; the last may be short, and its windows are split as
   // evenly as possible, so a rank can get 0 rows. nullopt after the last batch.
   std::optional<Tensor> Next();

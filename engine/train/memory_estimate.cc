@@ -67,8 +67,10 @@ MemoryEstimate EstimateTrainingMemory(const TrainerConfig& config) {
   const double f = as_double(m.ffn_dim), e = as_double(moe.num_experts);
   const double fe = as_double(moe.expert_ffn_dim);
   const double shared_f = as_double(moe.num_shared_experts) * fe;
-  const int64_t layers = std::max<int64_t>(m.num_layers, 0);
-  const int64_t dense_layers = std::clamp<int64_t>(m.first_dense_layers, 0, layers);
+  // MTP modules count as MoE blocks (their norms, eh_proj and loss are added below).
+  const int64_t mtp = std::max<int64_t>(m.mtp_depth, 0);
+  const int64_t dense_layers = std::clamp<int64_t>(m.first_dense_layers, 0, m.num_layers);
+  const int64_t layers = std::max<int64_t>(m.num_layers, 0) + mtp;
   const double moe_layers = as_double(layers - dense_layers);
   const double ep = std::max(1, config.parallel.expert_parallel);
   const double world = std::max(1, config.parallel.world_size());
@@ -102,8 +104,9 @@ MemoryEstimate EstimateTrainingMemory(const TrainerConfig& config) {
   const double dense_ffn = 3 * f * d;
   const double moe_dense = e * d + (moe.expert_bias ? e : 0.0) + 3 * shared_f * d;
   const double experts = local_experts * 3 * fe * d;
-  const double n = embeddings + as_double(layers) * attention +
-                   as_double(dense_layers) * dense_ffn + moe_layers * (moe_dense + experts);
+  const double n = embeddings + as_double(mtp) * (3 * d + 2 * d * d) +
+                   as_double(layers) * attention + as_double(dense_layers) * dense_ffn +
+                   moe_layers * (moe_dense + experts);
   const double untrainable = moe.expert_bias ? moe_layers * e : 0.0;
 
   MemoryEstimate estimate;
@@ -139,6 +142,10 @@ MemoryEstimate EstimateTrainingMemory(const TrainerConfig& config) {
                  act * t * 2 * shared_f;
   }
   activations += moe_layers * moe_block;
+  // Each MTP module's own tensors (mtp.cc): tokens, embedding, norms, the concatenation, the
+  // block's input and output and their gradients.
+  activations += as_double(mtp) *
+                 (2 * 4 * t + 10 * 4 * t * d + 3 * act * t * d + act * t * 2 * d + 4 * t * 2 * d);
   estimate.activations = activations;
   return estimate;
 }

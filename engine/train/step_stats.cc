@@ -11,15 +11,17 @@
 
 namespace moetrain {
 
-StepStats::StepStats(int64_t moe_layers, int64_t num_experts)
+StepStats::StepStats(int64_t moe_layers, int64_t num_experts, bool mtp)
     : moe_layers_(moe_layers),
       num_experts_(num_experts),
+      mtp_(mtp),
       counts_(2 + moe_layers * num_experts, 0) {}
 
 void StepStats::Add(const StepResult& result) {
   losses_[0] += result.loss;
   losses_[1] += result.aux_loss;
   losses_[2] += result.z_loss;
+  losses_[3] += result.mtp_loss;
   counts_[0] += result.tokens;
   for (int64_t l = 0; l < static_cast<int64_t>(result.moe_layers.size()); ++l) {
     const MoeStats& stats = result.moe_layers[l];
@@ -41,7 +43,8 @@ absl::Status StepStats::SumOverRanks(Communicator* world) {
 }
 
 bool StepStats::finite_losses() const {
-  return std::isfinite(losses_[0]) && std::isfinite(losses_[1]) && std::isfinite(losses_[2]);
+  return std::isfinite(losses_[0]) && std::isfinite(losses_[1]) && std::isfinite(losses_[2]) &&
+         std::isfinite(losses_[3]);
 }
 
 std::vector<int64_t> StepStats::tokens_per_expert(int64_t layer) const {
@@ -52,6 +55,7 @@ std::vector<int64_t> StepStats::tokens_per_expert(int64_t layer) const {
 void StepStats::Report(int64_t shares, StepReport* report) const {
   report->loss = loss(shares);
   report->aux_loss = aux_loss(shares);
+  if (mtp_) report->mtp_loss = mtp_loss(shares);
   report->z_loss = z_loss(shares);
   report->dropped_tokens = counts_[1];
   report->expert_tokens.assign(counts_.begin() + 2, counts_.end());

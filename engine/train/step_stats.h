@@ -18,7 +18,8 @@ struct StepReport;
 
 class StepStats {
  public:
-  StepStats(int64_t moe_layers, int64_t num_experts);
+  // `mtp`: the model has multi-token prediction, whose loss the report then carries.
+  StepStats(int64_t moe_layers, int64_t num_experts, bool mtp = false);
 
   // One micro-batch's result.
   void Add(const StepResult& result);
@@ -32,6 +33,7 @@ class StepStats {
   double loss(int64_t shares) const { return losses_[0] / shares; }
   double aux_loss(int64_t shares) const { return losses_[1] / shares; }
   double z_loss(int64_t shares) const { return losses_[2] / shares; }
+  double mtp_loss(int64_t shares) const { return losses_[3] / shares; }
   bool finite_losses() const;
   const std::string& non_finite_detail() const { return non_finite_detail_; }
   int64_t tokens() const { return counts_[0]; }
@@ -43,7 +45,8 @@ class StepStats {
 
  private:
   int64_t moe_layers_, num_experts_;
-  double losses_[3] = {0, 0, 0};  // cross-entropy, aux, z
+  bool mtp_;
+  double losses_[4] = {0, 0, 0, 0};  // cross-entropy, aux, z, MTP cross-entropy
   // [tokens, dropped tokens, tokens per expert (MoE layers × E)]
   std::vector<int64_t> counts_;
   std::string non_finite_detail_;

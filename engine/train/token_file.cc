@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -29,9 +30,20 @@ absl::Status FromErrno(int error, const std::string& path, absl::string_view cal
 
 // Little-endian reads, whatever the host's byte order.
 uint32_t LoadU16(const unsigned char* p) { return uint32_t{p[0]} | uint32_t{p[1]} << 8; }
-int32_t LoadI32(const unsigned char* p) {
-  return static_cast<int32_t>(uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 |
-                              uint32_t{p[3]} << 24);
+uint32_t LoadU32(const unsigned char* p) {
+  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+}
+int32_t LoadI32(const unsigned char* p) { return static_cast<int32_t>(LoadU32(p)); }
+
+uint32_t LoadToken(const unsigned char* p, int64_t token_bytes) {
+  switch (token_bytes) {
+    case 1:
+      return p[0];
+    case 2:
+      return LoadU16(p);
+    default:
+      return LoadU32(p);
+  }
 }
 
 absl::string_view FormatName(TokenFileFormat format) {
@@ -40,6 +52,8 @@ absl::string_view FormatName(TokenFileFormat format) {
       return "llm.c token shard";
     case TokenFileFormat::kU16:
       return "uint16 token file";
+    case TokenFileFormat::kU32:
+      return "uint32 token file";
     case TokenFileFormat::kText:
       return "text file";
   }
@@ -116,25 +130,28 @@ absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path, TokenFileForm
         return Invalid(path, absl::StrCat("magic ", magic, " at byte offset 0 is not the llm.c ",
                                           "token shard magic ", kLlmcMagic));
       }
-      if (version != kLlmcVersion) {
+      if (version != kLlmcVersionU16 && version != kLlmcVersionU32) {
         return Invalid(
             path, absl::StrCat("version ", version,
-                               " at byte offset 4 is not the supported version ", kLlmcVersion));
+                               " at byte offset 4 is not a supported version: ", kLlmcVersionU16,
+                               " (uint16 tokens) or ", kLlmcVersionU32, " (uint32 tokens)"));
       }
       if (declared < 0) {
         return Invalid(path,
                        absl::StrCat("token count ", declared, " at byte offset 8 is negative"));
       }
-      const int64_t expected = kLlmcHeaderBytes + 2 * int64_t{declared};
+      const int64_t token_bytes = version == kLlmcVersionU32 ? 4 : 2;
+      const int64_t expected = kLlmcHeaderBytes + token_bytes * int64_t{declared};
       if (size != expected) {
         return Invalid(path, absl::StrCat("token count ", declared, " at byte offset 8 needs ",
-                                          expected, " bytes, but the file has ", size,
+                                          expected, " bytes (version ", version, ", ", token_bytes,
+                                          " bytes per token), but the file has ", size,
                                           size < expected ? " (truncated)"
                                                           : absl::StrCat(" (", size - expected,
                                                                          " extra bytes)")));
       }
       file.data_offset_ = kLlmcHeaderBytes;
-      file.token_bytes_ = 2;
+      file.token_bytes_ = token_bytes;
       file.num_tokens_ = declared;
       break;
     }
@@ -146,6 +163,16 @@ absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path, TokenFileForm
       file.data_offset_ = 0;
       file.token_bytes_ = 2;
       file.num_tokens_ = size / 2;
+      break;
+    case TokenFileFormat::kU32:
+      if (size % 4 != 0) {
+        return Invalid(path, absl::StrCat("has ", size, " bytes, not a multiple of 4; a uint32 ",
+                                          "token file has 4 bytes per token (", size % 4,
+                                          " extra bytes at byte offset ", size - size % 4, ")"));
+      }
+      file.data_offset_ = 0;
+      file.token_bytes_ = 4;
+      file.num_tokens_ = size / 4;
       break;
     case TokenFileFormat::kText:
       if (vocab_size < kByteVocabSize) {
@@ -168,15 +195,20 @@ absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path, TokenFileForm
                    absl::StrCat(FormatName(format), " has ", file.num_tokens_,
                                 " tokens, fewer than one sequence of seq_len + 1 = ", min_tokens));
   }
-  // Bytes are always below 256 <= vocab_size (checked above); uint16 tokens need a scan unless
-  // the vocabulary covers all of them.
-  if (file.token_bytes_ == 2 && vocab_size < 65536) {
-    const uint32_t limit = vocab_size < 0 ? 0 : static_cast<uint32_t>(vocab_size);
+  // Bytes are always below 256 <= vocab_size (checked above); wider tokens need a scan unless
+  // the vocabulary covers all of them. Read returns int32, so uint32 tokens stop below 2^31
+  // whatever the vocabulary.
+  const int64_t token_limit = std::min(vocab_size, int64_t{1} << 31);
+  if (file.token_bytes_ > 1 && token_limit < (int64_t{1} << (8 * file.token_bytes_))) {
+    const uint32_t limit = token_limit < 0 ? 0 : static_cast<uint32_t>(token_limit);
     for (int64_t i = 0; i < file.num_tokens_; ++i) {
-      const uint32_t token = LoadU16(file.tokens_ + 2 * i);
+      const uint32_t token = LoadToken(file.tokens_ + file.token_bytes_ * i, file.token_bytes_);
       if (token >= limit) {
-        return Invalid(path, absl::StrCat("token ", token, " at byte offset ", file.ByteOffset(i),
-                                          " is >= model.vocab_size = ", vocab_size));
+        return Invalid(path,
+                       absl::StrCat("token ", token, " at byte offset ", file.ByteOffset(i),
+                                    token >= vocab_size
+                                        ? absl::StrCat(" is >= model.vocab_size = ", vocab_size)
+                                        : std::string(" is >= 2^31, above any token id")));
       }
     }
   }
@@ -188,8 +220,13 @@ void TokenFile::Read(int64_t begin, int64_t count, int32_t* out) const {
     for (int64_t j = 0; j < count; ++j) out[j] = tokens_[begin + j];
     return;
   }
-  const unsigned char* p = tokens_ + 2 * begin;
-  for (int64_t j = 0; j < count; ++j) out[j] = static_cast<int32_t>(LoadU16(p + 2 * j));
+  const unsigned char* p = tokens_ + token_bytes_ * begin;
+  if (token_bytes_ == 2) {
+    for (int64_t j = 0; j < count; ++j) out[j] = static_cast<int32_t>(LoadU16(p + 2 * j));
+    return;
+  }
+  // Open checked every uint32 token is below 2^31.
+  for (int64_t j = 0; j < count; ++j) out[j] = static_cast<int32_t>(LoadU32(p + 4 * j));
 }
 
 }  // namespace moetrain

@@ -1,10 +1,12 @@
 // Token files on disk, mapped read-only and validated once when opened.
 //
 // Formats (every integer little-endian):
-//   llm.c shard: 256 int32 header (header[0] = 20240520 magic, header[1] = 1 version,
-//                header[2] = N token count), then N uint16 tokens; the file is exactly 1024 + 2N
-//                bytes.
-//   raw uint16:  the whole file is uint16 tokens (an even number of bytes).
+//   llm.c shard: 256 int32 header (header[0] = 20240520 magic, header[1] = version, header[2] =
+//                N token count), then N tokens whose width the version selects: version 1 =
+//                uint16 (the file is exactly 1024 + 2N bytes), version 2 = uint32 (exactly
+//                1024 + 4N bytes, for vocabularies above 65,536).
+//   raw uint16:  the whole file is uint16 tokens (a byte count that is a multiple of 2).
+//   raw uint32:  the whole file is uint32 tokens (a byte count that is a multiple of 4).
 //   text:        byte-level tokenizer: every byte is one token in [0, 256); any bytes, valid
 //                UTF-8 or not.
 #ifndef MOETRAIN_ENGINE_TRAIN_TOKEN_FILE_H_
@@ -19,20 +21,23 @@
 namespace moetrain {
 
 inline constexpr int32_t kLlmcMagic = 20240520;
-inline constexpr int32_t kLlmcVersion = 1;
+// header[1] of an llm.c shard: the token width.
+inline constexpr int32_t kLlmcVersionU16 = 1;
+inline constexpr int32_t kLlmcVersionU32 = 2;
 inline constexpr int64_t kLlmcHeaderInts = 256;
 inline constexpr int64_t kLlmcHeaderBytes = kLlmcHeaderInts * 4;
 // Tokens of the byte-level text tokenizer.
 inline constexpr int64_t kByteVocabSize = 256;
 
-enum class TokenFileFormat { kLlmc, kU16, kText };
+// kLlmc reads both llm.c versions; the header says which.
+enum class TokenFileFormat { kLlmc, kU16, kU32, kText };
 
 class TokenFile {
  public:
   // Maps `path` read-only and checks it: the header (llm.c), the byte count against the format,
-  // every token < vocab_size (the model's vocabulary, reported as model.vocab_size), and at least
-  // min_tokens tokens. NotFound for a missing file; InvalidArgument for a malformed one, naming
-  // the path, the byte offset where one applies, and what is wrong:
+  // every token < vocab_size (the model's vocabulary, reported as model.vocab_size) and < 2^31
+  // (Read's int32), and at least min_tokens tokens. NotFound for a missing file; InvalidArgument
+  // for a malformed one, naming the path, the byte offset where one applies, and what is wrong:
   // "data.path /x/a.bin: token 70000 at byte offset 1052 is >= model.vocab_size = 50257".
   static absl::StatusOr<TokenFile> Open(const std::string& path, TokenFileFormat format,
                                         int64_t vocab_size, int64_t min_tokens);
@@ -40,6 +45,8 @@ class TokenFile {
   const std::string& path() const { return path_; }
   TokenFileFormat format() const { return format_; }
   int64_t num_tokens() const { return num_tokens_; }
+  // 1 (text), 2 (uint16, llm.c version 1) or 4 (uint32, llm.c version 2).
+  int64_t token_bytes() const { return token_bytes_; }
   // Where token i starts in the file (after the header for llm.c).
   int64_t ByteOffset(int64_t i) const { return data_offset_ + i * token_bytes_; }
 
@@ -56,7 +63,7 @@ class TokenFile {
   std::shared_ptr<const Mapping> mapping_;  // shared: copies of a TokenFile map the file once
   const unsigned char* tokens_ = nullptr;   // first token byte inside the mapping
   int64_t data_offset_ = 0;                 // bytes before the first token
-  int64_t token_bytes_ = 2;                 // 1 (text) or 2 (uint16)
+  int64_t token_bytes_ = 2;                 // 1 (text), 2 (uint16) or 4 (uint32)
   int64_t num_tokens_ = 0;
 };
 

@@ -90,8 +90,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& co
   MOETRAIN_ASSIGN_OR_RETURN(AdamW optimizer,
                             AdamW::Create(ctx, config.optimizer, trainer->trainable_));
   trainer->optimizer_ = std::make_unique<AdamW>(std::move(optimizer));
+  DataConfig data_config = config.data;
+  data_config.extra_tokens = config.model.mtp_depth;  // the MTP modules' tokens ahead
   MOETRAIN_ASSIGN_OR_RETURN(DataLoader data,
-                            DataLoader::Create(config.data, groups.rank(), groups.world_size()));
+                            DataLoader::Create(data_config, groups.rank(), groups.world_size()));
   trainer->data_ = std::make_unique<DataLoader>(std::move(data));
   MOETRAIN_RETURN_IF_ERROR(trainer->model_->ZeroGrads());
   return trainer;
@@ -158,7 +160,8 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
   const double start = Seconds();
   // Each micro-batch of each rank is one share of the step's mean losses.
   const int64_t shares = config_.micro_batches() * groups_->world_size();
-  StepStats stats(model_->num_moe_layers(), config_.model.moe.num_experts);
+  StepStats stats(model_->num_moe_layers(), config_.model.moe.num_experts,
+                  config_.model.mtp_depth > 0);
   MOETRAIN_RETURN_IF_ERROR(ForwardBackward(data_->Next(), &stats));
   // Every rank reports the global step: the sums reach every rank with the same bits, so every
   // rank takes the same branch below.
@@ -227,7 +230,8 @@ absl::StatusOr<double> Trainer::Evaluate() {
     TensorView tokens = batch->view();
     if (rows == 0) {
       if (!placeholder.has_value()) {
-        placeholder = Tensor::Zeros(DType::kI32, {1, config_.data.seq_len + 1});
+        placeholder =
+            Tensor::Zeros(DType::kI32, {1, config_.data.seq_len + 1 + config_.model.mtp_depth});
       }
       tokens = placeholder->view();
     }

@@ -93,6 +93,7 @@ struct StepReport {
   int64_t step = 0;  // optimizer steps done, after this one
   double loss = 0;   // mean next-token cross-entropy over the step's tokens
   double aux_loss = 0, z_loss = 0;
+  std::optional<double> mtp_loss;  // mean MTP cross-entropy, unweighted; only with MTP
   std::optional<double> eval_loss;
   double lr = 0;
   double grad_norm = 0;                       // before clipping

@@ -143,6 +143,7 @@ Json MetricsJson(const v1::StepMetrics& m) {
           {"tokens_seen", m.tokens_seen()},
           {"aux_loss", Number(m.aux_loss())},
           {"z_loss", Number(m.z_loss())},
+          {"mtp_loss", m.has_mtp_loss() ? Number(m.mtp_loss()) : Json(nullptr)},
           {"dropped_tokens", m.dropped_tokens()},
           {"step_seconds", Number(m.step_seconds())},
           {"device_memory_bytes", m.device_memory_bytes()},

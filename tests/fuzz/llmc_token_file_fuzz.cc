@@ -1,7 +1,7 @@
 // The token-file reader (TokenFile::Open, engine/train/token_file.h) on arbitrary file contents,
-// as an llm.c shard first, then as raw uint16 and as text. Beyond not crashing: a refusal is
-// InvalidArgument, and an accepted file has the token count its format implies, and every token
-// Read() returns is below the vocabulary.
+// as an llm.c shard first (version 1 or 2), then as raw uint16, raw uint32 and as text. Beyond not
+// crashing: a refusal is InvalidArgument, and an accepted file has the token count its format
+// implies, and every token Read() returns is below the vocabulary.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -28,9 +28,13 @@ void Check(const std::string& path, size_t size, TokenFileFormat format) {
   }
   const int64_t bytes = static_cast<int64_t>(size);
   const int64_t n = file->num_tokens();
-  const bool count_ok = format == TokenFileFormat::kLlmc  ? bytes == kLlmcHeaderBytes + 2 * n
-                        : format == TokenFileFormat::kU16 ? bytes == 2 * n
-                                                          : bytes == n;
+  const int64_t width = file->token_bytes();
+  const bool width_ok = format == TokenFileFormat::kLlmc  ? width == 2 || width == 4
+                        : format == TokenFileFormat::kU16 ? width == 2
+                        : format == TokenFileFormat::kU32 ? width == 4
+                                                          : width == 1;
+  const int64_t header = format == TokenFileFormat::kLlmc ? kLlmcHeaderBytes : 0;
+  const bool count_ok = width_ok && bytes == header + width * n;
   if (!count_ok || n < kMinTokens) {
     Fail(absl::StrCat("TokenFile::Open accepted ", bytes, " bytes as ", n, " tokens"));
   }
@@ -54,6 +58,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string path = moetrain::fuzz::WriteScratchFile("tokens.bin", data, size);
   moetrain::fuzz::Check(path, size, moetrain::TokenFileFormat::kLlmc);
   moetrain::fuzz::Check(path, size, moetrain::TokenFileFormat::kU16);
+  moetrain::fuzz::Check(path, size, moetrain::TokenFileFormat::kU32);
   moetrain::fuzz::Check(path, size, moetrain::TokenFileFormat::kText);
   return 0;
 }

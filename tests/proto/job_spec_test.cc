@@ -133,6 +133,11 @@ TEST(JobSpecExamplesTest, DeepSeekV3MiniLoadsValidatesAndRoundTrips) {
   EXPECT_EQ(moe.aux_loss(), v1::MoeConfig::SEQUENCE);
   EXPECT_FLOAT_EQ(moe.aux_loss_coeff(), 1e-4f);
   EXPECT_EQ(resolved->model().first_dense_layers(), 1);
+  // Multi-head Latent Attention and one MTP module, as DeepSeek-V3.
+  EXPECT_EQ(resolved->model().attention(), v1::ModelConfig::MLA);
+  EXPECT_EQ(resolved->model().mla().q_lora_rank(), 96);
+  EXPECT_EQ(resolved->model().mla().kv_lora_rank(), 64);
+  EXPECT_EQ(resolved->model().mtp_depth(), 1);
   EXPECT_EQ(resolved->train().precision(), v1::TrainConfig::BF16);
   // One rank, so that `moetrain run` trains it in-process.
   EXPECT_EQ(resolved->resources().workers(), 1);
@@ -562,6 +567,64 @@ TEST(JobSpecDefaultsTest, DerivedValuesFollowWhatIsSet) {
   EXPECT_EQ(spec.train().micro_batch_size(), 4);
 }
 
+// The real DeepSeek-V3 dimensions validate, and resolve to what the model card says.
+TEST(JobSpecExamplesTest, DeepSeekV3FullSizeValidates) {
+  absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(RepoRoot() / "examples/deepseek-v3-671b.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ExpectRoundTrips(*spec);
+  absl::StatusOr<v1::JobSpec> resolved = ResolveJobSpec(*spec);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  const v1::ModelConfig& model = resolved->model();
+  EXPECT_EQ(model.vocab_size(), 129280);
+  EXPECT_EQ(model.hidden_size(), 7168);
+  EXPECT_EQ(model.num_layers(), 61);
+  EXPECT_EQ(model.num_heads(), 128);
+  EXPECT_EQ(model.attention(), v1::ModelConfig::MLA);
+  EXPECT_EQ(model.mla().q_lora_rank(), 1536);
+  EXPECT_EQ(model.mla().kv_lora_rank(), 512);
+  EXPECT_EQ(model.mla().qk_nope_head_dim(), 128);
+  EXPECT_EQ(model.mla().qk_rope_head_dim(), 64);
+  EXPECT_EQ(model.mla().v_head_dim(), 128);
+  EXPECT_EQ(model.mtp_depth(), 1);
+  EXPECT_EQ(model.moe().num_experts(), 256);
+  EXPECT_EQ(model.moe().top_k(), 8);
+  EXPECT_EQ(model.moe().group_top_k(), 4);  // top_k / group_top_k = 2, as HF's DeepSeek-V3 code
+  EXPECT_EQ(resolved->data().format(), v1::DataConfig::U32);
+  EXPECT_EQ(resolved->resources().workers() * resolved->resources().devices_per_worker(), 2048);
+  EXPECT_EQ(resolved->parallel().expert_parallel(), 64);
+}
+
+// MLA's and MTP's fields: defaults, and each refusal naming its field.
+TEST(JobSpecValidateTest, MlaAndMtpFields) {
+  absl::StatusOr<v1::JobSpec> spec =
+      ParseJobSpecYaml("name: mla\nmodel: {attention: MLA, mtp_depth: 2}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<v1::JobSpec> resolved = ResolveJobSpec(*spec);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->model().mla().kv_lora_rank(), 512);
+  EXPECT_EQ(resolved->model().mla().qk_rope_head_dim(), 64);
+  EXPECT_FLOAT_EQ(resolved->model().mtp_loss_weight(), 0.1f);
+  EXPECT_EQ(ValidationError("model: {attention: MLA, num_kv_heads: 2}"),
+            "model.num_kv_heads = 2 applies only to model.attention = GQA (MLA's keys and values "
+            "have model.num_heads heads); remove it");
+  EXPECT_EQ(ValidationError("model: {attention: MLA, head_dim: 64}"),
+            "model.head_dim = 64 applies only to model.attention = GQA; MLA's widths are "
+            "model.mla.*");
+  EXPECT_EQ(ValidationError("model: {attention: MLA, mla: {qk_rope_head_dim: 3}}"),
+            "model.mla.qk_rope_head_dim = 3 must be even and at least 2 (RoPE rotates pairs of "
+            "features)");
+  EXPECT_EQ(ValidationError("model: {attention: MLA, mla: {v_head_dim: 300}}"),
+            "model.mla.v_head_dim = 300 must be in [1, model.mla.qk_nope_head_dim + "
+            "model.mla.qk_rope_head_dim = 192]");
+  EXPECT_EQ(ValidationError("model: {mla: {kv_lora_rank: 8}}"),
+            "model.mla is set but model.attention = GQA; set model.attention: MLA or remove "
+            "model.mla");
+  EXPECT_EQ(ValidationError("model: {mtp_depth: 9}"), "model.mtp_depth = 9 must be at most 8");
+  EXPECT_EQ(ValidationError("model: {mtp_loss_weight: 0.5}"),
+            "model.mtp_loss_weight = 0.5 has no effect with model.mtp_depth = 0; set "
+            "model.mtp_depth or remove it");
+}
+
 TEST(JobSpecDefaultsTest, ApplyDefaultsIsIdempotentAndKeepsExplicitValues) {
   absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(RepoRoot() / "examples/deepseek-v3-mini.yaml");
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -631,7 +694,8 @@ TEST(JobSpecValidateTest, DataRanges) {
             "data.path is required with data.format = LLMC");
   EXPECT_EQ(ValidationError("data: {path: /d/train.bin}"),
             "data.path = \"/d/train.bin\" is set but data.format = SYNTHETIC; set data.format to "
-            "LLMC, U16 or TEXT");
+            "LLMC, U16, U32 or TEXT");
+  EXPECT_EQ(ValidationError("data: {format: U32}"), "data.path is required with data.format = U32");
   EXPECT_EQ(ValidationError("data: {synthetic_vocab_size: 300}"),
             "data.synthetic_vocab_size = 300 exceeds model.vocab_size = 256");
   EXPECT_EQ(ValidationError("data: {format: U16, path: a.u16, synthetic_vocab_size: 64}"),
@@ -643,6 +707,14 @@ TEST(JobSpecValidateTest, DataRanges) {
   EXPECT_EQ(ValidationError("data: {format: LLMC, path: a.bin}\ntrain: {eval_every: 50}"),
             "train.eval_every = 50 needs held-out data: set data.eval_fraction > 0 (data.format = "
             "LLMC)");
+
+  // DeepSeek-V3's vocabulary is beyond uint16 tokens; U32 (and LLMC version 2) files carry it.
+  for (const char* format : {"U32", "LLMC"}) {
+    absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(absl::StrCat(
+        "name: ok\nmodel: {vocab_size: 129280}\ndata: {format: ", format, ", path: /d/t.bin}\n"));
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_TRUE(ValidateJobSpec(*spec).ok()) << format << ": " << ValidateJobSpec(*spec);
+  }
 }
 
 TEST(JobSpecValidateTest, TrainRanges) {

@@ -74,6 +74,22 @@ train: {batch_size: 16, micro_batch_size: 2}
   EXPECT_EQ(config->data.batch_size, 16);
 }
 
+TEST(JobConfigTest, EveryDataFormatReachesTheLoader) {
+  const std::vector<std::pair<std::string, DataConfig::Format>> formats = {
+      {"SYNTHETIC", DataConfig::Format::kSynthetic},
+      {"LLMC", DataConfig::Format::kLlmc},
+      {"U16", DataConfig::Format::kU16},
+      {"U32", DataConfig::Format::kU32},
+      {"TEXT", DataConfig::Format::kText}};
+  for (const auto& [name, format] : formats) {
+    const std::string path = format == DataConfig::Format::kSynthetic ? "" : ", path: /d/t.bin";
+    absl::StatusOr<TrainerConfig> config =
+        TrainerConfigFromSpec(Spec(absl::StrCat("name: x\ndata: {format: ", name, path, "}\n")));
+    ASSERT_TRUE(config.ok()) << name << ": " << config.status();
+    EXPECT_EQ(config->data.format, format) << name;
+  }
+}
+
 // FP8 computes in bf16, its linear layers' GEMMs in FP8 by the recipe; each recipe gets its own
 // defaults, and BF16 and FP32 get no recipe at all.
 TEST(JobConfigTest, Fp8BecomesBf16ComputeWithTheRecipe) {

@@ -56,6 +56,28 @@ absl::Status CopyTensor(const ExecContext& ctx, TensorView src, TensorView dst) 
   return absl::OkStatus();
 }
 
+absl::Status CopyColumns(const ExecContext& ctx, TensorView src, int64_t src_col, TensorView dst,
+                         int64_t dst_col, int64_t cols) {
+  MOETRAIN_RETURN_IF_ERROR(CheckDevices(ctx, "copy columns", {{"src", src}, {"dst", dst}}));
+  MOETRAIN_RETURN_IF_ERROR(CheckAct(src, "copy columns src", {-1, -1}));
+  MOETRAIN_RETURN_IF_ERROR(CheckAct(dst, "copy columns dst", {src.dim(0), -1}));
+  if (src.dtype() != dst.dtype() || cols < 0 || src_col < 0 || dst_col < 0 ||
+      src_col + cols > src.dim(1) || dst_col + cols > dst.dim(1)) {
+    return absl::InvalidArgumentError(absl::StrCat("copy columns: cannot copy columns [", src_col,
+                                                   ", ", src_col + cols, ") of ", src.DebugString(),
+                                                   " to columns [", dst_col, ", ", dst_col + cols,
+                                                   ") of ", dst.DebugString()));
+  }
+#if MOETRAIN_HAVE_CUDA
+  if (ctx.device().type == DeviceType::kCuda) {
+    return cuda::CopyColumns(ctx, src, src_col, dst, dst_col, cols);
+  }
+#endif
+  if (!ctx.device().is_cpu()) return NoBackend(ctx, "copy columns");
+  cpu::CopyColumns(ctx, src, src_col, dst, dst_col, cols);
+  return absl::OkStatus();
+}
+
 absl::Status Add(const ExecContext& ctx, TensorView a, TensorView b, TensorView out) {
   MOETRAIN_RETURN_IF_ERROR(CheckDevices(ctx, "add", {{"a", a}, {"b", b}, {"out", out}}));
   MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(a, "add a", DType::kF32, {-1, -1}));

@@ -19,6 +19,12 @@ absl::Status ConvertTensor(const ExecContext& ctx, TensorView src, TensorView ds
 // host (a strided host view is gathered).
 absl::Status CopyTensor(const ExecContext& ctx, TensorView src, TensorView dst);
 
+// dst[:, dst_col : dst_col + cols] = src[:, src_col : src_col + cols]: columns of src (T, Ns)
+// into columns of dst (T, Nd), both dense, of one dtype (f32 or bf16): the concatenation of two
+// tensors along their columns, and its split.
+absl::Status CopyColumns(const ExecContext& ctx, TensorView src, int64_t src_col, TensorView dst,
+                         int64_t dst_col, int64_t cols);
+
 // out (T, D) f32 = a (T, D) f32 + b (T, D) act: a branch's output joining the residual stream.
 // out may be a.
 absl::Status Add(const ExecContext& ctx, TensorView a, TensorView b, TensorView out);

@@ -73,6 +73,21 @@ void ConvertTensor(const ExecContext& ctx, TensorView src, TensorView dst) {
 }
 
 // out = a + b, row by row; a bf16 row of b is widened first.
+void CopyColumns(const ExecContext& ctx, TensorView src, int64_t src_col, TensorView dst,
+                 int64_t dst_col, int64_t cols) {
+  const int64_t rows = src.dim(0), bytes = DTypeSize(src.dtype());
+  const auto* from = static_cast<const char*>(src.raw()) + src_col * bytes;
+  auto* to = static_cast<char*>(dst.raw()) + dst_col * bytes;
+  const int64_t from_pitch = src.dim(1) * bytes, to_pitch = dst.dim(1) * bytes;
+  ctx.thread_pool().ParallelFor(
+      rows, std::max<int64_t>(1, 65536 / std::max<int64_t>(cols * bytes, 1)),
+      [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          std::memcpy(to + r * to_pitch, from + r * from_pitch, cols * bytes);
+        }
+      });
+}
+
 void Add(const ExecContext& ctx, TensorView a, TensorView b, TensorView out) {
   const int64_t t = a.dim(0), d = a.dim(1);
   ctx.thread_pool().ParallelFor(

@@ -11,6 +11,8 @@ namespace moetrain::cpu {
 // dst (dense) = src (any strides), both on the host.
 void CopyToDense(TensorView src, TensorView dst);
 void ConvertTensor(const ExecContext& ctx, TensorView src, TensorView dst);
+void CopyColumns(const ExecContext& ctx, TensorView src, int64_t src_col, TensorView dst,
+                 int64_t dst_col, int64_t cols);
 void Add(const ExecContext& ctx, TensorView a, TensorView b, TensorView out);
 // Dense tensors in parallel; strided ones element by element.
 void Fill(const ExecContext& ctx, TensorView t, float value);

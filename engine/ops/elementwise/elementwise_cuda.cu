@@ -178,6 +178,22 @@ absl::Status CopyTensor(const ExecContext& ctx, TensorView src, TensorView dst) 
   return absl::OkStatus();
 }
 
+absl::Status CopyColumns(const ExecContext& ctx, TensorView src, int64_t src_col, TensorView dst,
+                         int64_t dst_col, int64_t cols) {
+  const int64_t rows = src.dim(0), bytes = DTypeSize(src.dtype());
+  if (rows == 0 || cols == 0) return absl::OkStatus();
+  MOETRAIN_ASSIGN_OR_RETURN(const CudaOp op, BeginCudaOp(ctx, "copy columns"));
+  // One strided copy: `rows` rows of cols·bytes, each at its tensor's row pitch.
+  MOETRAIN_CUDA_RETURN_IF_ERROR(
+      "copy columns",
+      cudaMemcpy2DAsync(static_cast<char*>(dst.raw()) + dst_col * bytes,
+                        static_cast<size_t>(dst.dim(1) * bytes),
+                        static_cast<const char*>(src.raw()) + src_col * bytes,
+                        static_cast<size_t>(src.dim(1) * bytes), static_cast<size_t>(cols * bytes),
+                        static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, op.stream));
+  return absl::OkStatus();
+}
+
 absl::Status Add(const ExecContext& ctx, TensorView a, TensorView b, TensorView out) {
   const int64_t n = a.numel();
   if (n == 0) return absl::OkStatus();

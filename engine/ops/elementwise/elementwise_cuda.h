@@ -18,6 +18,8 @@ absl::Status ConvertTensor(const ExecContext& ctx, TensorView src, TensorView ds
 // once); a device-to-device copy is queued on the compute stream.
 absl::Status CopyTensor(const ExecContext& ctx, TensorView src, TensorView dst);
 
+absl::Status CopyColumns(const ExecContext& ctx, TensorView src, int64_t src_col, TensorView dst,
+                         int64_t dst_col, int64_t cols);
 absl::Status Add(const ExecContext& ctx, TensorView a, TensorView b, TensorView out);
 absl::Status Fill(const ExecContext& ctx, TensorView t, float value);
 absl::Status FillNormal(const ExecContext& ctx, TensorView t, const Rng& rng, float mean,

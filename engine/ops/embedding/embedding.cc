@@ -12,22 +12,29 @@ namespace moetrain::ops {
 
 absl::Status SplitTokens(const ExecContext& ctx, TensorView windows, int64_t vocab,
                          TensorView inputs, TensorView targets) {
+  return SplitTokens(ctx, windows, vocab, /*offset=*/0, inputs, targets);
+}
+
+absl::Status SplitTokens(const ExecContext& ctx, TensorView windows, int64_t vocab, int64_t offset,
+                         TensorView inputs, TensorView targets) {
   MOETRAIN_RETURN_IF_ERROR(CheckDevices(
       ctx, "split tokens", {{"windows", windows}, {"inputs", inputs}, {"targets", targets}}));
   MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(windows, "tokens", DType::kI32, {-1, -1}));
-  const int64_t b = windows.dim(0), s = windows.dim(1) - 1;
-  if (b < 1 || s < 1) {
+  const int64_t b = windows.dim(0), w = windows.dim(1);
+  const int64_t s = b >= 1 && inputs.rank() == 1 ? inputs.dim(0) / b : 0;
+  if (b < 1 || s < 1 || offset < 0 || offset + s + 1 > w) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "tokens: expected (B, S + 1) with B >= 1 and S >= 1, got ", windows.DebugString()));
+        "tokens: expected (B, W) with B >= 1 holding S >= 1 inputs and targets from column ",
+        offset, ", got ", windows.DebugString(), " for ", inputs.DebugString(), " inputs"));
   }
   MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(inputs, "inputs", DType::kI32, {b * s}));
   MOETRAIN_RETURN_IF_ERROR(CheckDenseTensor(targets, "targets", DType::kI32, {b * s}));
 #if MOETRAIN_HAVE_CUDA
   if (ctx.device().type == DeviceType::kCuda)
-    return cuda::SplitTokens(ctx, windows, vocab, inputs, targets);
+    return cuda::SplitTokens(ctx, windows, vocab, offset, inputs, targets);
 #endif
   if (!ctx.device().is_cpu()) return NoBackend(ctx, "split tokens");
-  return cpu::SplitTokens(windows, vocab, inputs, targets);
+  return cpu::SplitTokens(windows, vocab, offset, inputs, targets);
 }
 
 absl::Status EmbeddingForward(const ExecContext& ctx, TensorView table, TensorView tokens,

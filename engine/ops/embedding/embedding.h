@@ -17,6 +17,12 @@ namespace moetrain::ops {
 // [0, V)" otherwise.
 absl::Status SplitTokens(const ExecContext& ctx, TensorView windows, int64_t vocab,
                          TensorView inputs, TensorView targets);
+// The same from column `offset` on: windows (B, W) i32 → inputs (B·S) = windows[:, offset :
+// offset + S] and targets (B·S) = windows[:, offset + 1 : offset + S + 1], with S the inputs'
+// length over B and offset + S + 1 <= W (multi-token prediction reads the tokens past S + 1).
+// Every id of the windows is checked.
+absl::Status SplitTokens(const ExecContext& ctx, TensorView windows, int64_t vocab, int64_t offset,
+                         TensorView inputs, TensorView targets);
 
 // out_t = table[token_t]: table (V, D) f32, tokens (T) i32; out (T, D) f32 written.
 absl::Status EmbeddingForward(const ExecContext& ctx, TensorView table, TensorView tokens,

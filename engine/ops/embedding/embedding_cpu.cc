@@ -28,19 +28,21 @@ absl::Status CheckTokenIds(TensorView tokens, int64_t vocab, const char* name) {
   return absl::OkStatus();
 }
 
-absl::Status SplitTokens(TensorView windows, int64_t vocab, TensorView inputs, TensorView targets) {
-  const int64_t b = windows.dim(0), s = windows.dim(1) - 1;
+absl::Status SplitTokens(TensorView windows, int64_t vocab, int64_t offset, TensorView inputs,
+                         TensorView targets) {
+  const int64_t b = windows.dim(0), w = windows.dim(1), s = inputs.dim(0) / b;
   const int32_t* ids = windows.data<int32_t>();
   for (int64_t i = 0; i < windows.numel(); ++i) {
     if (ids[i] < 0 || ids[i] >= vocab) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tokens[", i / (s + 1), ", ", i % (s + 1), "] = ", ids[i],
-                       " is outside the vocabulary [0, ", vocab, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("tokens[", i / w, ", ", i % w, "] = ", ids[i],
+                                                     " is outside the vocabulary [0, ", vocab,
+                                                     ")"));
     }
   }
   for (int64_t row = 0; row < b; ++row) {
-    std::memcpy(inputs.data<int32_t>() + row * s, ids + row * (s + 1), s * sizeof(int32_t));
-    std::memcpy(targets.data<int32_t>() + row * s, ids + row * (s + 1) + 1, s * sizeof(int32_t));
+    const int32_t* src = ids + row * w + offset;
+    std::memcpy(inputs.data<int32_t>() + row * s, src, s * sizeof(int32_t));
+    std::memcpy(targets.data<int32_t>() + row * s, src + 1, s * sizeof(int32_t));
   }
   return absl::OkStatus();
 }

@@ -14,7 +14,8 @@ namespace moetrain::cpu {
 // the vocabulary [0, vocab)".
 absl::Status CheckTokenIds(TensorView tokens, int64_t vocab, const char* name);
 
-absl::Status SplitTokens(TensorView windows, int64_t vocab, TensorView inputs, TensorView targets);
+absl::Status SplitTokens(TensorView windows, int64_t vocab, int64_t offset, TensorView inputs,
+                         TensorView targets);
 absl::Status EmbeddingForward(const ExecContext& ctx, TensorView table, TensorView tokens,
                               TensorView out);
 absl::Status EmbeddingBackward(const ExecContext& ctx, TensorView tokens, TensorView d_out,

@@ -87,12 +87,13 @@ absl::StatusOr<BadId> ReadVerdict(const CudaOp& op, const char* name,
 // inputs[r, j] = windows[r, j], targets[r, j] = windows[r, j + 1] (r < B, j < S), unless the
 // check found a bad id: then nothing is written, as on the CPU.
 __global__ void SplitTokensKernel(const int32_t* __restrict__ windows, int64_t pairs, int64_t s,
-                                  int32_t* __restrict__ inputs, int32_t* __restrict__ targets,
+                                  int64_t w, int64_t offset, int32_t* __restrict__ inputs,
+                                  int32_t* __restrict__ targets,
                                   const unsigned long long* __restrict__ verdict) {
   if (*verdict != kNoIndex) return;
   for (int64_t i = GridStart(); i < pairs; i += GridStride()) {
     const int64_t row = i / s, col = i % s;
-    const int32_t* src = windows + row * (s + 1) + col;
+    const int32_t* src = windows + row * w + offset + col;
     inputs[i] = src[0];
     targets[i] = src[1];
   }
@@ -212,22 +213,22 @@ absl::Status CheckTokenIds(const ExecContext& ctx, TensorView tokens, int64_t vo
   return VocabStatus(bad, name, vocab);
 }
 
-absl::Status SplitTokens(const ExecContext& ctx, TensorView windows, int64_t vocab,
+absl::Status SplitTokens(const ExecContext& ctx, TensorView windows, int64_t vocab, int64_t offset,
                          TensorView inputs, TensorView targets) {
   constexpr const char* kOp = "split tokens";
   MOETRAIN_ASSIGN_OR_RETURN(const CudaOp op, BeginCudaOp(ctx, kOp));
-  const int64_t b = windows.dim(0), s = windows.dim(1) - 1;
+  const int64_t b = windows.dim(0), w = windows.dim(1), s = inputs.dim(0) / b;
   const int32_t* const ids = Ptr<const int32_t>(windows);
   MOETRAIN_ASSIGN_OR_RETURN(const Tensor verdict, Scratch(ctx, DType::kI64, 2));
   unsigned long long* const words = Ptr<unsigned long long>(verdict);
   MOETRAIN_RETURN_IF_ERROR(QueueIdCheck(op, kOp, ids, windows.numel(), vocab, words));
   const int64_t pairs = b * s;
   SplitTokensKernel<<<static_cast<unsigned>(GridStrideBlocks(pairs, op.context->multiprocessors())),
-                      kThreadsPerBlock, 0, op.stream>>>(ids, pairs, s, Ptr<int32_t>(inputs),
-                                                        Ptr<int32_t>(targets), words);
+                      kThreadsPerBlock, 0, op.stream>>>(
+      ids, pairs, s, w, offset, Ptr<int32_t>(inputs), Ptr<int32_t>(targets), words);
   MOETRAIN_CUDA_CHECK_LAUNCH(kOp);
   MOETRAIN_ASSIGN_OR_RETURN(const BadId bad, ReadVerdict(op, kOp, words));
-  return VocabStatus(bad, "tokens", vocab, s + 1);
+  return VocabStatus(bad, "tokens", vocab, w);
 }
 
 absl::Status EmbeddingForward(const ExecContext& ctx, TensorView table, TensorView tokens,

@@ -31,7 +31,7 @@ absl::Status CheckTokenIds(const ExecContext& ctx, TensorView tokens, int64_t vo
 
 // ---- The ops (embedding.h's, same arguments). ----
 
-absl::Status SplitTokens(const ExecContext& ctx, TensorView windows, int64_t vocab,
+absl::Status SplitTokens(const ExecContext& ctx, TensorView windows, int64_t vocab, int64_t offset,
                          TensorView inputs, TensorView targets);
 absl::Status EmbeddingForward(const ExecContext& ctx, TensorView table, TensorView tokens,
                               TensorView out);

@@ -32,6 +32,8 @@ using job_spec_internal::Quoted;
 // which this library does not link), and the smallest.
 constexpr int64_t kMaxSyntheticVocabSize = int64_t{1} << 20;
 constexpr int64_t kMinSyntheticVocabSize = 2;
+// The deepest multi-token prediction (DeepSeek-V3 trains with 1).
+constexpr int64_t kMaxMtpDepth = 8;
 
 std::string Show(int64_t value) { return absl::StrCat(value); }
 std::string Show(float value) { return FloatText(value); }
@@ -161,6 +163,8 @@ absl::Status ValidateMoe(const v1::MoeConfig& moe) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateAttention(const v1::ModelConfig& model, const v1::ModelConfig& written);
+
 // `written` is the model as the user wrote it: a value ApplyDefaults derived is reported by the
 // fields it came from.
 absl::Status ValidateModel(const v1::ModelConfig& model, const v1::ModelConfig& written) {
@@ -171,6 +175,66 @@ absl::Status ValidateModel(const v1::ModelConfig& model, const v1::ModelConfig& 
   MOETRAIN_RETURN_IF_INVALID(AtLeast("model.hidden_size", model.hidden_size(), 1));
   MOETRAIN_RETURN_IF_INVALID(AtLeast("model.num_layers", model.num_layers(), 1));
   MOETRAIN_RETURN_IF_INVALID(AtLeast("model.num_heads", model.num_heads(), 1));
+  MOETRAIN_RETURN_IF_INVALID(ValidateAttention(model, written));
+  MOETRAIN_RETURN_IF_INVALID(AtLeast("model.ffn_dim", model.ffn_dim(), 1));
+  MOETRAIN_RETURN_IF_INVALID(AtLeast("model.first_dense_layers", model.first_dense_layers(), 0));
+  if (model.first_dense_layers() > model.num_layers()) {
+    return Invalid("model.first_dense_layers", model.first_dense_layers(),
+                   absl::StrCat("exceeds model.num_layers = ", model.num_layers()));
+  }
+  MOETRAIN_RETURN_IF_INVALID(AtLeast("model.max_seq_len", model.max_seq_len(), 1));
+  MOETRAIN_RETURN_IF_INVALID(Positive("model.rope_theta", model.rope_theta()));
+  MOETRAIN_RETURN_IF_INVALID(Positive("model.rms_norm_eps", model.rms_norm_eps()));
+  MOETRAIN_RETURN_IF_INVALID(Positive("model.init_std", model.init_std()));
+  MOETRAIN_RETURN_IF_INVALID(AtLeast("model.mtp_depth", model.mtp_depth(), 0));
+  MOETRAIN_RETURN_IF_INVALID(AtMost("model.mtp_depth", model.mtp_depth(), kMaxMtpDepth));
+  if (model.mtp_depth() == 0 && written.has_mtp_loss_weight()) {
+    return Invalid("model.mtp_loss_weight", model.mtp_loss_weight(),
+                   "has no effect with model.mtp_depth = 0; set model.mtp_depth or remove it");
+  }
+  if (model.mtp_depth() > 0) {
+    MOETRAIN_RETURN_IF_INVALID(NonNegative("model.mtp_loss_weight", model.mtp_loss_weight()));
+  }
+  return ValidateMoe(model.moe());
+}
+
+// Grouped-query attention's num_kv_heads and head_dim, or MLA's fields.
+absl::Status ValidateAttention(const v1::ModelConfig& model, const v1::ModelConfig& written) {
+  if (model.attention() == v1::ModelConfig::MLA) {
+    if (model.num_kv_heads() != model.num_heads()) {
+      return Invalid("model.num_kv_heads", model.num_kv_heads(),
+                     "applies only to model.attention = GQA (MLA's keys and values have "
+                     "model.num_heads heads); remove it");
+    }
+    if (written.head_dim() != 0) {
+      return Invalid("model.head_dim", written.head_dim(),
+                     "applies only to model.attention = GQA; MLA's widths are model.mla.*");
+    }
+    const v1::MlaConfig& m = model.mla();
+    MOETRAIN_RETURN_IF_INVALID(AtLeast("model.mla.q_lora_rank", m.q_lora_rank(), 0));
+    MOETRAIN_RETURN_IF_INVALID(AtLeast("model.mla.kv_lora_rank", m.kv_lora_rank(), 1));
+    MOETRAIN_RETURN_IF_INVALID(AtLeast("model.mla.qk_nope_head_dim", m.qk_nope_head_dim(), 0));
+    if (m.qk_nope_head_dim() % 2 != 0) {
+      return Invalid("model.mla.qk_nope_head_dim", m.qk_nope_head_dim(),
+                     "must be even (the attention core takes an even head width)");
+    }
+    if (m.qk_rope_head_dim() < 2 || m.qk_rope_head_dim() % 2 != 0) {
+      return Invalid("model.mla.qk_rope_head_dim", m.qk_rope_head_dim(),
+                     "must be even and at least 2 (RoPE rotates pairs of features)");
+    }
+    const int64_t qk = m.qk_nope_head_dim() + m.qk_rope_head_dim();
+    if (m.v_head_dim() < 1 || m.v_head_dim() > qk) {
+      return Invalid("model.mla.v_head_dim", m.v_head_dim(),
+                     absl::StrCat("must be in [1, model.mla.qk_nope_head_dim + "
+                                  "model.mla.qk_rope_head_dim = ",
+                                  qk, "]"));
+    }
+    return absl::OkStatus();
+  }
+  if (model.has_mla()) {
+    return absl::InvalidArgumentError(
+        "model.mla is set but model.attention = GQA; set model.attention: MLA or remove model.mla");
+  }
   MOETRAIN_RETURN_IF_INVALID(AtLeast("model.num_kv_heads", model.num_kv_heads(), 1));
   if (model.num_heads() % model.num_kv_heads() != 0) {
     return Invalid("model.num_kv_heads", model.num_kv_heads(),
@@ -193,17 +257,7 @@ absl::Status ValidateModel(const v1::ModelConfig& model, const v1::ModelConfig& 
     return Invalid("model.head_dim", model.head_dim(),
                    "must be even (RoPE rotates pairs of dimensions)");
   }
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("model.ffn_dim", model.ffn_dim(), 1));
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("model.first_dense_layers", model.first_dense_layers(), 0));
-  if (model.first_dense_layers() > model.num_layers()) {
-    return Invalid("model.first_dense_layers", model.first_dense_layers(),
-                   absl::StrCat("exceeds model.num_layers = ", model.num_layers()));
-  }
-  MOETRAIN_RETURN_IF_INVALID(AtLeast("model.max_seq_len", model.max_seq_len(), 1));
-  MOETRAIN_RETURN_IF_INVALID(Positive("model.rope_theta", model.rope_theta()));
-  MOETRAIN_RETURN_IF_INVALID(Positive("model.rms_norm_eps", model.rms_norm_eps()));
-  MOETRAIN_RETURN_IF_INVALID(Positive("model.init_std", model.init_std()));
-  return ValidateMoe(model.moe());
+  return absl::OkStatus();
 }
 
 // data.synthetic_vocab_size when ApplyDefaults derived it from model.vocab_size: reported as
@@ -229,8 +283,9 @@ absl::Status ValidateData(const v1::JobSpec& spec, const v1::JobSpec& written) {
   const std::string format = v1::DataConfig::Format_Name(data.format());
   if (data.format() == v1::DataConfig::SYNTHETIC) {
     if (!data.path().empty()) {
-      return Invalid("data.path", data.path(),
-                     "is set but data.format = SYNTHETIC; set data.format to LLMC, U16 or TEXT");
+      return Invalid(
+          "data.path", data.path(),
+          "is set but data.format = SYNTHETIC; set data.format to LLMC, U16, U32 or TEXT");
     }
     if (written.data().synthetic_vocab_size() == 0) {
       MOETRAIN_RETURN_IF_INVALID(ValidateDerivedSyntheticVocab(data.synthetic_vocab_size()));
@@ -453,7 +508,16 @@ void ApplyDefaults(v1::JobSpec* spec) {
   if (!model.has_num_layers()) model.set_num_layers(4);
   if (!model.has_num_heads()) model.set_num_heads(4);
   if (!model.has_num_kv_heads()) model.set_num_kv_heads(model.num_heads());
-  if (model.head_dim() == 0 && model.num_heads() > 0 &&
+  const bool mla = model.attention() == v1::ModelConfig::MLA;
+  if (mla) {
+    v1::MlaConfig& m = *model.mutable_mla();
+    if (!m.has_kv_lora_rank()) m.set_kv_lora_rank(512);
+    if (!m.has_qk_nope_head_dim()) m.set_qk_nope_head_dim(128);
+    if (!m.has_qk_rope_head_dim()) m.set_qk_rope_head_dim(64);
+    if (!m.has_v_head_dim()) m.set_v_head_dim(128);
+  }
+  if (!model.has_mtp_loss_weight() && model.mtp_depth() > 0) model.set_mtp_loss_weight(0.1f);
+  if (!mla && model.head_dim() == 0 && model.num_heads() > 0 &&
       model.hidden_size() % model.num_heads() == 0) {
     model.set_head_dim(model.hidden_size() / model.num_heads());
   }

@@ -31,7 +31,8 @@ double Objective(Transformer& model, const Tensor& tokens, std::vector<MoeStats>
   EXPECT_TRUE(r.ok()) << r.status();
   if (!r.ok()) return NAN;
   if (stats != nullptr) *stats = r->moe_layers;
-  return double{r->loss} + r->aux_loss + r->z_loss;
+  return double{r->loss} + r->aux_loss + r->z_loss +
+         double{model.config().mtp_loss_weight} * r->mtp_loss;
 }
 
 bool SameRouting(const std::vector<MoeStats>& a, const std::vector<MoeStats>& b) {
@@ -51,7 +52,9 @@ GradCheckStats CheckGradients(const ModelConfig& config, uint64_t seed) {
     std::normal_distribution<float> dist(0.0f, 0.05f);
     for (int64_t i = 0; i < p.value.numel(); ++i) p.value.data<float>()[i] = dist(rng);
   }
-  const Tensor tokens = RandomTokens(/*batch=*/2, /*seq_len=*/5, config.vocab_size, 99);
+  // Windows of S + 1 + mtp_depth tokens (S = 5).
+  const Tensor tokens =
+      RandomTokens(/*batch=*/2, /*seq_len=*/5 + config.mtp_depth, config.vocab_size, 99);
   EXPECT_TRUE(model.ZeroGrads().ok());
   std::vector<MoeStats> base_stats;
   Objective(model, tokens, &base_stats);
@@ -141,6 +144,23 @@ TEST(TransformerGradientTest, MlaMatchesFiniteDifferences) {
     EXPECT_LE(stats.skipped, stats.checked / 3);
     std::printf("MLA q_lora_rank %lld: checked %d, skipped %d, worst error / tolerance %.3f\n",
                 static_cast<long long>(q_lora_rank), stats.checked, stats.skipped, stats.worst);
+  }
+}
+
+// Multi-token prediction: one and two modules, on MLA and on grouped-query attention, with a
+// weight that makes the MTP loss count as much as the main one.
+TEST(TransformerGradientTest, MultiTokenPredictionMatchesFiniteDifferences) {
+  for (const int64_t depth : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << "mtp_depth " << depth);
+    ModelConfig c = depth == 1 ? TinyMlaConfig(5) : TinyConfig();
+    c.mtp_depth = depth;
+    c.mtp_loss_weight = 1.0f;
+    c.init_std = 0.4f;
+    const GradCheckStats stats = CheckGradients(c, 7 + depth);
+    EXPECT_GE(stats.checked, 80);
+    EXPECT_LE(stats.skipped, stats.checked / 3);
+    std::printf("MTP depth %lld: checked %d, skipped %d, worst error / tolerance %.3f\n",
+                static_cast<long long>(depth), stats.checked, stats.skipped, stats.worst);
   }
 }
 

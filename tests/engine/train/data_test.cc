@@ -36,23 +36,27 @@ constexpr int64_t kEvalWindows = 10;
   return ::testing::AssertionFailure() << "\"" << message << "\" lacks \"" << part << "\"";
 }
 
-std::string U16Bytes(int64_t n) {
+// Tokens first, first + 1, ..., first + n - 1, each `width` bytes little-endian.
+std::string TokenBytes(int64_t n, int width, int64_t first = 0) {
   std::string bytes;
   for (int64_t i = 0; i < n; ++i) {
-    bytes.push_back(static_cast<char>(i & 0xFF));
-    bytes.push_back(static_cast<char>((i >> 8) & 0xFF));
+    for (int b = 0; b < width; ++b)
+      bytes.push_back(static_cast<char>(((first + i) >> (8 * b)) & 0xFF));
   }
   return bytes;
 }
 
-std::string LlmcBytes(int64_t n) {
+std::string U16Bytes(int64_t n) { return TokenBytes(n, 2); }
+
+// An llm.c shard of tokens first, ..., first + n - 1: version 1 holds uint16s, version 2 uint32s.
+std::string LlmcBytes(int64_t n, int32_t version = kLlmcVersionU16, int64_t first = 0) {
   std::string header(kLlmcHeaderBytes, '\0');
-  const int32_t fields[3] = {kLlmcMagic, kLlmcVersion, static_cast<int32_t>(n)};
+  const int32_t fields[3] = {kLlmcMagic, version, static_cast<int32_t>(n)};
   for (int f = 0; f < 3; ++f) {
     for (int b = 0; b < 4; ++b)
       header[4 * f + b] = static_cast<char>((fields[f] >> (8 * b)) & 0xFF);
   }
-  return header + U16Bytes(n);
+  return header + TokenBytes(n, version == kLlmcVersionU32 ? 4 : 2, first);
 }
 
 std::vector<int32_t> Row(const Tensor& batch, int64_t r) {
@@ -181,13 +185,16 @@ TEST_F(DataTest, ConfigRejectsBadFieldsByName) {
 }
 
 TEST(DataFormatTest, NamesRoundTrip) {
-  for (DataConfig::Format format : {DataConfig::Format::kLlmc, DataConfig::Format::kU16,
-                                    DataConfig::Format::kText, DataConfig::Format::kSynthetic}) {
+  for (DataConfig::Format format :
+       {DataConfig::Format::kLlmc, DataConfig::Format::kU16, DataConfig::Format::kU32,
+        DataConfig::Format::kText, DataConfig::Format::kSynthetic}) {
     absl::StatusOr<DataConfig::Format> parsed = ParseDataFormat(DataFormatName(format));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, format);
   }
-  EXPECT_TRUE(MessageHas(ParseDataFormat("bin").status(), "data.format = \"bin\" is not one of"));
+  EXPECT_TRUE(MessageHas(ParseDataFormat("bin").status(),
+                         "data.format = \"bin\" is not one of llmc, u16, u32, text, synthetic"));
+  EXPECT_EQ(DataFormatName(DataConfig::Format::kU32), "u32");
 }
 
 TEST_F(DataTest, CreateRejectsBadLayoutAndFiles) {
@@ -431,6 +438,41 @@ TEST_F(DataTest, ReadsLlmcShardsAndText) {
     for (auto& row : Rows(loader.Next())) seen.insert(row);
   }
   EXPECT_EQ(seen, expected);
+}
+
+// DeepSeek-V3's vocabulary of 129,280 needs uint32 tokens: the position-coded file shifted past
+// 65,535 reads the same windows, as raw uint32 and as an llm.c version 2 shard.
+TEST_F(DataTest, ReadsUint32FilesAboveTheUint16Range) {
+  constexpr int64_t kFirst = 100000;
+  DataConfig u32 = FileConfig();
+  u32.format = DataConfig::Format::kU32;
+  u32.path = Write("tokens.u32", TokenBytes(kTokens, 4, kFirst));
+  u32.vocab_size = 129280;
+  DataConfig llmc = u32;
+  llmc.format = DataConfig::Format::kLlmc;
+  llmc.path = Write("shard_v2.bin", LlmcBytes(kTokens, kLlmcVersionU32, kFirst));
+  DataLoader from_u32 = MustCreate(u32);
+  DataLoader from_llmc = MustCreate(llmc);
+  DataLoader from_u16 = MustCreate(FileConfig());
+  EXPECT_EQ(from_u32.windows_per_epoch(), kTrainWindows);
+  EXPECT_EQ(from_u32.num_eval_windows(), kEvalWindows);
+  for (int step = 0; step < 5; ++step) {
+    std::vector<std::vector<int32_t>> expected = Rows(from_u16.Next());
+    for (auto& row : expected) {
+      for (int32_t& token : row) token += static_cast<int32_t>(kFirst);
+    }
+    EXPECT_EQ(Rows(from_u32.Next()), expected);
+    EXPECT_EQ(Rows(from_llmc.Next()), expected);
+  }
+
+  DataConfig small_vocab = u32;
+  small_vocab.vocab_size = kFirst + 500;
+  EXPECT_TRUE(MessageHas(DataLoader::Create(small_vocab, 0, 1).status(),
+                         "data.path " + u32.path +
+                             ": token 100500 at byte offset 2000 is >= model.vocab_size = 100500"));
+  DataConfig ragged = u32;
+  ragged.path = Write("ragged.u32", TokenBytes(kTokens, 4, kFirst) + "xy");
+  EXPECT_TRUE(MessageHas(DataLoader::Create(ragged, 0, 1).status(), "not a multiple of 4"));
 }
 
 TEST_F(DataTest, SyntheticBatchesComeFromTheSourceStreams) {

@@ -32,16 +32,26 @@ std::string U16Bytes(const std::vector<uint32_t>& tokens) {
   return bytes;
 }
 
-// An llm.c shard; header fields can be overridden to build broken ones.
+std::string U32Bytes(const std::vector<uint32_t>& tokens) {
+  std::string bytes;
+  for (uint32_t t : tokens) AppendLe(bytes, t, 4);
+  return bytes;
+}
+
+// An llm.c shard, uint32 tokens for version 2 and uint16 otherwise; header fields can be
+// overridden to build broken ones.
 std::string LlmcBytes(const std::vector<uint32_t>& tokens, int32_t magic = kLlmcMagic,
-                      int32_t version = kLlmcVersion, int64_t count = -1) {
+                      int32_t version = kLlmcVersionU16, int64_t count = -1) {
   std::string bytes;
   AppendLe(bytes, static_cast<uint32_t>(magic), 4);
   AppendLe(bytes, static_cast<uint32_t>(version), 4);
   AppendLe(bytes, static_cast<uint32_t>(count < 0 ? tokens.size() : count), 4);
   for (int i = 3; i < kLlmcHeaderInts; ++i) AppendLe(bytes, 0, 4);
-  return bytes + U16Bytes(tokens);
+  return bytes + (version == kLlmcVersionU32 ? U32Bytes(tokens) : U16Bytes(tokens));
 }
+
+// DeepSeek-V3's vocabulary, above what uint16 tokens can name.
+constexpr int64_t kDeepSeekVocabSize = 129280;
 
 std::vector<uint32_t> Iota(int64_t n, uint32_t modulo = 65536) {
   std::vector<uint32_t> tokens(n);
@@ -100,6 +110,50 @@ TEST_F(TokenFileTest, ReadsRawU16) {
   EXPECT_EQ(ReadAll(*file), (std::vector<int32_t>{0, 1, 255, 256, 50256, 7, 65535}));
 }
 
+TEST_F(TokenFileTest, ReadsRawU32AboveTheUint16Range) {
+  const std::vector<uint32_t> tokens = {0, 65535, 65536, 100000, 129279, 1, 70000};
+  const std::string path = Write("tokens.u32", U32Bytes(tokens));
+  absl::StatusOr<TokenFile> file =
+      TokenFile::Open(path, TokenFileFormat::kU32, kDeepSeekVocabSize, 7);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->num_tokens(), 7);
+  EXPECT_EQ(file->token_bytes(), 4);
+  EXPECT_EQ(file->ByteOffset(3), 12);
+  EXPECT_EQ(ReadAll(*file), (std::vector<int32_t>{0, 65535, 65536, 100000, 129279, 1, 70000}));
+  std::vector<int32_t> middle(3);
+  file->Read(2, 3, middle.data());
+  EXPECT_EQ(middle, (std::vector<int32_t>{65536, 100000, 129279}));
+}
+
+TEST_F(TokenFileTest, ReadsLlmcVersion2ShardOfUint32Tokens) {
+  std::vector<uint32_t> tokens = Iota(1000, kDeepSeekVocabSize);
+  tokens[3] = 129279;  // the last id of the vocabulary
+  tokens[4] = 65536;
+  const std::string path = Write("shard_v2.bin", LlmcBytes(tokens, kLlmcMagic, kLlmcVersionU32));
+  absl::StatusOr<TokenFile> file =
+      TokenFile::Open(path, TokenFileFormat::kLlmc, kDeepSeekVocabSize, 1);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->num_tokens(), 1000);
+  EXPECT_EQ(file->token_bytes(), 4);
+  EXPECT_EQ(file->ByteOffset(0), 1024);
+  EXPECT_EQ(file->ByteOffset(7), 1052);
+  const std::vector<int32_t> read = ReadAll(*file);
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(read[i], static_cast<int32_t>(tokens[i])) << i;
+
+  // Version 1 of the same tokens below 65,536 reads the same through the same format.
+  std::vector<uint32_t> narrow = tokens;
+  for (uint32_t& t : narrow) t %= 65536;
+  absl::StatusOr<TokenFile> v1 = TokenFile::Open(Write("shard_v1.bin", LlmcBytes(narrow)),
+                                                 TokenFileFormat::kLlmc, kDeepSeekVocabSize, 1);
+  absl::StatusOr<TokenFile> v2 =
+      TokenFile::Open(Write("narrow_v2.bin", LlmcBytes(narrow, kLlmcMagic, kLlmcVersionU32)),
+                      TokenFileFormat::kLlmc, kDeepSeekVocabSize, 1);
+  ASSERT_TRUE(v1.ok()) << v1.status();
+  ASSERT_TRUE(v2.ok()) << v2.status();
+  EXPECT_EQ(v1->token_bytes(), 2);
+  EXPECT_EQ(ReadAll(*v1), ReadAll(*v2));
+}
+
 TEST_F(TokenFileTest, TextIsOneTokenPerByteEvenWhenNotUtf8) {
   // "héllo" in UTF-8, then bytes that are not UTF-8 at all.
   const std::string bytes = std::string("h\xC3\xA9llo") + std::string("\xFF\xC3\x00\x80", 4);
@@ -151,6 +205,9 @@ TEST_F(TokenFileTest, MalformedFilesAreInvalidArgumentNamingPathAndOffset) {
   std::vector<uint32_t> bad_token = Iota(100);
   bad_token[14] = 60000;  // the first offender is reported
   bad_token[20] = 65535;
+  std::vector<uint32_t> bad_wide_token = Iota(100, kDeepSeekVocabSize);
+  bad_wide_token[14] = 129280;  // the first id past the vocabulary
+  bad_wide_token[20] = 200000;
   const std::vector<BadFile> cases = {
       {"magic.bin",
        TokenFileFormat::kLlmc,
@@ -160,10 +217,37 @@ TEST_F(TokenFileTest, MalformedFilesAreInvalidArgumentNamingPathAndOffset) {
        {"magic 20240519 at byte offset 0", "20240520"}},
       {"version.bin",
        TokenFileFormat::kLlmc,
-       LlmcBytes(Iota(100), kLlmcMagic, 2),
+       LlmcBytes(Iota(100), kLlmcMagic, 3),
        50257,
        1,
-       {"version 2 at byte offset 4", "supported version 1"}},
+       {"version 3 at byte offset 4 is not a supported version: 1 (uint16 tokens) or 2 (uint32 "
+        "tokens)"}},
+      {"version0.bin",
+       TokenFileFormat::kLlmc,
+       LlmcBytes(Iota(100), kLlmcMagic, 0),
+       50257,
+       1,
+       {"version 0 at byte offset 4 is not a supported version"}},
+      {"truncated_v2.bin",
+       TokenFileFormat::kLlmc,
+       LlmcBytes(Iota(99), kLlmcMagic, kLlmcVersionU32, 100),
+       kDeepSeekVocabSize,
+       1,
+       {"token count 100 at byte offset 8 needs 1424 bytes (version 2, 4 bytes per token)",
+        "has 1420", "truncated"}},
+      {"extra_v2.bin",
+       TokenFileFormat::kLlmc,
+       LlmcBytes(Iota(100), kLlmcMagic, kLlmcVersionU32) + "xy",
+       kDeepSeekVocabSize,
+       1,
+       {"token count 100 at byte offset 8 needs 1424 bytes", "has 1426", "(2 extra bytes)"}},
+      // A version 1 shard whose header says version 2: half the bytes the count needs.
+      {"mislabelled_v2.bin",
+       TokenFileFormat::kLlmc,
+       LlmcBytes(Iota(100), kLlmcMagic, kLlmcVersionU16).replace(4, 1, 1, '\x02'),
+       kDeepSeekVocabSize,
+       1,
+       {"needs 1424 bytes (version 2", "has 1224", "truncated"}},
       {"truncated.bin",
        TokenFileFormat::kLlmc,
        LlmcBytes(Iota(99), kLlmcMagic, 1, 100),
@@ -202,6 +286,40 @@ TEST_F(TokenFileTest, MalformedFilesAreInvalidArgumentNamingPathAndOffset) {
        1,
        {"token 60000 at byte offset 28 is >= model.vocab_size = 50257"}},
       {"odd.u16", TokenFileFormat::kU16, U16Bytes(Iota(5)) + "z", 50257, 1, {"odd byte count 11"}},
+      {"vocab_v2.bin",
+       TokenFileFormat::kLlmc,
+       LlmcBytes(bad_wide_token, kLlmcMagic, kLlmcVersionU32),
+       kDeepSeekVocabSize,
+       1,
+       {"token 129280 at byte offset 1080 is >= model.vocab_size = 129280"}},
+      {"vocab.u32",
+       TokenFileFormat::kU32,
+       U32Bytes(bad_wide_token),
+       kDeepSeekVocabSize,
+       1,
+       {"token 129280 at byte offset 56 is >= model.vocab_size = 129280"}},
+      // Read returns int32: no vocabulary lets a uint32 token reach 2^31.
+      {"int32.u32",
+       TokenFileFormat::kU32,
+       U32Bytes({1, 0x80000000u}),
+       int64_t{1} << 32,
+       1,
+       {"token 2147483648 at byte offset 4 is >= 2^31"}},
+      {"ragged.u32",
+       TokenFileFormat::kU32,
+       U32Bytes(Iota(5)) + "abc",
+       kDeepSeekVocabSize,
+       1,
+       {"has 23 bytes, not a multiple of 4; a uint32 token file has 4 bytes per token "
+        "(3 extra bytes at byte offset 20)"}},
+      {"ragged2.u32", TokenFileFormat::kU32, "ab", kDeepSeekVocabSize, 1, {"has 2 bytes"}},
+      {"few.u32",
+       TokenFileFormat::kU32,
+       U32Bytes(Iota(64)),
+       kDeepSeekVocabSize,
+       65,
+       {"uint32 token file has 64 tokens, fewer than one sequence of seq_len + 1 = 65"}},
+      {"empty.u32", TokenFileFormat::kU32, "", kDeepSeekVocabSize, 2, {"has 0 tokens"}},
       {"few.bin",
        TokenFileFormat::kLlmc,
        LlmcBytes(Iota(10)),
@@ -239,6 +357,12 @@ TEST_F(TokenFileTest, VocabularyBoundIsExclusive) {
   EXPECT_TRUE(TokenFile::Open(path, TokenFileFormat::kU16, 100, 1).ok());
   absl::StatusOr<TokenFile> file = TokenFile::Open(path, TokenFileFormat::kU16, 99, 1);
   EXPECT_TRUE(MessageHas(file.status(), "token 99 at byte offset 2 is >= model.vocab_size = 99"));
+
+  const std::string wide = Write("edge.u32", U32Bytes({0, 129279, 5}));
+  EXPECT_TRUE(TokenFile::Open(wide, TokenFileFormat::kU32, 129280, 1).ok());
+  file = TokenFile::Open(wide, TokenFileFormat::kU32, 129279, 1);
+  EXPECT_TRUE(
+      MessageHas(file.status(), "token 129279 at byte offset 4 is >= model.vocab_size = 129279"));
 }
 
 }  // namespace

@@ -188,6 +188,25 @@ TEST(ElementwiseCudaTest, ConvertIsBitIdenticalToTheCpu) {
 // Add.
 // ---------------------------------------------------------------------------------------------
 
+// Columns into and out of a wider tensor (the MTP modules' concatenation and its split).
+TEST(ElementwiseCudaTest, CopyColumnsIsBitIdenticalToTheCpu) {
+  MOETRAIN_GPU_CONTEXT_OR_SKIP(gpu);
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const Tensor src = RandomHost(dtype, {37, 23}, rng);
+    const Tensor dst_start = RandomHost(dtype, {37, 51}, rng);
+    Tensor want = Tensor::Empty(dtype, {37, 51});
+    MOETRAIN_ASSERT_OK(ops::CopyTensor(ExecContext::Cpu(), dst_start, want));
+    MOETRAIN_ASSERT_OK(ops::CopyColumns(ExecContext::Cpu(), src, 3, want, 28, 20));
+    const Tensor dst_gpu = test_util::ToDevice(gpu, dst_start);
+    MOETRAIN_ASSERT_OK(ops::CopyColumns(gpu, test_util::ToDevice(gpu, src), 3, dst_gpu, 28, 20));
+    EXPECT_TRUE(test_util::SameBytes(want, test_util::ToHost(gpu, dst_gpu)));
+  }
+}
+
 TEST(ElementwiseCudaTest, AddIsBitIdenticalToTheCpuAndMayWriteIntoA) {
   MOETRAIN_GPU_CONTEXT_OR_SKIP(gpu);
   const uint32_t seed = FreshSeed();

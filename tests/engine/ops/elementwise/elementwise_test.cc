@@ -105,12 +105,38 @@ TEST(ConvertTensorErrorTest, RejectsMismatches) {
 
 // out = a + b is one f32 add per element (b widened from bf16 first), so the sum is exact to
 // compare; zero rows and zero columns are valid and touch nothing.
+TEST(CopyColumnsTest, CopiesABlockOfColumnsAndNothingElse) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(Name(dtype));
+    std::vector<float> src_values(5 * 4), dst_values(5 * 7, -1.0f);
+    for (size_t i = 0; i < src_values.size(); ++i) src_values[i] = static_cast<float>(i);
+    const Tensor src = MakeAct(dtype, {5, 4}, src_values);
+    Tensor dst = MakeAct(dtype, {5, 7}, dst_values);
+    ASSERT_TRUE(ops::CopyColumns(Cpu(), src, 1, dst, 4, 3).ok());
+    for (int64_t r = 0; r < 5; ++r) {
+      for (int64_t c = 0; c < 7; ++c) {
+        const float want = c >= 4 ? src_values[r * 4 + 1 + (c - 4)] : -1.0f;
+        const float got = dtype == DType::kF32 ? dst.data<float>()[r * 7 + c]
+                                               : BF16ToFloat(dst.data<BF16>()[r * 7 + c]);
+        EXPECT_EQ(got, want) << r << ", " << c;
+      }
+    }
+  }
+  // Out of range, or another dtype: refused, naming the ranges.
+  Tensor a = Tensor::Empty(DType::kF32, {2, 3}), b = Tensor::Empty(DType::kF32, {2, 3});
+  const absl::Status status = ops::CopyColumns(Cpu(), a, 1, b, 2, 2);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("to columns [2, 4)"), std::string::npos) << status;
+  Tensor c = Tensor::Empty(DType::kBF16, {2, 3});
+  EXPECT_FALSE(ops::CopyColumns(Cpu(), a, 0, c, 0, 1).ok());
+}
+
 TEST(AddTest, AddsElementwiseWithF32AndBF16AndEmptyShapes) {
   std::mt19937 rng(std::random_device{}());
   for (const Size size : {Size{1, 1}, Size{37, 23}, Size{0, 5}, Size{7, 0}}) {
     for (DType b_dtype : {DType::kF32, DType::kBF16}) {
-      SCOPED_TRACE(::testing::Message() << size.rows << "x" << size.cols << " b "
-                                        << DTypeName(b_dtype));
+      SCOPED_TRACE(::testing::Message()
+                   << size.rows << "x" << size.cols << " b " << DTypeName(b_dtype));
       const int64_t n = size.rows * size.cols;
       const std::vector<float> a_values = Uniform(n, -10.0f, 10.0f, rng);
       const std::vector<float> b_values = Uniform(n, -10.0f, 10.0f, rng);

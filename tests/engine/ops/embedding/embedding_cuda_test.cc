@@ -58,6 +58,25 @@ TEST(EmbeddingCudaTest, SplitTokensMatchesTheCpuAndRepeats) {
   }
 }
 
+// Multi-token prediction reads windows of S + 1 + D tokens from column k on.
+TEST(EmbeddingCudaTest, SplitTokensFromAnOffsetMatchesTheCpu) {
+  MOETRAIN_GPU_CONTEXT_OR_SKIP(gpu);
+  MOETRAIN_FRESH_RNG(rng);
+  const int64_t b = 3, s = 17, extra = 2, v = 50;
+  const Tensor windows = MakeI32({b, s + 1 + extra}, RandomIds(b * (s + 1 + extra), v, rng));
+  const Tensor windows_gpu = test_util::ToDevice(gpu, windows);
+  for (int64_t offset = 0; offset <= extra; ++offset) {
+    SCOPED_TRACE(::testing::Message() << "offset " << offset);
+    Tensor want_in = FilledI32({b * s}, -7), want_tg = FilledI32({b * s}, -7);
+    MOETRAIN_ASSERT_OK(ops::SplitTokens(Cpu(), windows, v, offset, want_in, want_tg));
+    const Tensor in_gpu = test_util::ToDevice(gpu, FilledI32({b * s}, -7));
+    const Tensor tg_gpu = test_util::ToDevice(gpu, FilledI32({b * s}, -7));
+    MOETRAIN_ASSERT_OK(ops::SplitTokens(gpu, windows_gpu, v, offset, in_gpu, tg_gpu));
+    EXPECT_TRUE(test_util::SameBytes(want_in, test_util::ToHost(gpu, in_gpu)));
+    EXPECT_TRUE(test_util::SameBytes(want_tg, test_util::ToHost(gpu, tg_gpu)));
+  }
+}
+
 TEST(EmbeddingCudaTest, SplitTokensNamesTheFirstBadIdLikeTheCpu) {
   MOETRAIN_GPU_CONTEXT_OR_SKIP(gpu);
   MOETRAIN_FRESH_RNG(rng);

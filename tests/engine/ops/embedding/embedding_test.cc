@@ -47,6 +47,21 @@ TEST(EmbeddingTest, ForwardGathersAndBackwardSumsRepeatedTokens) {
   EXPECT_LT(RelError(ToDoubles(d_table), want), 1e-6);
 }
 
+// Windows of S + 1 + D tokens: inputs and targets from column `offset` on (multi-token
+// prediction), and a window too short for the offset refused.
+TEST(EmbeddingTest, SplitTokensFromAnOffset) {
+  Tensor windows = Tensor::Empty(DType::kI32, {2, 6});
+  for (int32_t i = 0; i < 12; ++i) windows.data<int32_t>()[i] = i;
+  Tensor inputs = Tensor::Empty(DType::kI32, {6}), targets = Tensor::Empty(DType::kI32, {6});
+  ASSERT_TRUE(ops::SplitTokens(ExecContext::Cpu(), windows, 12, 2, inputs, targets).ok());
+  EXPECT_EQ(std::vector<int32_t>(inputs.data<int32_t>(), inputs.data<int32_t>() + 6),
+            (std::vector<int32_t>{2, 3, 4, 8, 9, 10}));
+  EXPECT_EQ(std::vector<int32_t>(targets.data<int32_t>(), targets.data<int32_t>() + 6),
+            (std::vector<int32_t>{3, 4, 5, 9, 10, 11}));
+  EXPECT_EQ(ops::SplitTokens(ExecContext::Cpu(), windows, 12, 3, inputs, targets).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(EmbeddingTest, RejectsTokensOutsideTheVocabulary) {
   Tensor table = Tensor::Zeros(DType::kF32, {5, 4}), out = Tensor::Empty(DType::kF32, {3, 4});
   for (int32_t bad : {-1, 5}) {
