@@ -13,18 +13,15 @@
 #include "nlohmann/json.hpp"
 
 namespace moetrain {
-namespace {
 
-// Exit 2 when a flag names something that is not there or does not fit (a format, a missing
-// checkpoint or file, data the model cannot read): bad usage, as for the other commands. Exit 1
-// when the evaluation itself failed (a damaged checkpoint, a read error).
-int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "moetrain eval: %s\n",
+int CommandFailed(const char* command, const absl::Status& status) {
+  std::fprintf(stderr, "moetrain %s: %s\n", command,
                TerminalSafe(Abbreviate(status.message(), kMaxErrorMessageBytes)).c_str());
   switch (status.code()) {
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kNotFound:
     case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kAlreadyExists:
     case absl::StatusCode::kOutOfRange:
       return 2;
     default:
@@ -32,39 +29,40 @@ int Fail(const absl::Status& status) {
   }
 }
 
-}  // namespace
-
 int EvalCheckpoint(const EvalOptions& options) {
   absl::StatusOr<TokenFileFormat> format =
       options.data_format == "llmc"   ? absl::StatusOr<TokenFileFormat>(TokenFileFormat::kLlmc)
       : options.data_format == "u16"  ? absl::StatusOr<TokenFileFormat>(TokenFileFormat::kU16)
+      : options.data_format == "u32"  ? absl::StatusOr<TokenFileFormat>(TokenFileFormat::kU32)
       : options.data_format == "text" ? absl::StatusOr<TokenFileFormat>(TokenFileFormat::kText)
                                       : absl::InvalidArgumentError(absl::StrCat(
                                             "--data-format = '", Abbreviate(options.data_format),
-                                            "' is not one of llmc, u16, text"));
-  if (!format.ok()) return Fail(format.status());
+                                            "' is not one of llmc, u16, u32, text"));
+  if (!format.ok()) return CommandFailed("eval", format.status());
   absl::StatusOr<LoadedCheckpoint> checkpoint = LoadCheckpoint(options.checkpoint);
-  if (!checkpoint.ok()) return Fail(checkpoint.status());
+  if (!checkpoint.ok()) return CommandFailed("eval", checkpoint.status());
   absl::StatusOr<ModelConfig> model_config =
       ModelConfigFromJson(checkpoint->manifest.value("model_config", nlohmann::json()));
-  if (!model_config.ok()) return Fail(model_config.status());
+  if (!model_config.ok()) return CommandFailed("eval", model_config.status());
   const int64_t seq_len = checkpoint->hf_config.value("max_position_embeddings", int64_t{0});
   if (seq_len < 1 || seq_len > model_config->max_seq_len) {
-    return Fail(absl::DataLossError(
-        absl::StrCat(options.checkpoint, ": config.json max_position_embeddings = ", seq_len,
-                     " is not a usable sequence length")));
+    return CommandFailed("eval", absl::DataLossError(absl::StrCat(
+                                     options.checkpoint, ": config.json max_position_embeddings = ",
+                                     seq_len, " is not a usable sequence length")));
   }
   absl::StatusOr<Transformer> model = Transformer::Create(*model_config, DType::kF32);
-  if (!model.ok()) return Fail(model.status());
+  if (!model.ok()) return CommandFailed("eval", model.status());
   if (absl::Status status = RestoreModelParameters(*checkpoint, &*model); !status.ok()) {
-    return Fail(status);
+    return CommandFailed("eval", status);
   }
 
-  absl::StatusOr<TokenFile> file =
-      TokenFile::Open(options.data_path, *format, model_config->vocab_size, seq_len + 1);
-  if (!file.ok()) return Fail(file.status());
-  // Window i is tokens [i·S, i·S + S + 1): consecutive windows share their boundary token.
-  const int64_t windows = (file->num_tokens() - 1) / seq_len;
+  absl::StatusOr<TokenFile> file = TokenFile::Open(
+      options.data_path, *format, model_config->vocab_size, seq_len + 1 + model_config->mtp_depth);
+  if (!file.ok()) return CommandFailed("eval", file.status());
+  // Window i is tokens [i·S, i·S + S + 1 + mtp_depth): consecutive windows share their boundary
+  // token (and the MTP modules' tokens past it, which the evaluation does not score).
+  const int64_t extra = model_config->mtp_depth, window = seq_len + 1 + extra;
+  const int64_t windows = (file->num_tokens() - 1 - extra) / seq_len;
   const int64_t batch_size = std::max<int64_t>(1, options.batch_size);
   int64_t batches = (windows + batch_size - 1) / batch_size;
   if (options.batches > 0) batches = std::min(batches, options.batches);
@@ -72,12 +70,12 @@ int EvalCheckpoint(const EvalOptions& options) {
   int64_t windows_done = 0;
   for (int64_t b = 0; b < batches; ++b) {
     const int64_t first = b * batch_size, count = std::min(batch_size, windows - first);
-    Tensor tokens = Tensor::Empty(DType::kI32, {count, seq_len + 1});
+    Tensor tokens = Tensor::Empty(DType::kI32, {count, window});
     for (int64_t w = 0; w < count; ++w) {
-      file->Read((first + w) * seq_len, seq_len + 1, tokens.data<int32_t>() + w * (seq_len + 1));
+      file->Read((first + w) * seq_len, window, tokens.data<int32_t>() + w * window);
     }
     absl::StatusOr<float> loss = model->Evaluate(tokens);
-    if (!loss.ok()) return Fail(loss.status());
+    if (!loss.ok()) return CommandFailed("eval", loss.status());
     loss_sum += static_cast<double>(*loss) * count;
     windows_done += count;
   }

@@ -3,8 +3,11 @@
 // In this process, on the CPU or one GPU:
 //   moetrain run SPEC.yaml [--checkpoint-dir DIR] [--steps N] [--resume] [--json]
 //                [--memory-limit SIZE] [--device cpu|cuda]
-//   moetrain eval --checkpoint DIR/step-XXXXXXXX --data-path FILE --data-format llmc|u16|text
+//   moetrain eval --checkpoint DIR/step-XXXXXXXX --data-path FILE --data-format llmc|u16|u32|text
 //                 [--batches N] [--json]
+//   moetrain export --checkpoint DIR/step-XXXXXXXX --to-hf DIR [--dtype bf16|f32]
+//                   [--max-shard-size SIZE] [--force]
+//   moetrain import --from-hf DIR --out CHECKPOINT_ROOT
 // Against a coordinator (flags: --coordinator, --token-file, --tls-ca, --tls-cert, --tls-key):
 //   moetrain submit SPEC.yaml [--id SUBMISSION_ID] [--priority N] [--follow] [--json]
 //   moetrain jobs [--state S]... [--json]
@@ -22,6 +25,7 @@
 
 #include "CLI/CLI.hpp"
 #include "client/eval_command.h"
+#include "client/hf_commands.h"
 #include "client/job_commands.h"
 #include "client/run_command.h"
 #include "client/terminal_text.h"
@@ -126,12 +130,38 @@ int main(int argc, char** argv) {
       app.add_subcommand("eval", "mean next-token loss of a checkpoint over a token file");
   eval_cmd->add_option("--checkpoint", eval.checkpoint, "a step directory")->required();
   eval_cmd->add_option("--data-path", eval.data_path, "token file")->required();
-  eval_cmd->add_option("--data-format", eval.data_format, "llmc, u16 or text")->required();
+  eval_cmd->add_option("--data-format", eval.data_format, "llmc, u16, u32 or text")->required();
   eval_cmd->add_option("--batches", eval.batches, "at most this many batches (default: all)")
       ->check(CLI::NonNegativeNumber);
   eval_cmd->add_option("--batch-size", eval.batch_size, "windows per batch (default 8)")
       ->check(CLI::PositiveNumber);
   eval_cmd->add_flag("--json", eval.json, "print {\"loss\": ..., \"tokens\": ...}");
+
+  moetrain::ExportOptions export_options;
+  CLI::App* export_cmd = app.add_subcommand(
+      "export", "write a checkpoint's model as a Hugging Face directory (safetensors shards)");
+  export_cmd->add_option("--checkpoint", export_options.checkpoint, "a step directory")->required();
+  export_cmd
+      ->add_option("--to-hf", export_options.to_hf,
+                   "the Hugging Face directory to write (must be absent or empty)")
+      ->required();
+  export_cmd->add_option("--dtype", export_options.dtype, "bf16 (default) or f32")
+      ->check(CLI::IsMember({"bf16", "f32"}));
+  export_cmd->add_option("--max-shard-size", export_options.max_shard_size,
+                         "tensor bytes per shard, e.g. 2GiB (default 5 GB, Hugging Face's)");
+  export_cmd->add_flag("--force", export_options.force,
+                       "name DeepseekV3ForCausalLM even though its code scores expert groups by "
+                       "their best 2 experts and this model by top_k / group_top_k");
+
+  moetrain::ImportOptions import_options;
+  CLI::App* import_cmd = app.add_subcommand(
+      "import", "make a checkpoint (step 0) of a Hugging Face DeepSeek-V3 or moetrain directory");
+  import_cmd->add_option("--from-hf", import_options.from_hf, "a Hugging Face directory")
+      ->required();
+  import_cmd
+      ->add_option("--out", import_options.out,
+                   "checkpoint root <dir>/<job id>; the step goes to <out>/step-00000000")
+      ->required();
 
   moetrain::ClientOptions client;
   moetrain::SubmitArgs submit;
@@ -234,6 +264,8 @@ int main(int argc, char** argv) {
 
   if (run_cmd->parsed()) return moetrain::RunJob(run);
   if (eval_cmd->parsed()) return moetrain::EvalCheckpoint(eval);
+  if (export_cmd->parsed()) return moetrain::ExportCommand(export_options);
+  if (import_cmd->parsed()) return moetrain::ImportCommand(import_options);
   if (submit_cmd->parsed() || logs_cmd->parsed()) {
     const std::string& text = submit_cmd->parsed() ? submit_reconnect : logs_reconnect;
     absl::StatusOr<absl::Duration> timeout =
