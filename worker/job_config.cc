@@ -179,6 +179,7 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromSpec(const v1::JobSpec& raw_spec,
   c.eval_batches = train.eval_batches();
   c.skip_nonfinite_steps = train.skip_nonfinite_steps();
   c.checkpoint_dir = !checkpoint_dir.empty() ? checkpoint_dir : spec.checkpoint().dir();
+  c.init_from = spec.checkpoint().init_from();
   c.checkpoint_every = spec.checkpoint().every_steps();
   c.keep_last = static_cast<int>(spec.checkpoint().keep_last());
   MOETRAIN_RETURN_IF_ERROR(c.Validate());

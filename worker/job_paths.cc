@@ -60,19 +60,24 @@ absl::Status CheckJobPaths(const v1::JobSpec& spec, const std::string& job_dir,
                        inside.ok() ? "" : absl::StrCat(" (", inside.status().message(), ")")));
     }
   }
-  if (!policy.data_roots.empty() && !spec.data().path().empty()) {
+  // What the job reads: under one of the data roots, when the operator names any.
+  const std::pair<const char*, const std::string&> reads[] = {
+      {"data.path", spec.data().path()}, {"checkpoint.init_from", spec.checkpoint().init_from()}};
+  for (const auto& [field, path] : reads) {
+    if (policy.data_roots.empty() || path.empty()) continue;
+    bool inside_one = false;
     for (const std::string& root : policy.data_roots) {
-      absl::StatusOr<bool> inside = ResolvesUnder(spec.data().path(), root);
-      if (inside.ok() && *inside) return absl::OkStatus();
+      absl::StatusOr<bool> inside = ResolvesUnder(path, root);
+      inside_one |= inside.ok() && *inside;
     }
-    absl::StatusOr<std::string> resolved = ResolvePath(spec.data().path());
-    return absl::InvalidArgumentError(
-        absl::StrCat("data.path = '", Shown(spec.data().path()), "'",
-                     resolved.ok() && *resolved != spec.data().path()
-                         ? absl::StrCat(" (resolved: '", Shown(*resolved), "')")
-                         : "",
-                     " is outside every --data-root of this worker ('",
-                     absl::StrJoin(policy.data_roots, "', '"), "')"));
+    if (inside_one) continue;
+    absl::StatusOr<std::string> resolved = ResolvePath(path);
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " = '", Shown(path), "'",
+        resolved.ok() && *resolved != path ? absl::StrCat(" (resolved: '", Shown(*resolved), "')")
+                                           : "",
+        " is outside every --data-root of this worker ('", absl::StrJoin(policy.data_roots, "', '"),
+        "')"));
   }
   return absl::OkStatus();
 }

@@ -33,7 +33,8 @@ absl::StatusOr<bool> ResolvesUnder(const std::string& path, const std::string& r
 // InvalidArgument (the job cannot run here, whichever attempt) naming the spec field, its value
 // and the root, when the directory that holds the job's checkpoint directory `job_dir`
 // (Assignment.checkpoint_dir, `<checkpoint.dir or root>/<job id>`) is not under
-// policy.checkpoint_root, or when data.path is not under any of policy.data_roots.
+// policy.checkpoint_root, or when data.path or checkpoint.init_from is not under any of
+// policy.data_roots.
 absl::Status CheckJobPaths(const v1::JobSpec& spec, const std::string& job_dir,
                            const JobPathPolicy& policy);
 

@@ -286,6 +286,11 @@ absl::StatusOr<v1::AttemptOutcome> Train(const v1::Assignment& assignment,
                                               assignment.resume_checkpoint(),
                                               ", but there is no checkpoint in ", root.string()));
     }
+    if (!config.init_from.empty()) {
+      MOETRAIN_RETURN_IF_ERROR(trainer->InitializeFrom(config.init_from));
+      observer.OnMessage(
+          absl::StrCat("model weights from checkpoint.init_from = ", config.init_from));
+    }
   } else if (!resumed.ok()) {
     return resumed;
   } else {

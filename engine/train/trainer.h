@@ -74,6 +74,7 @@ struct TrainerConfig {
   int64_t eval_batches = 0;   // eval batches per evaluation; 0 = the whole held-out set
   bool skip_nonfinite_steps = false;
   std::string checkpoint_dir;    // empty = no checkpoints
+  std::string init_from;         // a step directory whose model starts the job (InitializeFrom)
   int64_t checkpoint_every = 0;  // steps between checkpoints (and after the last); 0 = only last
   int keep_last = 3;             // complete checkpoints kept; 0 = every one
 
@@ -160,6 +161,13 @@ class Trainer {
   // written by another world layout (both layouts named). After an error other than NotFound
   // the trainer may hold part of a checkpoint: make a new one rather than train on.
   absl::Status Resume(TrainObserver* observer);
+
+  // Replaces the model's initial weights with those of the checkpoint step `step_dir` (any
+  // layout: each rank reads what it holds), for a job that starts without a checkpoint of its
+  // own. Its model_config must equal this trainer's model (FailedPrecondition otherwise, naming
+  // the step); a missing or damaged step is NotFound or DataLoss. The optimizer state, step and
+  // data position stay fresh.
+  absl::Status InitializeFrom(const std::string& step_dir);
 
   // Trains until config.steps, or until *stop asks otherwise (checked between steps, and agreed
   // by the ranks: when any rank asks for kCheckpointAndStop every rank does that, else when any

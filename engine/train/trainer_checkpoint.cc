@@ -205,6 +205,19 @@ absl::Status RestoreModelParameters(const LoadedCheckpoint& loaded, Transformer*
   return model->SyncComputeWeights();
 }
 
+absl::Status Trainer::InitializeFrom(const std::string& step_dir) {
+  MOETRAIN_ASSIGN_OR_RETURN(const Json manifest, LoadCheckpointManifest(step_dir));
+  if (manifest.value("model_config", Json()) != ModelConfigToJson(config_.model)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint.init_from = ", step_dir,
+                     " holds another model than this job's spec (its "
+                     "manifest's model_config differs from model.*)"));
+  }
+  MOETRAIN_ASSIGN_OR_RETURN(const LoadedCheckpoint loaded,
+                            LoadCheckpoint(step_dir, {.ranks = {0}, .optimizer = false}));
+  return RestoreModelParameters(loaded, model_.get());
+}
+
 absl::StatusOr<std::string> Trainer::BeginCheckpointOnRanks() {
   Communicator& world = groups_->world();
   const std::string root = CheckpointRoot();

@@ -521,6 +521,37 @@ TEST_F(CliTest, StepsFlagOverridesTrainSteps) {
   EXPECT_EQ(Entries(checkpoints / "tiny"), std::set<std::string>{StepDirName(5)});
 }
 
+// checkpoint.init_from: a new job starts from another job's step (fine-tuning): its first step's
+// loss is already near where the other job ended, far below a fresh start's.
+TEST_F(CliTest, InitFromStartsAJobFromAnotherJobsWeights) {
+  const TinySpec pretrain;  // 40 steps
+  const fs::path checkpoints = dir_ / "ckpt";
+  const std::map<int64_t, json> first =
+      StepLines(JsonLines(RunOk(WriteSpec(pretrain, "pretrain.yaml"), checkpoints).out));
+  ASSERT_TRUE(first.contains(1) && first.contains(40));
+  const double fresh = first.at(1).at("loss"), trained = first.at(40).at("loss");
+  ASSERT_LT(trained, fresh - 0.5);
+
+  TinySpec finetune;
+  finetune.name = "finetune";
+  finetune.steps = 4;
+  finetune.checkpoint_extra =
+      absl::StrCat("  init_from: ", (checkpoints / pretrain.name / StepDirName(40)).string(), "\n");
+  const std::map<int64_t, json> second =
+      StepLines(JsonLines(RunOk(WriteSpec(finetune, "finetune.yaml"), checkpoints).out));
+  ASSERT_TRUE(second.contains(1));
+  EXPECT_LT(second.at(1).at("loss").get<double>(), (fresh + trained) / 2);
+
+  // Another model is refused, naming the field.
+  TinySpec other = finetune;
+  other.name = "other";
+  other.top_k_line = "top_k: 1";
+  const Finished refused = Moetrain({"run", WriteSpec(other, "other.yaml"), "--checkpoint-dir",
+                                     (dir_ / "ckpt2").string(), "--json"});
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_TRUE(Contains(refused.err + refused.out, "checkpoint.init_from")) << refused.err;
+}
+
 TEST_F(CliTest, BadSpecsFailNamingTheField) {
   struct Case {
     std::string top_k_line;

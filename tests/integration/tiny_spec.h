@@ -25,6 +25,8 @@ struct TinySpec {
   // More lines of the train: section, each indented two spaces and ending in a newline (say
   // "  precision: FP8\n").
   std::string train_extra;
+  // More lines of the checkpoint: section, likewise ("  init_from: /x/step-00000040\n").
+  std::string checkpoint_extra;
 
   std::string Yaml() const {
     return absl::StrCat("name: ", name, R"(
@@ -40,7 +42,8 @@ model:
   rms_norm_eps: 1e-5
   moe:
     num_experts: 4
-    )", top_k_line, R"(
+    )",
+                        top_k_line, R"(
     expert_ffn_dim: 24
     routed_scaling_factor: 1.5
 data:
@@ -48,25 +51,33 @@ data:
   synthetic_vocab_size: 32
   seed: 3
 train:
-  steps: )", steps, R"(
+  steps: )",
+                        steps, R"(
   batch_size: 4
   seq_len: 32
   optimizer:
     lr: 3e-3
     warmup_steps: 2
   seed: 1
-  log_every: )", log_every, R"(
-  eval_every: )", eval_every, R"(
+  log_every: )",
+                        log_every, R"(
+  eval_every: )",
+                        eval_every, R"(
   eval_batches: 2
-)", train_extra, R"(checkpoint:
-  every_steps: )", checkpoint_every, R"(
-  keep_last: )", keep_last, R"(
-resources:
-  workers: )", workers, R"(
+)",
+                        train_extra, R"(checkpoint:
+  every_steps: )",
+                        checkpoint_every, R"(
+  keep_last: )",
+                        keep_last, "\n", checkpoint_extra, R"(resources:
+  workers: )",
+                        workers, R"(
 parallel:
-  expert_parallel: )", expert_parallel, R"(
+  expert_parallel: )",
+                        expert_parallel, R"(
 restart:
-  max_restarts: )", max_restarts, "\n");
+  max_restarts: )",
+                        max_restarts, "\n");
   }
 };
 

@@ -112,6 +112,19 @@ TEST_F(JobPathsTest, DataRootsConfineDataPathsAndNoneAllowsAnyFile) {
   }
 }
 
+// checkpoint.init_from is read like data.path: under a data root when the worker names any.
+TEST_F(JobPathsTest, DataRootsConfineInitFromToo) {
+  const JobPathPolicy policy{.data_roots = {Path("data")}};
+  v1::JobSpec spec = Spec("");
+  spec.mutable_checkpoint()->set_init_from(Path("data/step-00000000"));
+  EXPECT_TRUE(CheckJobPaths(spec, "", policy).ok());
+  spec.mutable_checkpoint()->set_init_from(Path("elsewhere/step-00000000"));
+  const absl::Status status = CheckJobPaths(spec, "", policy);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_TRUE(Contains(status.message(), "checkpoint.init_from = '")) << status;
+  EXPECT_TRUE(CheckJobPaths(spec, "", JobPathPolicy{}).ok());
+}
+
 TEST_F(JobPathsTest, ADataPathLinkedOutOfTheRootIsRefused) {
   fs::create_symlink(base_ / "elsewhere" / "secret.bin", base_ / "data" / "link.bin");
   fs::create_directory_symlink(base_ / "elsewhere", base_ / "data" / "dir-link");

@@ -76,6 +76,35 @@ TEST(TrainerTest, ResumeIsBitIdenticalToTrainingStraight) {
   EXPECT_EQ((*a)->tokens_seen(), (*c)->tokens_seen());
 }
 
+// Fine-tuning: a new job whose checkpoint.init_from names another job's step starts from that
+// step's weights (and only them: step, optimizer and data start fresh); another model is refused.
+TEST(TrainerTest, InitializeFromTakesTheWeightsOfAStepOfTheSameModel) {
+  TempDir pretrain_dir, finetune_dir;
+  auto a = Trainer::Create(TinyConfig(pretrain_dir.path()));
+  MOETRAIN_ASSERT_OK(a.status());
+  MOETRAIN_ASSERT_OK((*a)->Run(nullptr));
+  const std::string step = pretrain_dir.path() + "/" + TinyConfig("").job_id + "/step-00000008";
+
+  TrainerConfig finetune = TinyConfig(finetune_dir.path());
+  finetune.seed = 777;  // another init, which the step's weights replace
+  auto b = Trainer::Create(finetune);
+  MOETRAIN_ASSERT_OK(b.status());
+  EXPECT_NE(Masters(**a), Masters(**b));
+  MOETRAIN_ASSERT_OK((*b)->InitializeFrom(step));
+  EXPECT_EQ(Masters(**a), Masters(**b));
+  EXPECT_EQ((*b)->step(), 0);
+  EXPECT_EQ((*b)->tokens_seen(), 0);
+
+  TrainerConfig other = TinyConfig(finetune_dir.path());
+  other.model.ffn_dim += 2;
+  auto c = Trainer::Create(other);
+  MOETRAIN_ASSERT_OK(c.status());
+  const absl::Status refused = (*c)->InitializeFrom(step);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_EQ((*c)->InitializeFrom(pretrain_dir.path() + "/nothing").code(),
+            absl::StatusCode::kNotFound);
+}
+
 // Asks for a stop once a given step is reported, refuses chosen checkpoints, and records what
 // the trainer reports.
 class Controller : public Recorder {
