@@ -34,6 +34,21 @@ inline TrainerConfig JobConfig(const std::string& checkpoint_dir, int dp, int ep
   return c;
 }
 
+// The job as DeepSeek-V3 is built: Multi-head Latent Attention (with query compression) and one
+// multi-token prediction module.
+inline TrainerConfig WithDeepseekV3(TrainerConfig c) {
+  c.model.attention = AttentionType::kMla;
+  c.model.num_kv_heads = c.model.num_heads;
+  c.model.mla = {.q_lora_rank = 12,
+                 .kv_lora_rank = 8,
+                 .qk_nope_head_dim = 4,
+                 .qk_rope_head_dim = 4,
+                 .v_head_dim = 6};
+  c.model.mtp_depth = 1;
+  c.model.mtp_loss_weight = 0.3f;
+  return c;
+}
+
 // The job in bf16 with FP8 GEMMs by `recipe` ("delayed", "current", "blockwise", "mxfp8").
 inline absl::StatusOr<TrainerConfig> WithFp8(TrainerConfig c, const std::string& recipe) {
   Fp8RecipeConfig fp8;

@@ -3,12 +3,13 @@
 //
 //   parallel_train_rank --rank R --dp D --ep E --store DIR --checkpoint-dir DIR
 //                       [--steps N] [--micro M] [--resume] [--hang-after-checkpoint S]
-//                       [--poison] [--fp8 delayed|current|blockwise|mxfp8]
+//                       [--poison] [--fp8 delayed|current|blockwise|mxfp8] [--deepseek]
 //
 // Joins the world through a FileKeyValueStore in the store directory (Gloo over 127.0.0.1),
 // builds the trainer of parallel_test_config.h, resumes when asked, trains, and prints one JSON
 // object a line: {"step", "loss", "aux_loss", "z_loss", "grad_norm", "lr", "tokens_seen",
-// "eval_loss"?, "expert_load"} per step (doubles as their 17 digits), {"checkpoint", "path"},
+// "eval_loss"?, "mtp_loss"?, "expert_load"} per step (doubles as their 17 digits), {"checkpoint",
+// "path"},
 // {"message"}, and {"done": true, "step"} at the end. Exits 0, or 1 after printing
 // {"error": "..."}. With --hang-after-checkpoint S it stops in its tracks once the checkpoint of
 // step S is written, for the test to kill it. --poison makes the embedding NaN (on every rank).
@@ -59,6 +60,7 @@ class Printer : public TrainObserver {
                            {"expert_load", Exact(r.expert_load_max_over_mean)},
                            {"expert_tokens", r.expert_tokens}};
     if (r.eval_loss.has_value()) line["eval_loss"] = Exact(*r.eval_loss);
+    if (r.mtp_loss.has_value()) line["mtp_loss"] = Exact(*r.mtp_loss);
     Print(line);
   }
   void OnCheckpoint(const CheckpointReport& r) override {
@@ -80,7 +82,7 @@ int Fail(const absl::Status& status) {
 
 int Main(int argc, char** argv) {
   int64_t rank = 0, dp = 1, ep = 1, steps = 0, micro = 0, hang_after = -1;
-  bool resume = false, poison = false;
+  bool resume = false, poison = false, deepseek = false;
   std::string store_dir, checkpoint_dir;
   const std::map<std::string, int64_t*> numbers = {
       {"--rank", &rank},   {"--dp", &dp},       {"--ep", &ep},
@@ -88,7 +90,8 @@ int Main(int argc, char** argv) {
   std::string fp8;
   const std::map<std::string, std::string*> texts = {
       {"--store", &store_dir}, {"--checkpoint-dir", &checkpoint_dir}, {"--fp8", &fp8}};
-  const std::map<std::string, bool*> switches = {{"--resume", &resume}, {"--poison", &poison}};
+  const std::map<std::string, bool*> switches = {
+      {"--resume", &resume}, {"--poison", &poison}, {"--deepseek", &deepseek}};
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     const char* value = i + 1 < argc ? argv[i + 1] : "";
@@ -116,6 +119,7 @@ int Main(int argc, char** argv) {
 
   TrainerConfig config =
       parallel_test::JobConfig(checkpoint_dir, static_cast<int>(dp), static_cast<int>(ep));
+  if (deepseek) config = parallel_test::WithDeepseekV3(config);
   if (steps > 0) config.steps = steps;
   config.micro_batch_size = micro;
   if (!fp8.empty()) {

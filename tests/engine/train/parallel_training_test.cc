@@ -290,6 +290,32 @@ TEST(ParallelTrainingTest, Fp8DelayedScalingOnTwoExpertRanksTracksOneProcess) {
   EXPECT_EQ(Json::parse(manifest_file)["fp8"]["recipe"], "delayed");
 }
 
+// DeepSeek-V3's attention and multi-token prediction on 2 × 2 ranks: the MTP module's MoE block
+// exchanges tokens like the others, its experts are sharded and its parameters join the first
+// gradient stage; the losses (main and MTP) and gradient norms are the single process's.
+TEST(ParallelTrainingTest, MlaAndMultiTokenPredictionOnTwoByTwoRanksMatchOneProcess) {
+  TempDir dir;
+  const TrainerConfig config = parallel_test::WithDeepseekV3(
+      parallel_test::JobConfig((dir.path() / "reference").string(), 1, 1));
+  Recorder reference;
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(config);
+  MOETRAIN_ASSERT_OK(trainer.status());
+  MOETRAIN_ASSERT_OK((*trainer)->Run(&reference));
+  const std::vector<std::vector<Json>> ranks = RunJob(2, 2, dir.path(), {"--deepseek"});
+  ASSERT_EQ(ranks.size(), 4u);
+  const std::map<int64_t, Json> steps = Steps(ranks[0]);
+  ASSERT_EQ(steps.size(), 10u) << ranks[0].size() << " lines";
+  for (const auto& [step, want] : reference.steps) {
+    SCOPED_TRACE(absl::StrCat("step ", step));
+    const Json& got = steps.at(step);
+    ExpectClose(want.loss, Number(got, "loss"), "loss");
+    ASSERT_TRUE(want.mtp_loss.has_value());
+    ExpectClose(*want.mtp_loss, Number(got, "mtp_loss"), "mtp_loss");
+    ExpectClose(want.grad_norm, Number(got, "grad_norm"), "grad_norm");
+    EXPECT_EQ(want.expert_tokens, got["expert_tokens"].get<std::vector<int64_t>>());
+  }
+}
+
 // Two micro-batches a step: rank r's share of micro-batch m is not the single process's
 // micro-batch m, which changes only the aux loss's token counts. The first step's cross-entropy
 // and z-loss are still the single process's.
