@@ -50,19 +50,21 @@ int EvalCheckpoint(const EvalOptions& options) {
                                      options.checkpoint, ": config.json max_position_embeddings = ",
                                      seq_len, " is not a usable sequence length")));
   }
+  // The main model only: the MTP modules' weights are not read, and every window is S + 1
+  // tokens whatever the model's mtp_depth, so all models see the same windows of a file.
+  model_config->mtp_depth = 0;
   absl::StatusOr<Transformer> model = Transformer::Create(*model_config, DType::kF32);
   if (!model.ok()) return CommandFailed("eval", model.status());
   if (absl::Status status = RestoreModelParameters(*checkpoint, &*model); !status.ok()) {
     return CommandFailed("eval", status);
   }
 
-  absl::StatusOr<TokenFile> file = TokenFile::Open(
-      options.data_path, *format, model_config->vocab_size, seq_len + 1 + model_config->mtp_depth);
+  absl::StatusOr<TokenFile> file =
+      TokenFile::Open(options.data_path, *format, model_config->vocab_size, seq_len + 1);
   if (!file.ok()) return CommandFailed("eval", file.status());
-  // Window i is tokens [i·S, i·S + S + 1 + mtp_depth): consecutive windows share their boundary
-  // token (and the MTP modules' tokens past it, which the evaluation does not score).
-  const int64_t extra = model_config->mtp_depth, window = seq_len + 1 + extra;
-  const int64_t windows = (file->num_tokens() - 1 - extra) / seq_len;
+  // Window i is tokens [i·S, i·S + S + 1): consecutive windows share their boundary token.
+  const int64_t window = seq_len + 1;
+  const int64_t windows = (file->num_tokens() - 1) / seq_len;
   const int64_t batch_size = std::max<int64_t>(1, options.batch_size);
   int64_t batches = (windows + batch_size - 1) / batch_size;
   if (options.batches > 0) batches = std::min(batches, options.batches);

@@ -21,7 +21,7 @@ enum class AttentionType : uint8_t {
 //   [c | k_rope] = kv_a_proj_with_mqa(n); [k_nope | v] per head = kv_b_proj(RMSNorm_kv(c));
 //   k = [k_nope | k_rope] (k_rope shared by every head); RoPE on the rope features only, in the
 //   interleaved layout (pairs 2i, 2i+1); softmax scale 1/√(qk_nope + qk_rope).
-// The defaults are DeepSeek-V3's.
+// The defaults are DeepSeek-V3's but q_lora_rank's (DeepSeek-V3: 1536).
 struct MlaConfig {
   int64_t q_lora_rank = 0;         // query compression rank; 0 = one q_proj
   int64_t kv_lora_rank = 512;      // width of the compressed key/value latent c

@@ -1,7 +1,8 @@
 // Multi-token prediction (DeepSeek-V3's MTP modules) of the transformer: module k (1-based)
-// reads the previous depth's hidden state h_{k−1} (h_0: the last block's output, before the
-// final norm) and the embedding of the token k positions ahead, and predicts the token k + 1
-// ahead through the shared LM head:
+// reads the previous depth's hidden state h_{k−1} and the embedding of the token k positions
+// ahead, and predicts the token k + 1 ahead through the shared LM head. h_0 is the main model's
+// output after its final norm, what the LM head reads: the hidden state that vLLM's and SGLang's
+// DeepSeek-V3 MTP code is fed, so that exported MTP weights see what they were trained on.
 //
 //   x_k = eh_proj([RMSNorm_e(embed(tokens[t + k])) | RMSNorm_h(h_{k−1})]),  h_k = Block_k(x_k)
 //   loss_k = CE(lm_head(RMSNorm_shared(h_k)), tokens[t + k + 1])
@@ -39,13 +40,14 @@ enum MtpBuffer {
   kDConcat,
   kDPart,
   kDEmbedded,
+  kH0,
   kNumMtpBuffers
 };
 
 }  // namespace
 
 absl::Status Transformer::MtpForwardBackward(float loss_scale, StepResult* result,
-                                             TensorView d_h0) {
+                                             TensorView d_final) {
   static_assert(kNumMtpBuffers <= kMtpBuffers);
   const int64_t depth = config_.mtp_depth, layers = config_.num_layers;
   const int64_t t = batch_ * seq_len_, d = config_.hidden_size;
@@ -64,7 +66,12 @@ absl::Status Transformer::MtpForwardBackward(float loss_scale, StepResult* resul
   // d loss_k / d logits: the objective weighs the mean over modules by mtp_loss_weight.
   const float d_loss = loss_scale * config_.mtp_loss_weight / static_cast<float>(depth);
   double loss_sum = 0;
-  TensorView h_prev = residual_.Select(layers);
+  // h_0 in f32, as the norms read it (the bf16 final norm output widens exactly).
+  TensorView h_prev = final_normed_;
+  if (act != DType::kF32) {
+    MOETRAIN_ASSIGN_OR_RETURN(h_prev, get(0, kH0, DType::kF32, {t, d}));
+    MOETRAIN_RETURN_IF_ERROR(ops::ConvertTensor(ctx_, final_normed_, h_prev));
+  }
   for (int64_t k = 0; k < depth; ++k) {
     Saved& m = saved[k];
     const MtpWeights& w = mtp_weights_[k];
@@ -146,9 +153,10 @@ absl::Status Transformer::MtpForwardBackward(float loss_scale, StepResult* resul
                                                          .d_x = d_embedded,
                                                          .d_weight = g.enorm}));
     MOETRAIN_RETURN_IF_ERROR(ops::EmbeddingBackward(ctx_, m.inputs, d_embedded, embed_grad_));
-    // The hidden half: through hnorm into the previous depth's hidden state (or h_0).
+    // The hidden half: through hnorm into the previous depth's hidden state, or into h_0's
+    // gradient, which holds the LM head's already.
     MOETRAIN_RETURN_IF_ERROR(ops::CopyColumns(ctx_, d_concat, d, d_part, 0, d));
-    TensorView d_prev = d_h0;
+    TensorView d_prev = d_final;
     if (k > 0) {
       MOETRAIN_ASSIGN_OR_RETURN(d_prev, get(k - 1, kDHidden, DType::kF32, {t, d}));
     }
@@ -157,7 +165,8 @@ absl::Status Transformer::MtpForwardBackward(float loss_scale, StepResult* resul
                                                          .rstd = m.rstd_h,
                                                          .d_out = d_part,
                                                          .d_x = d_prev,
-                                                         .d_weight = g.hnorm}));
+                                                         .d_weight = g.hnorm,
+                                                         .accumulate_d_x = k == 0}));
   }
   return absl::OkStatus();
 }

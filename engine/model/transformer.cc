@@ -139,17 +139,18 @@ absl::StatusOr<StepResult> Transformer::ForwardBackward(TensorView tokens,
                        {.d_loss = loss_scale, .d_hidden = d_final, .d_weight = lm_head_grad_},
                        &lm_head_workspace_));
 
-  // d_residual carries dL/d(residual stream) down the blocks; the MTP modules start it.
+  // The MTP modules add their gradient of the final norm's output to the LM head's.
+  if (config_.mtp_depth > 0) {
+    MOETRAIN_RETURN_IF_ERROR(MtpForwardBackward(loss_scale, &result, d_final));
+  }
+  // d_residual carries dL/d(residual stream) down the blocks.
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_residual, workspace_.Get(kDResidual, DType::kF32, {t, d}));
-  const bool mtp = config_.mtp_depth > 0;
-  if (mtp) MOETRAIN_RETURN_IF_ERROR(MtpForwardBackward(loss_scale, &result, d_residual));
   MOETRAIN_RETURN_IF_ERROR(ops::RmsNormBackward(ctx_, {.x = residual_.Select(layers),
                                                        .weight = final_norm_,
                                                        .rstd = final_rstd_,
                                                        .d_out = d_final,
                                                        .d_x = d_residual,
-                                                       .d_weight = final_norm_grad_,
-                                                       .accumulate_d_x = mtp}));
+                                                       .d_weight = final_norm_grad_}));
   if (!options.backward_through_nonfinite_loss &&
       (!std::isfinite(result.loss) || !std::isfinite(result.aux_loss) ||
        !std::isfinite(result.z_loss) || !std::isfinite(result.mtp_loss))) {

@@ -179,9 +179,10 @@ class Transformer {
   absl::Status ForwardToFinalNorm(StepResult* result);
   ops::LmHeadLossArgs LmHeadArgs() const;
   // Multi-token prediction (mtp.cc): every module's forward and loss, then its backward, after
-  // the main LM head. Adds the MTP losses and MoE statistics to `result` and writes the gradient
-  // of the last block's output (the first module's input) into d_h0 (T, D) f32.
-  absl::Status MtpForwardBackward(float loss_scale, StepResult* result, TensorView d_h0);
+  // the main LM head. Adds the MTP losses and MoE statistics to `result` and the gradient of the
+  // final norm's output (the first module's input) into d_final (T, D) f32, which holds the LM
+  // head's.
+  absl::Status MtpForwardBackward(float loss_scale, StepResult* result, TensorView d_final);
 
   ModelConfig config_;
   DType dtype_;

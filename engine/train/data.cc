@@ -93,9 +93,10 @@ absl::Status DataConfig::Validate() const {
   if (seq_len < 1) return Invalid("seq_len", seq_len, "must be at least 1");
   if (batch_size < 1) return Invalid("batch_size", batch_size, "must be at least 1");
   if (extra_tokens < 0) return Invalid("extra_tokens", extra_tokens, "must not be negative");
-  if (seq_len >= kMaxBatchTokens || (seq_len + 1) * batch_size > kMaxBatchTokens) {
+  const int64_t window = seq_len + 1 + std::max<int64_t>(extra_tokens, 0);
+  if (window >= kMaxBatchTokens || window * batch_size > kMaxBatchTokens) {
     return Invalid("batch_size", batch_size,
-                   absl::StrCat("of data.seq_len + 1 = ", seq_len + 1,
+                   absl::StrCat("of data.seq_len + 1 = ", window,
                                 " tokens is more than 2^31 tokens per batch"));
   }
   if (!(eval_fraction >= 0.0 && eval_fraction < 1.0)) {

@@ -49,7 +49,26 @@ std::vector<std::string> DeepseekV3Differences(const ModelConfig& c, bool* group
   if (m.score_function != ScoreFunction::kSigmoid) {
     why.push_back("router scores are a softmax; DeepSeek-V3's code takes a sigmoid");
   }
-  if (m.num_groups > 1 && m.group_top_k < m.num_groups && m.group_score_members() != 2) {
+  if (!m.expert_bias) {
+    why.push_back(
+        "model.moe.expert_bias is false; DeepSeek-V3's code always adds a selection bias "
+        "(mlp.gate.e_score_correction_bias), which this model has no tensor for");
+  }
+  if (m.capacity_factor > 0) {
+    why.push_back(absl::StrCat("model.moe.capacity_factor = ", m.capacity_factor,
+                               " drops tokens over an expert's capacity; DeepSeek-V3's code is "
+                               "dropless"));
+  }
+  if (c.is_mla() && c.rms_norm_eps != 1e-6f) {
+    why.push_back(absl::StrCat("model.rms_norm_eps = ", c.rms_norm_eps,
+                               "; DeepSeek-V3's code builds q_a_layernorm and kv_a_layernorm with "
+                               "eps 1e-6 whatever config.json says"));
+  }
+  const bool group_limited = m.num_groups > 1 && m.group_top_k < m.num_groups;
+  if (group_limited && m.num_experts / m.num_groups < 2) {
+    why.push_back(absl::StrCat("groups of ", m.num_experts / m.num_groups,
+                               " expert; DeepSeek-V3's code scores a group by its best 2"));
+  } else if (group_limited && m.group_score_members() != 2) {
     why.push_back(absl::StrCat(
         "a group scores the sum of its best model.moe.top_k / model.moe.group_top_k = ",
         m.group_score_members(), " experts; DeepSeek-V3's code sums its best 2"));
@@ -82,8 +101,10 @@ Json HuggingFaceConfig(const ModelConfig& c, int64_t seq_len, bool force_deepsee
       {"topk_method", "noaux_tc"},
       {"norm_topk_prob", m.normalize_topk_weights},
       {"routed_scaling_factor", m.routed_scaling_factor},
-      {"n_group", m.num_groups},
-      {"topk_group", m.group_top_k},
+      // Every group chosen is no group limit: written as one group, which DeepSeek-V3's code
+      // scores without needing 2 experts in each.
+      {"n_group", m.group_top_k < m.num_groups ? m.num_groups : 1},
+      {"topk_group", m.group_top_k < m.num_groups ? m.group_top_k : 1},
       {"num_nextn_predict_layers", c.mtp_depth},
       {"rms_norm_eps", c.rms_norm_eps},
       {"rope_theta", c.rope_theta},
@@ -150,6 +171,20 @@ absl::StatusOr<ModelConfig> ModelConfigFromHuggingFace(const Json& json, int64_t
   MOETRAIN_RETURN_IF_ERROR(ReadKey(json, "num_hidden_layers", &c.num_layers));
   MOETRAIN_RETURN_IF_ERROR(ReadKey(json, "num_attention_heads", &c.num_heads));
   c.num_kv_heads = c.num_heads;
+  if (json.contains("num_key_value_heads")) {
+    int64_t kv_heads = 0;
+    MOETRAIN_RETURN_IF_ERROR(ReadKey(json, "num_key_value_heads", &kv_heads));
+    if (kv_heads != c.num_heads) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: num_key_value_heads = ", kv_heads,
+                       " is not supported: MLA's keys and values "
+                       "have num_attention_heads = ",
+                       c.num_heads, " heads"));
+    }
+  }
+  if (json.contains("initializer_range")) {
+    MOETRAIN_RETURN_IF_ERROR(ReadKey(json, "initializer_range", &c.init_std));
+  }
   MOETRAIN_RETURN_IF_ERROR(ReadKey(json, "intermediate_size", &c.ffn_dim));
   MOETRAIN_RETURN_IF_ERROR(ReadKey(json, "moe_intermediate_size", &c.moe.expert_ffn_dim));
   MOETRAIN_RETURN_IF_ERROR(ReadKey(json, "n_routed_experts", &c.moe.num_experts));
@@ -161,6 +196,12 @@ absl::StatusOr<ModelConfig> ModelConfigFromHuggingFace(const Json& json, int64_t
   MOETRAIN_RETURN_IF_ERROR(ReadKey(json, "n_group", &c.moe.num_groups));
   MOETRAIN_RETURN_IF_ERROR(ReadKey(json, "topk_group", &c.moe.group_top_k));
   MOETRAIN_RETURN_IF_ERROR(ReadKey(json, "rms_norm_eps", &c.rms_norm_eps));
+  if (c.rms_norm_eps != 1e-6f) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.json: rms_norm_eps = ", c.rms_norm_eps,
+        " is not supported: DeepSeek-V3's code uses 1e-6 in q_a_layernorm and kv_a_layernorm "
+        "whatever this says, and the engine has one eps for every norm"));
+  }
   MOETRAIN_RETURN_IF_ERROR(ReadKey(json, "rope_theta", &c.rope_theta));
   if (json.contains("tie_word_embeddings")) {
     MOETRAIN_RETURN_IF_ERROR(ReadKey(json, "tie_word_embeddings", &c.tie_embeddings));

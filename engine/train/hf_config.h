@@ -1,13 +1,18 @@
 // The Hugging Face config.json of a model, and a model from one (moetrain import/export and
 // every checkpoint's config.json; docs/checkpoints.md).
 //
-// config.json names the Hugging Face class whose code computes the same function as the weights:
-//   DeepseekV3ForCausalLM  MLA attention, sigmoid scores, and (when group-limited routing is on)
-//                          groups scored by their best 2 experts, as that code does (our router
-//                          uses top_k / group_top_k);
+// config.json names the Hugging Face class whose code computes the same function as the weights,
+// as far as reading that code tells (transformers' modeling_deepseek_v3.py; no test here runs it):
+//   DeepseekV3ForCausalLM  MLA attention, sigmoid scores with the selection bias, dropless, RMSNorm
+//                          eps 1e-6 (the code's fixed eps of the MLA latents' norms), and (when
+//                          group-limited routing is on) groups scored by their best 2 experts, as
+//                          that code does (our router uses top_k / group_top_k);
 //   MoetrainForCausalLM    anything else. No Hugging Face code has that name, so no tool loads
 //                          the weights into a model that would compute something else; the key
 //                          "moetrain_differences" lists why DeepSeek-V3's code would differ.
+// One difference no config can state: that code masks the experts of unchosen groups with a score
+// of 0 where ours uses −∞, so the two choose alike while every score plus bias of a chosen group
+// is ≥ 0 (sigmoid scores are positive; only a bias below −1 can break it).
 // Every config.json also carries "moetrain_model_config" (model_config_json.h), from which import
 // rebuilds the model exactly.
 #ifndef MOETRAIN_ENGINE_TRAIN_HF_CONFIG_H_

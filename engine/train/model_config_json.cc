@@ -100,6 +100,16 @@ nlohmann::json ModelConfigToJson(const ModelConfig& c) {
   return json;
 }
 
+nlohmann::json ModelFunctionJson(const ModelConfig& config) {
+  nlohmann::json json = ModelConfigToJson(config);
+  for (const char* key : {"init_std", "max_seq_len", "mtp_loss_weight"}) json.erase(key);
+  for (const char* key : {"aux_loss", "aux_loss_coeff", "z_loss_coeff", "expert_bias_update_rate",
+                          "capacity_factor", "drop_policy"}) {
+    json["moe"].erase(key);
+  }
+  return json;
+}
+
 absl::StatusOr<ModelConfig> ModelConfigFromJson(const nlohmann::json& json) {
   if (!json.is_object() || !json.contains("moe") || !json["moe"].is_object()) {
     return absl::InvalidArgumentError("model config: expected an object with a 'moe' object");

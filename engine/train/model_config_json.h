@@ -12,6 +12,12 @@ namespace moetrain {
 // Every field, named as in the job spec (model.*, model.moe.*), enums by name.
 nlohmann::json ModelConfigToJson(const ModelConfig& config);
 
+// The fields of a model config that change the function its weights compute (and the weights'
+// shapes), as ModelConfigToJson names them: the training-only ones (init_std, max_seq_len,
+// mtp_loss_weight, the aux and z losses, the bias update rate, capacity and drops) left out.
+// Two configs whose weights may start one another's jobs (checkpoint.init_from) have equal ones.
+nlohmann::json ModelFunctionJson(const ModelConfig& config);
+
 // The inverse; InvalidArgument naming the key when one is missing or of the wrong type, and the
 // result is validated.
 absl::StatusOr<ModelConfig> ModelConfigFromJson(const nlohmann::json& json);

@@ -207,11 +207,31 @@ absl::Status RestoreModelParameters(const LoadedCheckpoint& loaded, Transformer*
 
 absl::Status Trainer::InitializeFrom(const std::string& step_dir) {
   MOETRAIN_ASSIGN_OR_RETURN(const Json manifest, LoadCheckpointManifest(step_dir));
-  if (manifest.value("model_config", Json()) != ModelConfigToJson(config_.model)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint.init_from = ", step_dir,
-                     " holds another model than this job's spec (its "
-                     "manifest's model_config differs from model.*)"));
+  absl::StatusOr<ModelConfig> theirs = ModelConfigFromJson(manifest.value("model_config", Json()));
+  if (!theirs.ok()) {
+    return absl::DataLossError(absl::StrCat(step_dir, ": ", theirs.status().message()));
+  }
+  // The same function, training-only fields aside; a job without MTP may start from a model with
+  // it (the modules' weights are left out).
+  if (config_.model.mtp_depth == 0) theirs->mtp_depth = 0;
+  const Json want = ModelFunctionJson(config_.model), got = ModelFunctionJson(*theirs);
+  if (want != got) {
+    std::vector<std::string> differ;
+    for (const auto& [key, value] : want.items()) {
+      if (key == "moe") {
+        for (const auto& [moe_key, moe_value] : value.items()) {
+          if (got["moe"].value(moe_key, Json()) != moe_value) differ.push_back("moe." + moe_key);
+        }
+      } else if (got.value(key, Json()) != value) {
+        differ.push_back(key);
+      }
+    }
+    for (const auto& [key, value] : got.items()) {
+      if (!want.contains(key)) differ.push_back(key);
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint.init_from = ", step_dir, " holds another model than this job's spec: model.",
+        absl::StrJoin(differ, ", model."), " differ"));
   }
   MOETRAIN_ASSIGN_OR_RETURN(const LoadedCheckpoint loaded,
                             LoadCheckpoint(step_dir, {.ranks = {0}, .optimizer = false}));

@@ -72,7 +72,7 @@ void ConvertTensor(const ExecContext& ctx, TensorView src, TensorView dst) {
   });
 }
 
-// out = a + b, row by row; a bf16 row of b is widened first.
+// One memcpy a row.
 void CopyColumns(const ExecContext& ctx, TensorView src, int64_t src_col, TensorView dst,
                  int64_t dst_col, int64_t cols) {
   const int64_t rows = src.dim(0), bytes = DTypeSize(src.dtype());
@@ -88,6 +88,7 @@ void CopyColumns(const ExecContext& ctx, TensorView src, int64_t src_col, Tensor
       });
 }
 
+// out = a + b, row by row; a bf16 row of b is widened first.
 void Add(const ExecContext& ctx, TensorView a, TensorView b, TensorView out) {
   const int64_t t = a.dim(0), d = a.dim(1);
   ctx.thread_pool().ParallelFor(

@@ -287,7 +287,8 @@ TEST_F(HfCheckpointTest, GqaModelExportsAsMoetrainAndRoundTrips) {
   EXPECT_TRUE(Contains(exported->notes[0], "softmax")) << exported->notes[0];
   const Json config = ReadJson(dir_ / "hf" / "config.json");
   EXPECT_EQ(config.at("architectures"), Json({kMoetrainArchitecture}));
-  EXPECT_EQ(config.at("moetrain_differences").size(), 2u);
+  // Grouped-query attention, softmax scores, no selection bias.
+  EXPECT_EQ(config.at("moetrain_differences").size(), 3u);
 
   absl::StatusOr<HfImportReport> imported =
       ImportHuggingFace((dir_ / "hf").string(), (dir_ / "in").string());

@@ -101,6 +101,18 @@ TEST(TrainerTest, InitializeFromTakesTheWeightsOfAStepOfTheSameModel) {
   MOETRAIN_ASSERT_OK(c.status());
   const absl::Status refused = (*c)->InitializeFrom(step);
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("model.ffn_dim differ"), std::string::npos) << refused;
+
+  // Training-only fields (the init, the aux loss, the sequence length) may differ.
+  TrainerConfig retuned = TinyConfig(finetune_dir.path());
+  retuned.model.init_std = 0.05f;
+  retuned.model.moe.aux_loss_coeff = 0.0f;
+  retuned.model.moe.aux_loss = AuxLossType::kNone;
+  retuned.model.max_seq_len = 64;
+  auto d = Trainer::Create(retuned);
+  MOETRAIN_ASSERT_OK(d.status());
+  MOETRAIN_ASSERT_OK((*d)->InitializeFrom(step));
+  EXPECT_EQ(Masters(**a), Masters(**d));
   EXPECT_EQ((*c)->InitializeFrom(pretrain_dir.path() + "/nothing").code(),
             absl::StatusCode::kNotFound);
 }

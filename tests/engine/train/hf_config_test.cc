@@ -1,0 +1,112 @@
+// Which Hugging Face class config.json names (hf_config.h): each way a model can compute another
+// function than DeepSeek-V3's code is listed, and a config.json of DeepSeek-V3's keys that the
+// engine would compute differently is refused on import.
+#include "engine/train/hf_config.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/engine/model/transformer_test_util.h"
+
+namespace moetrain {
+namespace {
+
+// A scaled-down DeepSeek-V3: MLA, sigmoid with bias, 4 groups of 2 experts, top 4 from 2 groups.
+ModelConfig DeepseekLike() {
+  ModelConfig c = transformer_test::TinyMlaConfig(5);
+  c.moe.num_experts = 8;
+  c.moe.top_k = 4;
+  c.moe.num_groups = 4;
+  c.moe.group_top_k = 2;
+  return c;
+}
+
+bool Lists(const std::vector<std::string>& differences, const std::string& part) {
+  for (const std::string& d : differences) {
+    if (d.find(part) != std::string::npos) return true;
+  }
+  return false;
+}
+
+TEST(HfConfigTest, ADeepseekLikeModelIsDeepseekV3) {
+  const ModelConfig c = DeepseekLike();
+  EXPECT_TRUE(DeepseekV3Differences(c, nullptr).empty());
+  const nlohmann::json json = HuggingFaceConfig(c, 16);
+  EXPECT_EQ(json["architectures"][0], kDeepseekV3Architecture);
+  EXPECT_EQ(json["head_dim"], c.mla.qk_rope_head_dim);
+  EXPECT_EQ(json["n_group"], 4);
+  EXPECT_FALSE(json.contains("moetrain_differences"));
+}
+
+TEST(HfConfigTest, EveryOtherFunctionIsListedAndNamedMoetrain) {
+  struct Case {
+    const char* what;
+    void (*change)(ModelConfig*);
+    const char* listed;
+  };
+  const Case cases[] = {
+      {"no bias", [](ModelConfig* c) { c->moe.expert_bias = false; }, "expert_bias"},
+      {"dropping", [](ModelConfig* c) { c->moe.capacity_factor = 1.25f; }, "capacity_factor"},
+      {"eps", [](ModelConfig* c) { c->rms_norm_eps = 1e-5f; }, "eps 1e-6"},
+      {"softmax", [](ModelConfig* c) { c->moe.score_function = ScoreFunction::kSoftmax; },
+       "softmax"},
+      {"GQA", [](ModelConfig* c) { c->attention = AttentionType::kGqa; }, "grouped-query"},
+      {"groups of one",
+       [](ModelConfig* c) {
+         c->moe.num_groups = 8;
+         c->moe.group_top_k = 4;
+       },
+       "groups of 1 expert"},
+  };
+  for (const Case& test : cases) {
+    SCOPED_TRACE(test.what);
+    ModelConfig c = DeepseekLike();
+    test.change(&c);
+    const std::vector<std::string> differences = DeepseekV3Differences(c, nullptr);
+    EXPECT_TRUE(Lists(differences, test.listed)) << differences.size();
+    const nlohmann::json json = HuggingFaceConfig(c, 16, /*force_deepseek_v3=*/true);
+    EXPECT_EQ(json["architectures"][0], kMoetrainArchitecture);
+  }
+}
+
+TEST(HfConfigTest, EveryGroupChosenIsWrittenAsOneGroup) {
+  ModelConfig c = DeepseekLike();
+  c.moe.num_groups = 8;  // one expert a group, all chosen: no group limit at all
+  c.moe.group_top_k = 8;
+  EXPECT_TRUE(DeepseekV3Differences(c, nullptr).empty());
+  const nlohmann::json json = HuggingFaceConfig(c, 16);
+  EXPECT_EQ(json["n_group"], 1);
+  EXPECT_EQ(json["topk_group"], 1);
+}
+
+// DeepSeek-V3's own keys (no moetrain_model_config): read, or refused naming the key.
+TEST(HfConfigTest, ImportReadsDeepseekKeysAndRefusesWhatItWouldComputeDifferently) {
+  nlohmann::json json = HuggingFaceConfig(DeepseekLike(), 16);
+  json.erase("moetrain_model_config");
+  json["initializer_range"] = 0.006;
+  int64_t seq_len = 0;
+  absl::StatusOr<ModelConfig> read = ModelConfigFromHuggingFace(json, &seq_len);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(seq_len, 16);
+  EXPECT_FLOAT_EQ(read->init_std, 0.006f);
+  EXPECT_EQ(read->mla.q_lora_rank, 5);
+  EXPECT_EQ(read->moe.num_groups, 4);
+
+  for (const auto& [key, value] : {std::pair<const char*, nlohmann::json>{"rms_norm_eps", 1e-5},
+                                   {"num_key_value_heads", 1},
+                                   {"rope_scaling", {{"type", "yarn"}, {"factor", 40}}},
+                                   {"rope_interleave", false}}) {
+    SCOPED_TRACE(key);
+    nlohmann::json changed = json;
+    changed[key] = value;
+    const absl::Status status = ModelConfigFromHuggingFace(changed, &seq_len).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(status.message()).find(key), std::string::npos) << status;
+  }
+}
+
+}  // namespace
+}  // namespace moetrain
