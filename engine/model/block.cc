@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/core/status.h"
+#include "engine/model/compute_copy.h"
 #include "engine/ops/elementwise/elementwise.h"
 #include "engine/ops/norm/rms_norm.h"
 #include "engine/ops/rope/rope.h"
@@ -59,10 +60,7 @@ absl::StatusOr<TransformerBlock> TransformerBlock::Create(const ModelConfig& con
 }
 
 absl::StatusOr<TensorView> TransformerBlock::ToCompute(TensorView src, int slot) {
-  if (dtype_ == DType::kF32) return src;
-  MOETRAIN_ASSIGN_OR_RETURN(TensorView dst, workspace_.Get(slot, dtype_, {src.dim(0), src.dim(1)}));
-  MOETRAIN_RETURN_IF_ERROR(ops::ConvertTensor(ctx_, src, dst));
-  return dst;
+  return ComputeCopy(ctx_, workspace_, dtype_, src, slot);
 }
 
 absl::Status TransformerBlock::Forward(const BlockWeights& w, int64_t batch, int64_t seq_len,

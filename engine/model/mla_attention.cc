@@ -1,6 +1,7 @@
 #include "engine/model/mla_attention.h"
 
 #include "engine/core/status.h"
+#include "engine/model/compute_copy.h"
 #include "engine/ops/elementwise/elementwise.h"
 #include "engine/ops/norm/rms_norm.h"
 
@@ -36,10 +37,7 @@ MlaAttention::MlaAttention(const ModelConfig& config, DType compute_dtype, const
 }
 
 absl::StatusOr<TensorView> MlaAttention::ToCompute(TensorView src, int slot) {
-  if (dtype_ == DType::kF32) return src;
-  MOETRAIN_ASSIGN_OR_RETURN(TensorView dst, workspace_.Get(slot, dtype_, {src.dim(0), src.dim(1)}));
-  MOETRAIN_RETURN_IF_ERROR(ops::ConvertTensor(ctx_, src, dst));
-  return dst;
+  return ComputeCopy(ctx_, workspace_, dtype_, src, slot);
 }
 
 absl::Status MlaAttention::Forward(const MlaWeights& w, int64_t batch, int64_t seq_len,

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/core/status.h"
+#include "engine/model/compute_copy.h"
 #include "engine/model/transformer.h"
 #include "engine/ops/elementwise/elementwise.h"
 #include "engine/ops/embedding/embedding.h"
@@ -134,11 +135,8 @@ absl::Status Transformer::MtpForwardBackward(float loss_scale, StepResult* resul
     // d_hidden becomes dL/d(block input).
     MOETRAIN_RETURN_IF_ERROR(blocks_[layers + k].Backward(block_weights_[layers + k], d_hidden,
                                                           &block_grads_[layers + k], loss_scale));
-    TensorView d_in = d_hidden;
-    if (act != DType::kF32) {
-      MOETRAIN_ASSIGN_OR_RETURN(d_in, get(k, kNormedS, act, {t, d}));  // normed_s is spent
-      MOETRAIN_RETURN_IF_ERROR(ops::ConvertTensor(ctx_, d_hidden, d_in));
-    }
+    MOETRAIN_ASSIGN_OR_RETURN(  // into normed_s's slot: it is spent
+        const TensorView d_in, ComputeCopy(ctx_, mtp_workspace_, act, d_hidden, slot(k, kNormedS)));
     MOETRAIN_ASSIGN_OR_RETURN(TensorView d_concat, get(k, kDConcat, DType::kF32, {t, 2 * d}));
     MOETRAIN_RETURN_IF_ERROR(mtp_eh_proj_.BackwardData(d_in, w.eh_proj, d_concat));
     MOETRAIN_RETURN_IF_ERROR(mtp_eh_proj_.BackwardWeight(d_in, m.concat, g.eh_proj));

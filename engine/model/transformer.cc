@@ -71,13 +71,7 @@ absl::Status Transformer::PrepareTokens(TensorView tokens) {
                             workspace_.Get(kInputs, DType::kI32, {std::max<int64_t>(b * s, 0)}));
   MOETRAIN_ASSIGN_OR_RETURN(targets_,
                             workspace_.Get(kTargets, DType::kI32, {std::max<int64_t>(b * s, 0)}));
-  if (b >= 1 && s >= 1) {
-    MOETRAIN_RETURN_IF_ERROR(
-        ops::SplitTokens(ctx_, tokens, config_.vocab_size, /*offset=*/0, inputs_, targets_));
-  } else {
-    // Let the op say what is wrong with the shape.
-    MOETRAIN_RETURN_IF_ERROR(ops::SplitTokens(ctx_, tokens, config_.vocab_size, inputs_, targets_));
-  }
+  MOETRAIN_RETURN_IF_ERROR(ops::SplitTokens(ctx_, tokens, config_.vocab_size, inputs_, targets_));
   batch_ = b;
   seq_len_ = s;
   return absl::OkStatus();

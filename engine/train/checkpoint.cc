@@ -46,17 +46,6 @@ absl::Status FsError(const std::error_code& ec, const std::string& what) {
   return IoError(ec.value(), what);
 }
 
-// Makes a directory's entries (files created in it, renames into it) durable.
-absl::Status SyncDirectory(const std::string& dir) {
-  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return IoError(errno, absl::StrCat("open ", dir));
-  const int result = fsync(fd);
-  const int error_number = errno;
-  close(fd);
-  if (result != 0) return IoError(error_number, absl::StrCat("fsync ", dir));
-  return absl::OkStatus();
-}
-
 std::string RandomSuffix() { return absl::StrFormat("%016x", NewCheckpointNonce()); }
 
 // The step of a canonical step directory name ("step-00000100"), or -1.

@@ -1,8 +1,5 @@
 #include "engine/train/hf_checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -37,16 +34,6 @@ constexpr char kGenerationConfigName[] = "generation_config.json";
 const std::map<std::string, std::string> kShardMetadata = {{"format", "pt"}};
 // How many offending tensor names an error lists before "and N more".
 constexpr size_t kNamesListed = 5;
-
-absl::Status SyncDirectory(const std::string& dir) {
-  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return IoError(errno, absl::StrCat("open ", dir));
-  const int result = fsync(fd);
-  const int error_number = errno;
-  close(fd);
-  if (result != 0) return IoError(error_number, absl::StrCat("fsync ", dir));
-  return absl::OkStatus();
-}
 
 absl::StatusOr<Json> ReadJsonFile(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);

@@ -14,17 +14,7 @@ using Json = nlohmann::json;
 // json[key] as T, or InvalidArgument naming the key.
 template <typename T>
 absl::Status ReadKey(const Json& json, const char* key, T* out) {
-  auto it = json.find(key);
-  if (it == json.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("config.json: ", key, " is missing"));
-  }
-  try {
-    *out = it->template get<T>();
-  } catch (const Json::exception&) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.json: ", key, " has the wrong type: ", it->dump()));
-  }
-  return absl::OkStatus();
+  return ReadJsonKey(json, "config.json: ", key, out);
 }
 
 // A key the engine supports only at one value (absent counts as `expected` too).

@@ -18,20 +18,10 @@ const char* DropName(DropPolicy p) {
   return p == DropPolicy::kPosition ? "position" : "probability";
 }
 
-// Reads json[key] into *out, or says which key is wrong.
+// Reads json[key] into *out, or says which key (under `path`: "", "moe.") is wrong.
 template <typename T>
 absl::Status Read(const nlohmann::json& json, const char* path, const char* key, T* out) {
-  auto it = json.find(key);
-  if (it == json.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("model config: ", path, key, " is missing"));
-  }
-  try {
-    *out = it->template get<T>();
-  } catch (const nlohmann::json::exception&) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model config: ", path, key, " has the wrong type: ", it->dump()));
-  }
-  return absl::OkStatus();
+  return ReadJsonKey(json, absl::StrCat("model config: ", path), key, out);
 }
 
 template <typename Enum>

@@ -3,11 +3,32 @@
 #ifndef MOETRAIN_ENGINE_TRAIN_MODEL_CONFIG_JSON_H_
 #define MOETRAIN_ENGINE_TRAIN_MODEL_CONFIG_JSON_H_
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "engine/model/model_config.h"
 #include "nlohmann/json.hpp"
 
 namespace moetrain {
+
+// json[key] into *out, or InvalidArgument "<where><key> is missing" / "... has the wrong type: …"
+// (where: "model config: moe.", "config.json: ").
+template <typename T>
+absl::Status ReadJsonKey(const nlohmann::json& json, absl::string_view where, const char* key,
+                         T* out) {
+  auto it = json.find(key);
+  if (it == json.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, key, " is missing"));
+  }
+  try {
+    *out = it->template get<T>();
+  } catch (const nlohmann::json::exception&) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, key, " has the wrong type: ", it->dump()));
+  }
+  return absl::OkStatus();
+}
 
 // Every field, named as in the job spec (model.*, model.moe.*), enums by name.
 nlohmann::json ModelConfigToJson(const ModelConfig& config);

@@ -204,6 +204,16 @@ constexpr std::pair<DType, std::string_view> kDTypeNames[] = {
     {DType::kF8E5M2, "F8_E5M2"}, {DType::kI32, "I32"},   {DType::kI64, "I64"}};
 }  // namespace
 
+absl::Status SyncDirectory(const std::string& dir) {
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return IoError(errno, absl::StrCat("open ", dir));
+  const int result = fsync(fd);
+  const int error_number = errno;
+  close(fd);
+  if (result != 0) return IoError(error_number, absl::StrCat("fsync ", dir));
+  return absl::OkStatus();
+}
+
 std::string_view SafetensorsDTypeName(DType dtype) {
   for (const auto& [d, name] : kDTypeNames) {
     if (d == dtype) return name;

@@ -65,6 +65,9 @@ class HashingFileWriter {
 // Writes `contents` to a new file at `path` and fsyncs it.
 absl::StatusOr<FileDigest> WriteFileSynced(const std::string& path, std::string_view contents);
 
+// Makes a directory's entries (files created in it, renames into it) durable: fsyncs `dir`.
+absl::Status SyncDirectory(const std::string& dir);
+
 // "F32", "BF16", "F8_E4M3", "F8_E5M2", "I32", "I64".
 std::string_view SafetensorsDTypeName(DType dtype);
 // Inverse of SafetensorsDTypeName; InvalidArgument naming the value otherwise.
