@@ -214,15 +214,13 @@ absl::Status WriteHfFiles(const std::string& dir, const std::vector<ExportEntry>
   return SyncDirectory(dir);
 }
 
-// The notes and the refusal of the Hugging Face class config.json will name.
-absl::Status ChooseArchitecture(const ModelConfig& config, const HfExportOptions& options,
-                                HfExportReport* report) {
+// Refuses, without --force, a model that only the group scoring keeps from DeepSeek-V3's class,
+// and notes why config.json names the class it does (HuggingFaceConfig makes the choice).
+absl::Status NoteArchitecture(const ModelConfig& config, const HfExportOptions& options,
+                              HfExportReport* report) {
   bool group_scoring = false;
   const std::vector<std::string> differences = DeepseekV3Differences(config, &group_scoring);
-  if (differences.empty()) {
-    report->architecture = kDeepseekV3Architecture;
-    return absl::OkStatus();
-  }
+  if (differences.empty()) return absl::OkStatus();
   const std::string members = absl::StrCat(config.moe.group_score_members());
   if (group_scoring && differences.size() == 1) {
     // Only the group scoring stands between this model and DeepSeek-V3's code: the user most
@@ -237,14 +235,12 @@ absl::Status ChooseArchitecture(const ModelConfig& config, const HfExportOptions
           ", so the exported DeepseekV3ForCausalLM would route tokens differently; --force "
           "exports it anyway (config.json keeps the difference under moetrain_differences)"));
     }
-    report->architecture = kDeepseekV3Architecture;
     report->notes.push_back(absl::StrCat(
         "--force: config.json names ", kDeepseekV3Architecture,
         ", whose code scores a group by its best 2 experts where this model uses its best ",
         members, ": it will route some tokens differently"));
     return absl::OkStatus();
   }
-  report->architecture = kMoetrainArchitecture;
   report->notes.push_back(absl::StrCat(
       "config.json names ", kMoetrainArchitecture, ", not ", kDeepseekV3Architecture,
       ", whose code would compute another function: ", absl::StrJoin(differences, "; "),
@@ -356,7 +352,7 @@ absl::StatusOr<HfExportReport> ExportHuggingFace(const std::string& step_dir,
   }
   HfExportReport report;
   report.out_dir = out_path.string();
-  MOETRAIN_RETURN_IF_ERROR(ChooseArchitecture(*config, options, &report));
+  MOETRAIN_RETURN_IF_ERROR(NoteArchitecture(*config, options, &report));
 
   const std::vector<int> ranks = ModelRanks(manifest);
   if (ranks.empty()) {
@@ -373,6 +369,7 @@ absl::StatusOr<HfExportReport> ExportHuggingFace(const std::string& step_dir,
   const int64_t seq_len = max_position->get<int64_t>();
   MOETRAIN_ASSIGN_OR_RETURN(const std::vector<ExportEntry> entries, ExportEntries(*config, loaded));
   Json hf_config = HuggingFaceConfig(*config, seq_len, options.force);
+  report.architecture = hf_config["architectures"][0].get<std::string>();  // the one rule's
   hf_config["torch_dtype"] = options.dtype == DType::kF32 ? "float32" : "bfloat16";
 
   const fs::path parent = out_path.has_parent_path() ? out_path.parent_path() : fs::path(".");
