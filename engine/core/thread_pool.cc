@@ -87,7 +87,7 @@ int DefaultNumThreads() {
 }  // namespace
 
 ThreadPool& DefaultThreadPool() {
-  // Leaked on purpose: joining workers during static destruction could race other statics.
+  // Leaked on purpose, so that it outlives every other static that may run a loop on it.
   static ThreadPool* const pool = new ThreadPool(DefaultNumThreads());
   return *pool;
 }

@@ -6,7 +6,6 @@
 #define MOETRAIN_TESTS_CLIENT_CLIENT_TEST_UTIL_H_
 
 #include <netinet/in.h>
-#include <stdlib.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -34,6 +33,7 @@
 #include "tests/integration/child_process.h"
 #include "tests/integration/tiny_spec.h"
 #include "tests/server/coordinator_server/loopback_coordinator.h"
+#include "tests/testing/testing.h"
 
 namespace moetrain::testutil {
 
@@ -292,20 +292,12 @@ class ClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_TRUE(std::filesystem::exists(MoetrainBinary())) << MoetrainBinary() << " is not built";
-    std::string pattern =
-        (std::filesystem::path(::testing::TempDir()) / "moetrain_client_XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr) << pattern;
-    dir_ = pattern;
     token_file_ = (dir_ / "token").string();
     WriteTextFile(token_file_, std::string(kToken) + "\n");
     StartCoordinator(0);
   }
 
-  void TearDown() override {
-    StopCoordinator();
-    std::error_code error;
-    std::filesystem::remove_all(dir_, error);
-  }
+  void TearDown() override { StopCoordinator(); }
 
   static std::filesystem::path MoetrainBinary() {
     return std::filesystem::path(MOETRAIN_BIN_DIR) / "moetrain";
@@ -382,7 +374,8 @@ class ClientTest : public ::testing::Test {
     return lines.empty() ? "" : lines[0].value("id", "");
   }
 
-  std::filesystem::path dir_;
+  const testutil::TempDir temp_dir_{"moetrain_client"};
+  const std::filesystem::path dir_ = temp_dir_.path();
   std::string token_file_;
   std::unique_ptr<server::CoordinatorServer> coordinator_;
   int port_ = 0;

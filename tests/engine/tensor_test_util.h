@@ -12,16 +12,7 @@
 #include "engine/core/dtype.h"
 #include "engine/core/tensor.h"
 #include "gtest/gtest.h"
-
-// ASSERT_TRUE(status.ok()) that prints the status when it fails (some test files define their
-// own, identically).
-#ifndef MOETRAIN_ASSERT_OK
-#define MOETRAIN_ASSERT_OK(expr)          \
-  do {                                    \
-    const absl::Status status_ = (expr);  \
-    ASSERT_TRUE(status_.ok()) << status_; \
-  } while (0)
-#endif
+#include "tests/testing/testing.h"
 
 namespace moetrain::test_util {
 

@@ -29,6 +29,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/integration/child_process.h"
 #include "tests/integration/tiny_spec.h"
+#include "tests/testing/testing.h"
 
 namespace moetrain::cli_testing {
 
@@ -159,14 +160,6 @@ class CliTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_TRUE(fs::exists(MoetrainBinary())) << MoetrainBinary() << " is not built";
-    std::string pattern = (fs::path(::testing::TempDir()) / "moetrain_cli_XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr) << pattern << ": " << std::strerror(errno);
-    dir_ = pattern;
-  }
-
-  void TearDown() override {
-    std::error_code ec;
-    if (!dir_.empty()) fs::remove_all(dir_, ec);
   }
 
   // Writes `spec` as <dir>/<file> and returns its path.
@@ -200,7 +193,8 @@ class CliTest : public ::testing::Test {
     return result;
   }
 
-  fs::path dir_;
+  const testutil::TempDir temp_dir_{"moetrain_cli"};
+  const fs::path dir_ = temp_dir_.path();
 };
 
 }  // namespace moetrain::cli_testing

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/testing.h"
 
 namespace moetrain {
 namespace {
@@ -355,9 +356,8 @@ TEST(JobSpecParseTest, EmptyDocumentIsAllDefaults) {
 // --- Files -------------------------------------------------------------------------------------
 
 TEST(JobSpecFileTest, ExtensionsAndErrors) {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / absl::StrCat("job_spec_test_", ::getpid());
-  std::filesystem::create_directories(dir);
+  const testutil::TempDir temp_dir("job_spec_test");
+  const std::filesystem::path& dir = temp_dir.path();
   const std::string json_path = dir / "spec.JSON";
   std::ofstream(json_path) << R"({"name": "from-json", "train": {"steps": 5}})";
   absl::StatusOr<v1::JobSpec> json = LoadJobSpecFile(json_path);
@@ -381,7 +381,6 @@ TEST(JobSpecFileTest, ExtensionsAndErrors) {
   absl::StatusOr<v1::JobSpec> extension = LoadJobSpecFile(dir / "spec.toml");
   EXPECT_EQ(extension.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(extension.status().message()), HasSubstr(".yaml, .yml or .json"));
-  std::filesystem::remove_all(dir);
 }
 
 // --- Defaults ----------------------------------------------------------------------------------

@@ -2,8 +2,6 @@
 // trainer really returns for the cases that must not be retried (data whose token ids exceed the
 // vocabulary, a resume over another model's checkpoint, a precision or device the trainer lacks)
 // and for some that may be (a missing data file, on this worker).
-#include <stdlib.h>
-
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -18,6 +16,7 @@
 #include "engine/train/trainer.h"
 #include "gtest/gtest.h"
 #include "moetrain/v1/job_spec.h"
+#include "tests/testing/testing.h"
 #include "worker/job_config.h"
 #include "worker/rank_runner.h"
 
@@ -28,16 +27,6 @@ namespace fs = std::filesystem;
 
 class FailureKindTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "failure_kind_test.XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override {
-    std::error_code error;
-    fs::remove_all(dir_, error);
-  }
-
   // A tiny job; `extra` is appended to the YAML (top-level sections not otherwise written).
   absl::StatusOr<TrainerConfig> Config(const std::string& model, const std::string& extra = "") {
     absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(absl::StrCat(
@@ -47,10 +36,10 @@ class FailureKindTest : public ::testing::Test {
         "checkpoint: {every_steps: 2}\n",
         extra));
     if (!spec.ok()) return spec.status();
-    return TrainerConfigFromSpec(*spec, dir_.string());
+    return TrainerConfigFromSpec(*spec, dir_.path().string());
   }
 
-  fs::path dir_;
+  const testutil::TempDir dir_{"failure_kind_test"};
 };
 
 TEST_F(FailureKindTest, CodesThatSayTheJobIsWrongArePermanentAndTheRestTransient) {
@@ -93,15 +82,15 @@ TEST_F(FailureKindTest, ASpecTheTrainerRefusesIsPermanentAMissingGpuIsNot) {
   // Power-of-two scales under DELAYED, which does not read them: parses, but is refused.
   absl::StatusOr<v1::JobSpec> fp8 = ParseJobSpecYaml(
       "name: kinds\ntrain: {precision: FP8, fp8: {recipe: DELAYED, power_2_scales: true}}\n");
-  ASSERT_TRUE(fp8.ok()) << fp8.status();
-  absl::StatusOr<TrainerConfig> config = TrainerConfigFromSpec(*fp8, dir_.string());
+  ASSERT_OK(fp8);
+  absl::StatusOr<TrainerConfig> config = TrainerConfigFromSpec(*fp8, dir_.path().string());
   ASSERT_FALSE(config.ok());
   EXPECT_NE(config.status().message().find("train.fp8.power_2_scales"), std::string::npos)
       << config.status();
   EXPECT_EQ(FailureKindOf(config.status()), v1::FAILURE_KIND_PERMANENT) << config.status();
   // FP8 itself is runnable.
   fp8->mutable_train()->mutable_fp8()->clear_power_2_scales();
-  EXPECT_TRUE(TrainerConfigFromSpec(*fp8, dir_.string()).ok());
+  EXPECT_OK(TrainerConfigFromSpec(*fp8, dir_.path().string()));
   // A CUDA job on a machine without a usable GPU: the job is fine, the place is not (a worker
   // whose GPUs vanished after it started; one without any cannot offer CUDA).
   DeviceReport no_gpus;
@@ -114,22 +103,22 @@ TEST_F(FailureKindTest, TokenIdsPastTheVocabularyArePermanentAMissingFileIsNot) 
   std::vector<uint16_t> tokens(512);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i % 64);
   tokens[100] = 300;
-  const fs::path data = dir_ / "tokens.u16";
+  const fs::path data = dir_.path() / "tokens.u16";
   std::ofstream(data, std::ios::binary)
       .write(reinterpret_cast<const char*>(tokens.data()),
              static_cast<std::streamsize>(tokens.size() * sizeof(uint16_t)));
   absl::StatusOr<TrainerConfig> config =
       Config("32", absl::StrCat("data: {format: U16, path: ", data.string(), "}\n"));
-  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_OK(config);
   absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*config);
   ASSERT_FALSE(trainer.ok());
   EXPECT_NE(trainer.status().message().find("token 300"), std::string::npos) << trainer.status();
   EXPECT_EQ(FailureKindOf(trainer.status()), v1::FAILURE_KIND_PERMANENT) << trainer.status();
 
   // Another worker may have the file (its mount, its copy): worth another attempt.
-  config =
-      Config("32", absl::StrCat("data: {format: U16, path: ", (dir_ / "absent").string(), "}\n"));
-  ASSERT_TRUE(config.ok()) << config.status();
+  config = Config(
+      "32", absl::StrCat("data: {format: U16, path: ", (dir_.path() / "absent").string(), "}\n"));
+  ASSERT_OK(config);
   trainer = Trainer::Create(*config);
   ASSERT_FALSE(trainer.ok());
   EXPECT_EQ(FailureKindOf(trainer.status()), v1::FAILURE_KIND_TRANSIENT) << trainer.status();
@@ -137,15 +126,15 @@ TEST_F(FailureKindTest, TokenIdsPastTheVocabularyArePermanentAMissingFileIsNot) 
 
 TEST_F(FailureKindTest, ResumeOverAnotherModelsCheckpointIsPermanent) {
   absl::StatusOr<TrainerConfig> first = Config("32");
-  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_OK(first);
   absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*first);
-  ASSERT_TRUE(trainer.ok()) << trainer.status();
-  ASSERT_TRUE((*trainer)->Run(nullptr).ok());
+  ASSERT_OK(trainer);
+  ASSERT_OK((*trainer)->Run(nullptr));
 
   absl::StatusOr<TrainerConfig> other = Config("64");
-  ASSERT_TRUE(other.ok()) << other.status();
+  ASSERT_OK(other);
   absl::StatusOr<std::unique_ptr<Trainer>> resumed = Trainer::Create(*other);
-  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  ASSERT_OK(resumed);
   const absl::Status status = (*resumed)->Resume(nullptr);
   ASSERT_FALSE(status.ok());
   EXPECT_NE(status.message().find("different model"), std::string::npos) << status;

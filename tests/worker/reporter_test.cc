@@ -257,7 +257,7 @@ TEST_F(ReporterTest, RefusedReportsAreDroppedAndAnEndReportStillResolvesItsAttem
   Told told;
   Reporter reporter(&connection_, told.Options());
   v1::ReportCheckpointRequest misplaced = Checkpoint(2);
-  misplaced.set_path(dir_ + "/elsewhere/step-00000002");
+  misplaced.set_path((dir_.path() / "elsewhere/step-00000002").string());
   reporter.Enqueue(misplaced);  // INVALID_ARGUMENT: dropped, the reports behind it go on
   reporter.Enqueue(Step(2));
   reporter.Enqueue(End(v1::ATTEMPT_OUTCOME_UNSPECIFIED, 2));  // INVALID_ARGUMENT too

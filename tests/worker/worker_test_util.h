@@ -5,13 +5,9 @@
 #ifndef MOETRAIN_TESTS_WORKER_WORKER_TEST_UTIL_H_
 #define MOETRAIN_TESTS_WORKER_WORKER_TEST_UTIL_H_
 
-#include <stdlib.h>
-
 #include <atomic>
-#include <filesystem>
 #include <memory>
 #include <string>
-#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -26,6 +22,7 @@
 #include "moetrain/v1/worker.grpc.pb.h"
 #include "server/coordinator_server.h"
 #include "tests/server/coordinator_server/loopback_coordinator.h"
+#include "tests/testing/testing.h"
 
 namespace moetrain::worker_test {
 
@@ -47,19 +44,13 @@ class CoordinatorFixture : public ::testing::Test {
  protected:
   // `name` names the temporary directory, the worker, the job and its submission.
   explicit CoordinatorFixture(std::string name, std::string bearer_token = "")
-      : name_(std::move(name)), bearer_token_(std::move(bearer_token)) {}
+      : name_(std::move(name)), bearer_token_(std::move(bearer_token)), dir_(name_) {}
 
   void SetUp() override {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / absl::StrCat(name_, ".XXXXXX")).string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
     ASSERT_NO_FATAL_FAILURE(StartCoordinator(0));
     ConnectOptions options;
     options.address = address();
-    absl::StatusOr<Connection> connection = Connect(options);
-    ASSERT_TRUE(connection.ok()) << connection.status();
-    connection_ = *std::move(connection);
+    ASSERT_OK_AND_ASSIGN(connection_, Connect(options));
     connection_.token = bearer_token_;
     jobs_ = v1::JobService::NewStub(connection_.channel);
     workers_ = v1::WorkerService::NewStub(connection_.channel);
@@ -68,11 +59,9 @@ class CoordinatorFixture : public ::testing::Test {
   void TearDown() override {
     StopHeartbeats();
     StopCoordinator();
-    std::error_code error;
-    std::filesystem::remove_all(dir_, error);
   }
 
-  std::string state_db() const { return testutil::LoopbackStateDb(dir_).string(); }
+  std::string state_db() const { return testutil::LoopbackStateDb(dir_.path()).string(); }
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
 
   // Starts the coordinator on `port` (0 = any free one) over this test's state file. The grace
@@ -83,10 +72,8 @@ class CoordinatorFixture : public ::testing::Test {
     fleet.heartbeat_timeout = absl::Seconds(20);
     fleet.reconcile_grace = absl::Seconds(20);
     fleet.control_interval = absl::Milliseconds(20);
-    absl::StatusOr<std::unique_ptr<server::CoordinatorServer>> server =
-        testutil::StartLoopbackCoordinator(dir_, port, bearer_token_, fleet);
-    ASSERT_TRUE(server.ok()) << server.status();
-    coordinator_ = *std::move(server);
+    ASSERT_OK_AND_ASSIGN(
+        coordinator_, testutil::StartLoopbackCoordinator(dir_.path(), port, bearer_token_, fleet));
     port_ = coordinator_->grpc_port();
   }
 
@@ -114,12 +101,10 @@ class CoordinatorFixture : public ::testing::Test {
     connection_.worker_id = worker_id_;
     connection_.worker_secret = registered.worker_secret();
 
-    absl::StatusOr<v1::JobSpec> spec =
-        ParseJobSpecYaml(absl::StrCat("name: ", name_, "\ntrain:\n  steps: 20\n"));
-    ASSERT_TRUE(spec.ok()) << spec.status();
     v1::SubmitJobRequest submit;
     submit.set_submission_id(absl::StrCat(name_, "-1"));
-    *submit.mutable_spec() = *spec;
+    const std::string spec = absl::StrCat("name: ", name_, "\ntrain:\n  steps: 20\n");
+    ASSERT_OK_AND_ASSIGN(*submit.mutable_spec(), ParseJobSpecYaml(spec));
     v1::Job job;
     grpc::ClientContext submit_context;
     connection_.Prepare(&submit_context, absl::Seconds(10));
@@ -184,7 +169,7 @@ class CoordinatorFixture : public ::testing::Test {
 
   const std::string name_;
   const std::string bearer_token_;  // empty = the coordinator asks for none
-  std::string dir_;
+  const testutil::TempDir dir_;     // named after name_; declared before coordinator_, outlives it
   std::unique_ptr<server::CoordinatorServer> coordinator_;
   int port_ = 0;
   Connection connection_;

@@ -1,10 +1,8 @@
-// What the communicator tests share: a scratch directory, ranks run as threads of the test
+// What the communicator tests share: ranks run as threads of the test
 // process (each with its own Gloo communicator over TCP loopback), and a guard that turns a hang
 // into a failure.
 #ifndef MOETRAIN_TESTS_ENGINE_COMM_COMM_TEST_UTIL_H_
 #define MOETRAIN_TESTS_ENGINE_COMM_COMM_TEST_UTIL_H_
-
-#include <stdlib.h>
 
 #include <chrono>
 #include <cstdio>
@@ -22,36 +20,9 @@
 #include "engine/comm/file_kv_store.h"
 #include "engine/comm/gloo_communicator.h"
 #include "gtest/gtest.h"
-
-// ASSERT_TRUE(status.ok()) that prints the status when it fails (as tests/engine/moe defines it;
-// a test may include both).
-#ifndef MOETRAIN_ASSERT_OK
-#define MOETRAIN_ASSERT_OK(expr)          \
-  do {                                    \
-    const absl::Status status_ = (expr);  \
-    ASSERT_TRUE(status_.ok()) << status_; \
-  } while (0)
-#endif
+#include "tests/testing/testing.h"
 
 namespace moetrain::comm_test {
-
-// A fresh directory under the test's temporary directory, removed when destroyed.
-class ScratchDir {
- public:
-  ScratchDir() {
-    std::string pattern = ::testing::TempDir() + "/comm_test_XXXXXX";
-    if (mkdtemp(pattern.data()) == nullptr) std::abort();
-    path_ = pattern;
-  }
-  ~ScratchDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
 
 // Runs body(rank) for every rank on a thread of its own and waits for all of them; aborts the
 // test binary when they have not finished within `limit`, so a deadlock fails at once with a

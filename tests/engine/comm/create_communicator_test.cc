@@ -13,12 +13,12 @@ namespace moetrain {
 namespace {
 
 using comm_test::RunRanks;
-using comm_test::ScratchDir;
+using testutil::TempDir;
 
 // Runs body(comm) on both ranks of a CPU world of two that CreateCommunicator makes from a gloo
 // group over a fresh store.
 void RunCpuWorldOfTwo(const std::function<void(Communicator& comm)>& body) {
-  ScratchDir dir;
+  TempDir dir;
   auto store = FileKeyValueStore::Open(dir.path());
   ASSERT_TRUE(store.ok());
   RunRanks(2, [&](int rank) {
@@ -39,12 +39,12 @@ TEST(CreateCommunicatorTest, WorldOfOneIsLocalWithoutAStore) {
 TEST(CreateCommunicatorTest, CpuWorldOfTwoIsGloo) {
   RunCpuWorldOfTwo([](Communicator& comm) {
     EXPECT_EQ(comm.backend(), "gloo");
-    MOETRAIN_ASSERT_OK(comm.Barrier());
+    ASSERT_OK(comm.Barrier());
   });
 }
 
 TEST(CreateCommunicatorTest, GpuBuffersGoToNccl) {
-  ScratchDir dir;
+  TempDir dir;
   auto store = FileKeyValueStore::Open(dir.path());
   ASSERT_TRUE(store.ok());
   CommOptions options;

@@ -12,38 +12,38 @@
 namespace moetrain {
 namespace {
 
-using comm_test::ScratchDir;
 using ::testing::HasSubstr;
+using testutil::TempDir;
 
 TEST(FileKeyValueStoreTest, SetThenGetReturnsTheValueByteForByte) {
-  ScratchDir dir;
+  TempDir dir;
   auto store = FileKeyValueStore::Open(dir.path() / "new" / "nested");
   ASSERT_TRUE(store.ok()) << store.status();
   const std::string binary("\0\x01\xff value with a NUL\n", 21);
-  MOETRAIN_ASSERT_OK((*store)->Set("job/attempt-1/0", binary));
+  ASSERT_OK((*store)->Set("job/attempt-1/0", binary));
   auto value = (*store)->Get("job/attempt-1/0", absl::ZeroDuration());
   ASSERT_TRUE(value.ok()) << value.status();
   EXPECT_EQ(*value, binary);
-  MOETRAIN_ASSERT_OK((*store)->Set("empty", ""));
+  ASSERT_OK((*store)->Set("empty", ""));
   EXPECT_EQ((*store)->Get("empty", absl::ZeroDuration()).value_or("missing"), "");
 }
 
 TEST(FileKeyValueStoreTest, SetOverwrites) {
-  ScratchDir dir;
+  TempDir dir;
   auto store = FileKeyValueStore::Open(dir.path());
   ASSERT_TRUE(store.ok());
-  MOETRAIN_ASSERT_OK((*store)->Set("k", "first"));
-  MOETRAIN_ASSERT_OK((*store)->Set("k", "second"));
+  ASSERT_OK((*store)->Set("k", "first"));
+  ASSERT_OK((*store)->Set("k", "second"));
   EXPECT_EQ((*store)->Get("k", absl::ZeroDuration()).value_or(""), "second");
 }
 
 // Keys that would name the same file, or a file outside the directory, if taken literally.
 TEST(FileKeyValueStoreTest, AwkwardKeysStayDistinctAndInside) {
-  ScratchDir dir;
+  TempDir dir;
   auto store = FileKeyValueStore::Open(dir.path() / "kv");
   ASSERT_TRUE(store.ok());
   const std::string keys[] = {"a/b", "a%2Fb", "a_b", ".", "..", "../escape", "", "%", "A/B"};
-  for (const std::string& key : keys) MOETRAIN_ASSERT_OK((*store)->Set(key, "value of " + key));
+  for (const std::string& key : keys) ASSERT_OK((*store)->Set(key, "value of " + key));
   for (const std::string& key : keys) {
     EXPECT_EQ((*store)->Get(key, absl::ZeroDuration()).value_or("missing"), "value of " + key)
         << "key '" << key << "'";
@@ -58,7 +58,7 @@ TEST(FileKeyValueStoreTest, AwkwardKeysStayDistinctAndInside) {
 }
 
 TEST(FileKeyValueStoreTest, GetWaitsForALaterSet) {
-  ScratchDir dir;
+  TempDir dir;
   auto store = FileKeyValueStore::Open(dir.path());
   ASSERT_TRUE(store.ok());
   std::thread setter([&] {
@@ -72,7 +72,7 @@ TEST(FileKeyValueStoreTest, GetWaitsForALaterSet) {
 }
 
 TEST(FileKeyValueStoreTest, GetTimesOutNamingTheKey) {
-  ScratchDir dir;
+  TempDir dir;
   auto store = FileKeyValueStore::Open(dir.path());
   ASSERT_TRUE(store.ok());
   auto value = (*store)->Get("world/3", absl::Milliseconds(50));
@@ -82,14 +82,14 @@ TEST(FileKeyValueStoreTest, GetTimesOutNamingTheKey) {
 }
 
 TEST(FileKeyValueStoreTest, TooLongKeyIsInvalid) {
-  ScratchDir dir;
+  TempDir dir;
   auto store = FileKeyValueStore::Open(dir.path());
   ASSERT_TRUE(store.ok());
   EXPECT_EQ((*store)->Set(std::string(300, 'k'), "v").code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(FileKeyValueStoreTest, OpenFailsOnAFile) {
-  ScratchDir dir;
+  TempDir dir;
   std::ofstream(dir.path() / "file").put('x');
   EXPECT_EQ(FileKeyValueStore::Open(dir.path() / "file").status().code(),
             absl::StatusCode::kUnavailable);

@@ -18,7 +18,7 @@ namespace {
 
 using comm_test::MakeGlooWorld;
 using comm_test::RunRanks;
-using comm_test::ScratchDir;
+using testutil::TempDir;
 
 // The bytes rank `src` sends rank `dst`: count elements of `element` bytes, distinct per pair.
 std::vector<uint8_t> Chunk(int src, int dst, int64_t count, size_t element) {
@@ -51,7 +51,7 @@ void CheckAllToAllV(std::vector<std::unique_ptr<GlooCommunicator>>& world,
     std::vector<uint8_t> recv(expected.size(), 0xEE);
     args.send = send.empty() ? nullptr : send.data();
     args.recv = recv.empty() ? nullptr : recv.data();
-    MOETRAIN_ASSERT_OK(world[rank]->AllToAllV(args));
+    ASSERT_OK(world[rank]->AllToAllV(args));
     EXPECT_EQ(recv, expected) << "rank " << rank;
   });
 }
@@ -64,7 +64,7 @@ class GlooCommunicatorTest : public ::testing::TestWithParam<int> {
   }
   int size() const { return GetParam(); }
 
-  ScratchDir dir_;
+  TempDir dir_;
   std::vector<std::unique_ptr<GlooCommunicator>> world_;
 };
 
@@ -114,7 +114,7 @@ TEST_P(GlooCommunicatorTest, AllReduceSumF32MatchesFloat64Reference) {
       }
     }
     RunRanks(size(), [&](int rank) {
-      MOETRAIN_ASSERT_OK(world_[rank]->AllReduceSum(data[rank].data(), count, DType::kF32));
+      ASSERT_OK(world_[rank]->AllReduceSum(data[rank].data(), count, DType::kF32));
     });
     for (int rank = 0; rank < size(); ++rank) {
       for (int64_t i = 0; i < count; ++i) {
@@ -134,7 +134,7 @@ void CheckIntegerAllReduce(std::vector<std::unique_ptr<GlooCommunicator>>& world
   RunRanks(size, [&](int rank) {
     std::vector<T> data(kCount);
     for (int64_t i = 0; i < kCount; ++i) data[i] = base * (rank + 1) - static_cast<T>(i * rank);
-    MOETRAIN_ASSERT_OK(world[rank]->AllReduceSum(data.data(), kCount, dtype));
+    ASSERT_OK(world[rank]->AllReduceSum(data.data(), kCount, dtype));
     for (int64_t i = 0; i < kCount; ++i) {
       T expected = 0;
       for (int r = 0; r < size; ++r) expected += base * (r + 1) - static_cast<T>(i * r);
@@ -149,9 +149,8 @@ TEST_P(GlooCommunicatorTest, AllReduceSumIntegers) {
 }
 
 TEST_P(GlooCommunicatorTest, AllReduceSumOfNothingIsANoOp) {
-  RunRanks(size(), [&](int rank) {
-    MOETRAIN_ASSERT_OK(world_[rank]->AllReduceSum(nullptr, 0, DType::kF32));
-  });
+  RunRanks(size(),
+           [&](int rank) { ASSERT_OK(world_[rank]->AllReduceSum(nullptr, 0, DType::kF32)); });
 }
 
 TEST_P(GlooCommunicatorTest, AllGatherInRankOrder) {
@@ -159,7 +158,7 @@ TEST_P(GlooCommunicatorTest, AllGatherInRankOrder) {
   RunRanks(size(), [&](int rank) {
     std::vector<int64_t> send(kCount), recv(kCount * size(), -1);
     for (int64_t i = 0; i < kCount; ++i) send[i] = rank * 1000 + i;
-    MOETRAIN_ASSERT_OK(world_[rank]->AllGather(send.data(), recv.data(), kCount, DType::kI64));
+    ASSERT_OK(world_[rank]->AllGather(send.data(), recv.data(), kCount, DType::kI64));
     for (int r = 0; r < size(); ++r) {
       for (int64_t i = 0; i < kCount; ++i) ASSERT_EQ(recv[r * kCount + i], r * 1000 + i);
     }
@@ -172,7 +171,7 @@ TEST_P(GlooCommunicatorTest, BroadcastFromTheLastRank) {
   RunRanks(size(), [&](int rank) {
     std::vector<float> data(kCount);
     for (int64_t i = 0; i < kCount; ++i) data[i] = rank == root ? 0.25f * i - 3.0f : -999.0f;
-    MOETRAIN_ASSERT_OK(world_[rank]->Broadcast(data.data(), kCount, DType::kF32, root));
+    ASSERT_OK(world_[rank]->Broadcast(data.data(), kCount, DType::kF32, root));
     for (int64_t i = 0; i < kCount; ++i) ASSERT_EQ(data[i], 0.25f * i - 3.0f) << "rank " << rank;
   });
 }
@@ -183,7 +182,7 @@ TEST_P(GlooCommunicatorTest, BarrierHoldsEveryRankUntilAllArrive) {
     // The last rank dawdles: nobody may pass before it has arrived.
     if (rank == size() - 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     arrived.fetch_add(1);
-    MOETRAIN_ASSERT_OK(world_[rank]->Barrier());
+    ASSERT_OK(world_[rank]->Barrier());
     EXPECT_EQ(arrived.load(), size()) << "rank " << rank << " passed the barrier early";
   });
 }
@@ -204,10 +203,10 @@ TEST_P(GlooCommunicatorTest, AsyncOpsOverlapAndWaitOutOfOrder) {
     const int32_t mine = rank * 10;
     auto gather = world_[rank]->StartAllGather(&mine, gathered.data(), 1, DType::kI32);
     ASSERT_TRUE(reduce.ok() && exchange.ok() && gather.ok());
-    MOETRAIN_ASSERT_OK((*gather)->Wait());
-    MOETRAIN_ASSERT_OK((*reduce)->Wait());
-    MOETRAIN_ASSERT_OK((*exchange)->Wait());
-    MOETRAIN_ASSERT_OK((*exchange)->Wait());  // a second Wait repeats the status
+    ASSERT_OK((*gather)->Wait());
+    ASSERT_OK((*reduce)->Wait());
+    ASSERT_OK((*exchange)->Wait());
+    ASSERT_OK((*exchange)->Wait());  // a second Wait repeats the status
     for (int32_t v : sum) ASSERT_EQ(v, size() * (size() + 1) / 2);
     for (int r = 0; r < size(); ++r) {
       EXPECT_EQ(recv[r], r);
@@ -240,7 +239,7 @@ TEST_P(GlooCommunicatorTest, PipelinedAllToAllsKeepTheirOwnBuffers) {
       requests.push_back(*std::move(request));
     }
     for (int chunk = kChunks - 1; chunk >= 0; --chunk) {
-      MOETRAIN_ASSERT_OK(requests[chunk]->Wait());
+      ASSERT_OK(requests[chunk]->Wait());
       const int64_t per_peer = 1 + chunk * 300;
       for (int src = 0; src < size(); ++src) {
         for (int64_t i = 0; i < per_peer; ++i) {
@@ -266,7 +265,7 @@ TEST_P(GlooCommunicatorTest, BadArgumentsFailAtOnceWithoutStartingAnything) {
               absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(comm.Subgroup({rank, rank}).status().code(), absl::StatusCode::kInvalidArgument);
     // Still healthy: the group goes on.
-    MOETRAIN_ASSERT_OK(comm.Barrier());
+    ASSERT_OK(comm.Barrier());
   });
 }
 

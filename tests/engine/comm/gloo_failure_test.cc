@@ -16,14 +16,14 @@ namespace {
 using comm_test::Gloo;
 using comm_test::MakeGlooWorld;
 using comm_test::RunRanks;
-using comm_test::ScratchDir;
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
+using testutil::TempDir;
 
 constexpr absl::Duration kShortTimeout = absl::Seconds(1);
 
 TEST(GlooFailureTest, RankThatNeverJoinsFailsTheOthersWithDeadlineExceeded) {
-  ScratchDir dir;
+  TempDir dir;
   auto store = FileKeyValueStore::Open(dir.path() / "kv");
   ASSERT_TRUE(store.ok()) << store.status();
   // Ranks 0 and 1 of 3 join; rank 2 never does.
@@ -37,7 +37,7 @@ TEST(GlooFailureTest, RankThatNeverJoinsFailsTheOthersWithDeadlineExceeded) {
 }
 
 TEST(GlooFailureTest, StalledPeerTimesOutThenEveryCallFailsFast) {
-  ScratchDir dir;
+  TempDir dir;
   auto world = MakeGlooWorld(dir.path(), 2, kShortTimeout);
   ASSERT_EQ(world.size(), size_t{2});
   RunRanks(1, [&](int) {
@@ -63,7 +63,7 @@ TEST(GlooFailureTest, StalledPeerTimesOutThenEveryCallFailsFast) {
 }
 
 TEST(GlooFailureTest, DestroyedWithCollectivesInFlight) {
-  ScratchDir dir;
+  TempDir dir;
   auto world = MakeGlooWorld(dir.path(), 2, kShortTimeout);
   ASSERT_EQ(world.size(), size_t{2});
   std::unique_ptr<CommRequest> running, queued;
@@ -85,7 +85,7 @@ TEST(GlooFailureTest, DestroyedWithCollectivesInFlight) {
 }
 
 TEST(GlooFailureTest, BadOptionsAreInvalidArguments) {
-  ScratchDir dir;
+  TempDir dir;
   auto store = FileKeyValueStore::Open(dir.path() / "kv");
   ASSERT_TRUE(store.ok());
   EXPECT_EQ(GlooCommunicator::Create(Gloo(*store, 2, 2)).status().code(),

@@ -17,17 +17,17 @@
 namespace moetrain {
 namespace {
 
-using comm_test::ScratchDir;
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
 using testutil::Child;
 using testutil::Finished;
+using testutil::TempDir;
 
 constexpr int kRanks = 3;
 constexpr char kTimeoutMs[] = "2000";
 
 TEST(GlooProcessTest, KilledRankFailsTheSurvivorsCollectives) {
-  ScratchDir dir;
+  TempDir dir;
   std::vector<std::unique_ptr<Child>> ranks;
   for (int rank = 0; rank < kRanks; ++rank) {
     ranks.push_back(

@@ -13,12 +13,12 @@ namespace {
 
 using comm_test::MakeGlooWorld;
 using comm_test::RunRanks;
-using comm_test::ScratchDir;
+using testutil::TempDir;
 
 constexpr int kWorld = 4;
 
 TEST(GlooSubgroupTest, DisjointGroupsRunDifferentCollectivesConcurrently) {
-  ScratchDir dir;
+  TempDir dir;
   auto world = MakeGlooWorld(dir.path(), kWorld);
   ASSERT_EQ(world.size(), size_t{kWorld});
   RunRanks(kWorld, [&](int rank) {
@@ -34,24 +34,24 @@ TEST(GlooSubgroupTest, DisjointGroupsRunDifferentCollectivesConcurrently) {
       // {0, 1}: all-reduce, several times, while {2, 3} gathers.
       for (int round = 0; round < 5; ++round) {
         std::vector<int64_t> data(1000, rank + 1 + round);
-        MOETRAIN_ASSERT_OK(g.AllReduceSum(data.data(), 1000, DType::kI64));
+        ASSERT_OK(g.AllReduceSum(data.data(), 1000, DType::kI64));
         for (int64_t v : data) ASSERT_EQ(v, 3 + 2 * round);
       }
     } else {
       for (int round = 0; round < 5; ++round) {
         const int32_t mine = rank * 100 + round;
         std::vector<int32_t> all(2, -1);
-        MOETRAIN_ASSERT_OK(g.AllGather(&mine, all.data(), 1, DType::kI32));
+        ASSERT_OK(g.AllGather(&mine, all.data(), 1, DType::kI32));
         EXPECT_EQ(all, (std::vector<int32_t>{200 + round, 300 + round}));
       }
     }
     // The world still works beside its groups.
-    MOETRAIN_ASSERT_OK(world[rank]->Barrier());
+    ASSERT_OK(world[rank]->Barrier());
   });
 }
 
 TEST(GlooSubgroupTest, InterleavedAndRepeatedGroupsMeetTheRightPeers) {
-  ScratchDir dir;
+  TempDir dir;
   auto world = MakeGlooWorld(dir.path(), kWorld);
   ASSERT_EQ(world.size(), size_t{kWorld});
   RunRanks(kWorld, [&](int rank) {
@@ -72,14 +72,14 @@ TEST(GlooSubgroupTest, InterleavedAndRepeatedGroupsMeetTheRightPeers) {
           splits[i][0][0] == rank || splits[i][0][1] == rank ? splits[i][0] : splits[i][1];
       // The sum of the members' world ranks proves who is in the group.
       int64_t value = rank;
-      MOETRAIN_ASSERT_OK(groups[i]->AllReduceSum(&value, 1, DType::kI64));
+      ASSERT_OK(groups[i]->AllReduceSum(&value, 1, DType::kI64));
       EXPECT_EQ(value, members[0] + members[1]) << "rank " << rank << " split " << i;
     }
   });
 }
 
 TEST(GlooSubgroupTest, GroupOfOneIsLocal) {
-  ScratchDir dir;
+  TempDir dir;
   auto world = MakeGlooWorld(dir.path(), 2);
   ASSERT_EQ(world.size(), size_t{2});
   RunRanks(2, [&](int rank) {
@@ -88,17 +88,17 @@ TEST(GlooSubgroupTest, GroupOfOneIsLocal) {
     EXPECT_EQ((*alone)->backend(), "local");
     EXPECT_EQ((*alone)->size(), 1);
     float x = 2.5f;
-    MOETRAIN_ASSERT_OK((*alone)->AllReduceSum(&x, 1, DType::kF32));
+    ASSERT_OK((*alone)->AllReduceSum(&x, 1, DType::kF32));
     EXPECT_EQ(x, 2.5f);
     // Then a real group: the call counter advanced the same way on both ranks.
     absl::StatusOr<std::unique_ptr<Communicator>> both = world[rank]->Subgroup({0, 1});
     ASSERT_TRUE(both.ok()) << both.status();
-    MOETRAIN_ASSERT_OK((*both)->Barrier());
+    ASSERT_OK((*both)->Barrier());
   });
 }
 
 TEST(GlooSubgroupTest, RanksOutsideTheWorldOrWithoutThisRankAreRejected) {
-  ScratchDir dir;
+  TempDir dir;
   auto world = MakeGlooWorld(dir.path(), 2);
   ASSERT_EQ(world.size(), size_t{2});
   RunRanks(2, [&](int rank) {

@@ -20,29 +20,29 @@ TEST(LocalCommunicatorTest, AllToAllVCopiesTheOwnChunk) {
   LocalCommunicator comm;
   const std::vector<int64_t> send = {5, -6, 7};
   std::vector<int64_t> recv(3, 0);
-  MOETRAIN_ASSERT_OK(comm.AllToAllV({.send = send.data(),
-                                     .send_counts = {3},
-                                     .recv = recv.data(),
-                                     .recv_counts = {3},
-                                     .dtype = DType::kI64}));
+  ASSERT_OK(comm.AllToAllV({.send = send.data(),
+                            .send_counts = {3},
+                            .recv = recv.data(),
+                            .recv_counts = {3},
+                            .dtype = DType::kI64}));
   EXPECT_EQ(recv, send);
-  MOETRAIN_ASSERT_OK(comm.AllToAllV({.send_counts = {0}, .recv_counts = {0}}));
+  ASSERT_OK(comm.AllToAllV({.send_counts = {0}, .recv_counts = {0}}));
 }
 
 TEST(LocalCommunicatorTest, ReduceAndBroadcastLeaveDataAsIs) {
   LocalCommunicator comm;
   std::vector<float> data = {1.5f, -2.0f};
-  MOETRAIN_ASSERT_OK(comm.AllReduceSum(data.data(), 2, DType::kF32));
-  MOETRAIN_ASSERT_OK(comm.Broadcast(data.data(), 2, DType::kF32, 0));
+  ASSERT_OK(comm.AllReduceSum(data.data(), 2, DType::kF32));
+  ASSERT_OK(comm.Broadcast(data.data(), 2, DType::kF32, 0));
   EXPECT_EQ(data, (std::vector<float>{1.5f, -2.0f}));
-  MOETRAIN_ASSERT_OK(comm.Barrier());
+  ASSERT_OK(comm.Barrier());
 }
 
 TEST(LocalCommunicatorTest, AllGatherCopies) {
   LocalCommunicator comm;
   const std::vector<int32_t> send = {1, 2, 3, 4};
   std::vector<int32_t> recv(4, 0);
-  MOETRAIN_ASSERT_OK(comm.AllGather(send.data(), recv.data(), 4, DType::kI32));
+  ASSERT_OK(comm.AllGather(send.data(), recv.data(), 4, DType::kI32));
   EXPECT_EQ(recv, send);
 }
 
@@ -50,8 +50,8 @@ TEST(LocalCommunicatorTest, AsyncRequestsAreCompleteAtOnce) {
   LocalCommunicator comm;
   auto request = comm.StartBarrier();
   ASSERT_TRUE(request.ok());
-  MOETRAIN_ASSERT_OK((*request)->Wait());
-  MOETRAIN_ASSERT_OK((*request)->Wait());
+  ASSERT_OK((*request)->Wait());
+  ASSERT_OK((*request)->Wait());
 }
 
 TEST(LocalCommunicatorTest, SubgroupOfRankZeroOnly) {

@@ -69,8 +69,8 @@ TEST(NcclCommunicatorCudaTest, WorldOfOneWithoutAStoreOrdersAfterTheComputeStrea
   auto group = comm->Subgroup({0});
   ASSERT_TRUE(group.ok()) << group.status();
   EXPECT_TRUE((*group)->orders_after_device_work());
-  MOETRAIN_ASSERT_OK((*group)->Barrier());
-  MOETRAIN_ASSERT_OK(comm->Barrier());
+  ASSERT_OK((*group)->Barrier());
+  ASSERT_OK(comm->Barrier());
 }
 
 TEST(NcclCommunicatorCudaTest, AllToAllVOnDeviceBuffers) {
@@ -80,28 +80,28 @@ TEST(NcclCommunicatorCudaTest, AllToAllVOnDeviceBuffers) {
   Tensor send = ToDevice(gpu, HostTensor(DType::kF32, values));
   auto recv = Tensor::Allocate(gpu.allocator(), DType::kF32, {1000});
   ASSERT_TRUE(recv.ok()) << recv.status();
-  MOETRAIN_ASSERT_OK(comm->AllToAllV({.send = send.view().raw(),
-                                      .send_counts = {1000},
-                                      .recv = recv->view().raw(),
-                                      .recv_counts = {1000},
-                                      .dtype = DType::kF32}));
+  ASSERT_OK(comm->AllToAllV({.send = send.view().raw(),
+                             .send_counts = {1000},
+                             .recv = recv->view().raw(),
+                             .recv_counts = {1000},
+                             .dtype = DType::kF32}));
   EXPECT_EQ(Values<float>(ToHost(gpu, *recv)), values);
   // Zero rows: nothing to exchange, and it still completes.
-  MOETRAIN_ASSERT_OK(comm->AllToAllV({.send = send.view().raw(),
-                                      .send_counts = {0},
-                                      .recv = recv->view().raw(),
-                                      .recv_counts = {0},
-                                      .dtype = DType::kF32}));
+  ASSERT_OK(comm->AllToAllV({.send = send.view().raw(),
+                             .send_counts = {0},
+                             .recv = recv->view().raw(),
+                             .recv_counts = {0},
+                             .dtype = DType::kF32}));
 }
 
 TEST(NcclCommunicatorCudaTest, AllToAllVOnHostBuffers) {
   MOETRAIN_NCCL_WORLD_OR_SKIP(gpu, comm);
   std::vector<int32_t> send = {4, -8, 15, 16, 23, 42}, recv(6, 0);
-  MOETRAIN_ASSERT_OK(comm->AllToAllV({.send = send.data(),
-                                      .send_counts = {6},
-                                      .recv = recv.data(),
-                                      .recv_counts = {6},
-                                      .dtype = DType::kI32}));
+  ASSERT_OK(comm->AllToAllV({.send = send.data(),
+                             .send_counts = {6},
+                             .recv = recv.data(),
+                             .recv_counts = {6},
+                             .dtype = DType::kI32}));
   EXPECT_EQ(recv, send);
 }
 
@@ -109,11 +109,11 @@ TEST(NcclCommunicatorCudaTest, AllReduceSumOnDeviceBuffers) {
   MOETRAIN_NCCL_WORLD_OR_SKIP(gpu, comm);
   const std::vector<float> floats = {1.0f, -2.0f, 3.5f, 0.25f, 1e-30f};
   Tensor f = ToDevice(gpu, HostTensor(DType::kF32, floats));
-  MOETRAIN_ASSERT_OK(comm->AllReduceSum(f.view().raw(), 5, DType::kF32));
+  ASSERT_OK(comm->AllReduceSum(f.view().raw(), 5, DType::kF32));
   EXPECT_EQ(Values<float>(ToHost(gpu, f)), floats);
   const std::vector<int64_t> ints = {int64_t{1} << 40, -3, 0, 7};
   Tensor i = ToDevice(gpu, HostTensor(DType::kI64, ints));
-  MOETRAIN_ASSERT_OK(comm->AllReduceSum(i.view().raw(), 4, DType::kI64));
+  ASSERT_OK(comm->AllReduceSum(i.view().raw(), 4, DType::kI64));
   EXPECT_EQ(Values<int64_t>(ToHost(gpu, i)), ints);
 }
 
@@ -121,17 +121,17 @@ TEST(NcclCommunicatorCudaTest, AllReduceSumOnHostBuffers) {
   MOETRAIN_NCCL_WORLD_OR_SKIP(gpu, comm);
   std::vector<float> floats = {1.0f, -2.0f, 3.5f};
   const std::vector<float> floats_before = floats;
-  MOETRAIN_ASSERT_OK(comm->AllReduceSum(floats.data(), 3, DType::kF32));
+  ASSERT_OK(comm->AllReduceSum(floats.data(), 3, DType::kF32));
   EXPECT_EQ(floats, floats_before);
   std::vector<int64_t> ints = {int64_t{1} << 40, -3, 0, 7};
   const std::vector<int64_t> ints_before = ints;
-  MOETRAIN_ASSERT_OK(comm->AllReduceSum(ints.data(), 4, DType::kI64));
+  ASSERT_OK(comm->AllReduceSum(ints.data(), 4, DType::kI64));
   EXPECT_EQ(ints, ints_before);
   // Larger than the first staging buffer (64 KiB): the staging grows.
   std::vector<int64_t> big(1 << 20);
   std::iota(big.begin(), big.end(), int64_t{-5000});
   const std::vector<int64_t> big_before = big;
-  MOETRAIN_ASSERT_OK(comm->AllReduceSum(big.data(), static_cast<int64_t>(big.size()), DType::kI64));
+  ASSERT_OK(comm->AllReduceSum(big.data(), static_cast<int64_t>(big.size()), DType::kI64));
   EXPECT_EQ(big, big_before);
 }
 
@@ -140,27 +140,27 @@ TEST(NcclCommunicatorCudaTest, AllGatherOfHostIntegers) {
   // What PlanDispatch, SumOverRanks (doubles as bits) and the checkpoint reports gather.
   const std::vector<int64_t> send = {3, 0, 9, int64_t{1} << 50, -1};
   std::vector<int64_t> recv(5, 77);
-  MOETRAIN_ASSERT_OK(comm->AllGather(send.data(), recv.data(), 5, DType::kI64));
+  ASSERT_OK(comm->AllGather(send.data(), recv.data(), 5, DType::kI64));
   EXPECT_EQ(recv, send);
   // Device to host and host to device.
   Tensor device_send = ToDevice(gpu, HostTensor(DType::kI64, send));
   std::vector<int64_t> host_recv(5, 0);
-  MOETRAIN_ASSERT_OK(comm->AllGather(device_send.view().raw(), host_recv.data(), 5, DType::kI64));
+  ASSERT_OK(comm->AllGather(device_send.view().raw(), host_recv.data(), 5, DType::kI64));
   EXPECT_EQ(host_recv, send);
   auto device_recv = Tensor::Allocate(gpu.allocator(), DType::kI64, {5});
   ASSERT_TRUE(device_recv.ok());
-  MOETRAIN_ASSERT_OK(comm->AllGather(send.data(), device_recv->view().raw(), 5, DType::kI64));
+  ASSERT_OK(comm->AllGather(send.data(), device_recv->view().raw(), 5, DType::kI64));
   EXPECT_EQ(Values<int64_t>(ToHost(gpu, *device_recv)), send);
 }
 
 TEST(NcclCommunicatorCudaTest, BroadcastOnHostAndDevice) {
   MOETRAIN_NCCL_WORLD_OR_SKIP(gpu, comm);
   std::vector<int64_t> steps = {100, 200, 300};
-  MOETRAIN_ASSERT_OK(comm->Broadcast(steps.data(), 3, DType::kI64, 0));
+  ASSERT_OK(comm->Broadcast(steps.data(), 3, DType::kI64, 0));
   EXPECT_EQ(steps, (std::vector<int64_t>{100, 200, 300}));
   const std::vector<float> values = {0.5f, -1.5f};
   Tensor device = ToDevice(gpu, HostTensor(DType::kF32, values));
-  MOETRAIN_ASSERT_OK(comm->Broadcast(device.view().raw(), 2, DType::kF32, 0));
+  ASSERT_OK(comm->Broadcast(device.view().raw(), 2, DType::kF32, 0));
   EXPECT_EQ(Values<float>(ToHost(gpu, device)), values);
 }
 
@@ -178,10 +178,10 @@ TEST(NcclCommunicatorCudaTest, HostCollectivesInFlightTogetherKeepTheirResults) 
   auto rc = comm->StartBroadcast(c.data(), static_cast<int64_t>(c.size()), DType::kI64, 0);
   ASSERT_TRUE(rc.ok()) << rc.status();
   // Waited for in another order than started.
-  MOETRAIN_ASSERT_OK((*rc)->Wait());
-  MOETRAIN_ASSERT_OK((*rb)->Wait());
-  MOETRAIN_ASSERT_OK((*ra)->Wait());
-  MOETRAIN_ASSERT_OK((*ra)->Wait());  // a second Wait returns the same
+  ASSERT_OK((*rc)->Wait());
+  ASSERT_OK((*rb)->Wait());
+  ASSERT_OK((*ra)->Wait());
+  ASSERT_OK((*ra)->Wait());  // a second Wait returns the same
   EXPECT_EQ(a_out, a);
   EXPECT_EQ(b, (std::vector<float>{4.0f, 5.0f}));
   EXPECT_EQ(c, c_before);
@@ -193,7 +193,7 @@ TEST(NcclCommunicatorCudaTest, HostCollectivesInFlightTogetherKeepTheirResults) 
   }
   for (int round = 0; round < 50; ++round) {
     std::vector<int64_t> e = {round, -round};
-    MOETRAIN_ASSERT_OK(comm->AllReduceSum(e.data(), 2, DType::kI64));
+    ASSERT_OK(comm->AllReduceSum(e.data(), 2, DType::kI64));
     ASSERT_EQ(e, (std::vector<int64_t>{round, -round}));
   }
 }
@@ -211,9 +211,9 @@ TEST(NcclCommunicatorCudaTest, CollectiveReadsWhatQueuedOpsWroteWithoutAHostSync
   auto y = Tensor::Allocate(gpu.allocator(), DType::kF32, {1, n});
   ASSERT_TRUE(x.ok() && y.ok());
   for (int round = 0; round < 3; ++round) {
-    MOETRAIN_ASSERT_OK(gpu.Synchronize());
-    MOETRAIN_ASSERT_OK(ops::Fill(gpu, *x, 1.0f));
-    for (int i = 0; i < kDoublings; ++i) MOETRAIN_ASSERT_OK(ops::Add(gpu, *x, *x, *x));
+    ASSERT_OK(gpu.Synchronize());
+    ASSERT_OK(ops::Fill(gpu, *x, 1.0f));
+    for (int i = 0; i < kDoublings; ++i) ASSERT_OK(ops::Add(gpu, *x, *x, *x));
     // All-to-all-v (the dispatch's collective) into y, and an in-place all-reduce of x (the
     // gradient buckets').
     auto exchanged = comm->StartAllToAllV({.send = x->view().raw(),
@@ -222,18 +222,18 @@ TEST(NcclCommunicatorCudaTest, CollectiveReadsWhatQueuedOpsWroteWithoutAHostSync
                                            .recv_counts = {n},
                                            .dtype = DType::kF32});
     ASSERT_TRUE(exchanged.ok()) << exchanged.status();
-    MOETRAIN_ASSERT_OK((*exchanged)->Wait());
+    ASSERT_OK((*exchanged)->Wait());
     // After Wait, ops queued on the compute stream see the collective's output.
-    MOETRAIN_ASSERT_OK(ops::Add(gpu, *y, *y, *y));
+    ASSERT_OK(ops::Add(gpu, *y, *y, *y));
     const std::vector<float> got = Values<float>(ToHost(gpu, *y));
     int64_t wrong = 0;
     for (float v : got) wrong += v != 2 * expected;
     EXPECT_EQ(wrong, 0) << "round " << round << ": e.g. " << got.front() << " and " << got.back()
                         << " instead of " << 2 * expected;
 
-    MOETRAIN_ASSERT_OK(ops::Fill(gpu, *x, 1.0f));
-    for (int i = 0; i < kDoublings; ++i) MOETRAIN_ASSERT_OK(ops::Add(gpu, *x, *x, *x));
-    MOETRAIN_ASSERT_OK(comm->AllReduceSum(x->view().raw(), n, DType::kF32));
+    ASSERT_OK(ops::Fill(gpu, *x, 1.0f));
+    for (int i = 0; i < kDoublings; ++i) ASSERT_OK(ops::Add(gpu, *x, *x, *x));
+    ASSERT_OK(comm->AllReduceSum(x->view().raw(), n, DType::kF32));
     const std::vector<float> reduced = Values<float>(ToHost(gpu, *x));
     wrong = 0;
     for (float v : reduced) wrong += v != expected;

@@ -16,8 +16,8 @@
 namespace moetrain {
 namespace {
 
-using comm_test::ScratchDir;
 using ::testing::HasSubstr;
+using testutil::TempDir;
 
 class NcclCommunicatorTest : public ::testing::Test {
  protected:
@@ -37,7 +37,7 @@ class NcclCommunicatorTest : public ::testing::Test {
     return options;
   }
 
-  ScratchDir dir_;
+  TempDir dir_;
   std::shared_ptr<FileKeyValueStore> store_;
 };
 
@@ -70,7 +70,7 @@ TEST_F(NcclCommunicatorTest, WorldOfOneNeedsNoStoreButTwoDo) {
 
 TEST_F(NcclCommunicatorTest, MalformedIdIsDataLoss) {
   if (!NcclCommunicatorBuilt()) GTEST_SKIP() << "built without NCCL";
-  MOETRAIN_ASSERT_OK(store_->Set("world/nccl_unique_id", "not hex"));
+  ASSERT_OK(store_->Set("world/nccl_unique_id", "not hex"));
   EXPECT_EQ(CreateNcclCommunicator(Nccl(1, 2)).status().code(), absl::StatusCode::kDataLoss);
 }
 
@@ -90,18 +90,18 @@ TEST_F(NcclCommunicatorTest, WorldOfOneOnTheGpu) {
   ASSERT_EQ(cudaMalloc(&a, 4 * sizeof(float)), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&b, 4 * sizeof(float)), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(a, host.data(), 4 * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
-  MOETRAIN_ASSERT_OK((*comm)->AllReduceSum(a, 4, DType::kF32));
-  MOETRAIN_ASSERT_OK((*comm)->AllToAllV(
+  ASSERT_OK((*comm)->AllReduceSum(a, 4, DType::kF32));
+  ASSERT_OK((*comm)->AllToAllV(
       {.send = a, .send_counts = {4}, .recv = b, .recv_counts = {4}, .dtype = DType::kF32}));
   std::vector<float> back(4);
   ASSERT_EQ(cudaMemcpy(back.data(), b, 4 * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(back, host);
-  MOETRAIN_ASSERT_OK((*comm)->AllGather(a, b, 4, DType::kF32));
-  MOETRAIN_ASSERT_OK((*comm)->Broadcast(a, 4, DType::kF32, 0));
-  MOETRAIN_ASSERT_OK((*comm)->Barrier());
+  ASSERT_OK((*comm)->AllGather(a, b, 4, DType::kF32));
+  ASSERT_OK((*comm)->Broadcast(a, 4, DType::kF32, 0));
+  ASSERT_OK((*comm)->Barrier());
   auto group = (*comm)->Subgroup({0});
   ASSERT_TRUE(group.ok()) << group.status();
-  MOETRAIN_ASSERT_OK((*group)->AllReduceSum(a, 4, DType::kF32));
+  ASSERT_OK((*group)->AllReduceSum(a, 4, DType::kF32));
   ASSERT_EQ(cudaMemcpy(back.data(), a, 4 * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(back, host);
   cudaFree(a);

@@ -175,27 +175,32 @@ TEST(ThreadPoolTest, ShortRangesRunInlineOnTheCaller) {
   EXPECT_EQ(threads, (std::vector<std::thread::id>{std::this_thread::get_id()}));
 }
 
-// Each chunk waits for all the others to start, so this only returns if every thread of the
-// pool runs one at the same time. Sleeping first makes the workers block on their condition
-// variable, so the wake-up path is the one exercised.
+// How many threads ran `chunks` chunks of one call at the same time: each chunk waits for all the
+// others to start, so the answer is `chunks` only when that many threads ran them together (and 0
+// when some chunk gave up waiting).
+size_t ThreadsRunningAtOnce(ThreadPool& pool, int chunks) {
+  std::atomic<int> started{0};
+  std::atomic<int> timeouts{0};
+  std::mutex mu;
+  std::set<std::thread::id> threads;
+  pool.ParallelFor(chunks, 1, [&](int64_t, int64_t) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      threads.insert(std::this_thread::get_id());
+    }
+    started.fetch_add(1);
+    if (!WaitForCount(started, chunks)) timeouts.fetch_add(1);
+  });
+  return timeouts.load() == 0 ? threads.size() : 0;
+}
+
+// Sleeping first lets OpenMP's idle workers go past their spin and block, so the wake-up path is
+// the one exercised.
 TEST(ThreadPoolTest, AllThreadsRunConcurrentlyAfterSleeping) {
   ThreadPool pool(4);
   for (int round = 0; round < 3; ++round) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    std::atomic<int> started{0};
-    std::atomic<int> timeouts{0};
-    std::mutex mu;
-    std::set<std::thread::id> threads;
-    pool.ParallelFor(4, 1, [&](int64_t, int64_t) {
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        threads.insert(std::this_thread::get_id());
-      }
-      started.fetch_add(1);
-      if (!WaitForCount(started, 4)) timeouts.fetch_add(1);
-    });
-    EXPECT_EQ(timeouts.load(), 0) << "round " << round;
-    EXPECT_EQ(threads.size(), 4u) << "round " << round;
+    EXPECT_EQ(ThreadsRunningAtOnce(pool, 4), 4u) << "round " << round;
   }
 }
 
@@ -209,7 +214,7 @@ TEST(ThreadPoolTest, CallerWaitsForASlowWorkerChunk) {
     // Both chunks in flight at once forces one onto the worker.
     WaitForCount(started, 2);
     if (std::this_thread::get_id() != caller) {
-      // Long past the caller's spin, so it has to sleep and be woken.
+      // Long past OpenMP's spin at the closing barrier, so the caller has to block and be woken.
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       slow_chunk_done.store(true);
     }
@@ -255,17 +260,24 @@ TEST(ThreadPoolTest, ConcurrentCallersTakeTurns) {
   EXPECT_EQ(sums[1].load(), int64_t{kCalls} * 4950);
 }
 
-TEST(ThreadPoolTest, DestructionJoinsIdleWorkers) {
-  for (int i = 0; i < 50; ++i) {
-    ThreadPool unused(4);  // Workers may still be spinning, or not even started.
-  }
-  for (int i = 0; i < 20; ++i) {
-    ThreadPool pool(3);
-    std::atomic<int> sum{0};
-    pool.ParallelFor(30, 1, [&](int64_t begin, int64_t end) { sum.fetch_add(end - begin); });
-    EXPECT_EQ(sum.load(), 30);
-    if (i % 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // Now sleeping.
-  }
+// A pool owns no threads: they are OpenMP's one team, shared by every pool (and oneDNN). So
+// destroying a pool, unused or right after a call, must leave the team whole for the pools that
+// remain, the default one included.
+TEST(ThreadPoolTest, DestroyingAPoolLeavesTheSharedTeamToTheOthers) {
+  ThreadPool survivor(4);
+  RunWithDeadlockGuard([&] {
+    for (int i = 0; i < 20; ++i) {
+      { ThreadPool unused(4); }
+      {
+        ThreadPool used(4);
+        ASSERT_EQ(ThreadsRunningAtOnce(used, 4), 4u) << i;
+      }
+      ASSERT_EQ(ThreadsRunningAtOnce(survivor, 4), 4u) << i;
+    }
+  });
+  ThreadPool& shared = DefaultThreadPool();
+  const int width = std::min(shared.num_threads(), 4);
+  EXPECT_EQ(ThreadsRunningAtOnce(shared, width), static_cast<size_t>(width));
 }
 
 TEST(DefaultThreadPoolTest, IsOneSharedPool) {

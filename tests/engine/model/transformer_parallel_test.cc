@@ -26,7 +26,7 @@ TEST(TransformerTest, ExpertParallelRanksHoldTheirSliceOfTheSingleRankInit) {
   ModelConfig c = TinyConfig();
   c.num_layers = 3;  // two MoE blocks
   const Transformer whole = MakeModel(c, DType::kF32, 7);
-  comm_test::ScratchDir dir;
+  testutil::TempDir dir;
   std::vector<std::unique_ptr<GlooCommunicator>> group = comm_test::MakeGlooWorld(dir.path(), 2);
   ASSERT_EQ(group.size(), 2u);
   for (int rank = 0; rank < 2; ++rank) {
@@ -34,7 +34,7 @@ TEST(TransformerTest, ExpertParallelRanksHoldTheirSliceOfTheSingleRankInit) {
     absl::StatusOr<Transformer> part =
         Transformer::Create(c, DType::kF32, {.expert_group = group[rank].get()});
     ASSERT_TRUE(part.ok()) << part.status();
-    MOETRAIN_ASSERT_OK(part->Initialize(7));
+    ASSERT_OK(part->Initialize(7));
     EXPECT_EQ(part->first_local_expert(), 2 * rank);
     EXPECT_EQ(part->num_local_experts(), 2);
     // 2 MoE layers × 2 other experts × (gate, up, down) fewer.
@@ -100,7 +100,7 @@ TEST(TransformerTest, BackwardReportsEveryStageInOrder) {
     stages.push_back(stage);
     return absl::OkStatus();
   };
-  MOETRAIN_ASSERT_OK(model.ForwardBackward(tokens, options).status());
+  ASSERT_OK(model.ForwardBackward(tokens, options).status());
   EXPECT_EQ(stages, (std::vector<int64_t>{0, 1, 2, 3}));
   // An error from the callback stops backward and is returned.
   options.on_stage_done = [](int64_t stage) {

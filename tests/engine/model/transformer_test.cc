@@ -17,15 +17,10 @@
 #include "engine/model/model_config.h"
 #include "gtest/gtest.h"
 #include "tests/engine/model/transformer_test_util.h"
+#include "tests/testing/testing.h"
 
 namespace moetrain::transformer_test {
 namespace {
-
-#define ASSERT_OK(expr)                   \
-  do {                                    \
-    const absl::Status status_ = (expr);  \
-    ASSERT_TRUE(status_.ok()) << status_; \
-  } while (0)
 
 // ---------------------------------------------------------------------------------------------
 // ModelConfig::Validate

@@ -31,7 +31,7 @@ namespace {
 
 // Plans `counts[rank]` on every rank of a world of counts.size() ranks; the handles by rank.
 std::vector<DispatchHandle> PlanAll(const std::vector<std::vector<int64_t>>& counts, int chunks) {
-  ScratchDir dir;
+  TempDir dir;
   const int ep = static_cast<int>(counts.size());
   RankGroups groups = MakeRankGroups(dir.path(), 1, ep);
   std::vector<DispatchHandle> handles(ep);
@@ -128,7 +128,7 @@ std::vector<int64_t> MakeCounts(Load load, int rank, int64_t experts, int64_t lo
 template <typename Check>
 void ForEveryLoadOnEveryRank(int ep, int chunks, const Check& check) {
   const int64_t local = 3, experts = local * ep;
-  ScratchDir dir;
+  TempDir dir;
   RankGroups groups = MakeRankGroups(dir.path(), 1, ep);
   ASSERT_EQ(static_cast<int>(groups.expert.size()), ep);
   RunRanks(ep, [&](int rank) {
@@ -414,15 +414,15 @@ TEST(ExpertDispatcherFp8Test, WireRowsRequantizeToTheSameValues) {
       args.src = src;
       args.pow2_scales = true;
       args.out = q->view;
-      MOETRAIN_ASSERT_OK(ops::Fp8Quantize(ctx, args));
+      ASSERT_OK(ops::Fp8Quantize(ctx, args));
     };
     ops::OwnedFp8Tensor q1, q2;
     ASSERT_NO_FATAL_FAILURE(quantize(x, &q1));
     const Tensor v1 = NanTensor(dtype, {n, cols});
-    MOETRAIN_ASSERT_OK(ops::Fp8Dequantize(ctx, q1.view, v1));
+    ASSERT_OK(ops::Fp8Dequantize(ctx, q1.view, v1));
     ASSERT_NO_FATAL_FAILURE(quantize(v1, &q2));
     const Tensor v2 = NanTensor(dtype, {n, cols});
-    MOETRAIN_ASSERT_OK(ops::Fp8Dequantize(ctx, q2.view, v2));
+    ASSERT_OK(ops::Fp8Dequantize(ctx, q2.view, v2));
     EXPECT_TRUE(BitIdentical(v2, v1));
 
     // Block by block: the same bits and scale, or every value doubled and the scale halved.
@@ -452,7 +452,7 @@ TEST(ExpertDispatcherFp8Test, WireRowsRequantizeToTheSameValues) {
 // Invalid arguments: each is refused before any collective, so one rank alone sees the error.
 
 TEST(ExpertDispatcherErrorsTest, RefusesBadPlansAndExchanges) {
-  ScratchDir dir;
+  TempDir dir;
   RankGroups groups = MakeRankGroups(dir.path(), 1, 2);
   ASSERT_EQ(groups.expert.size(), 2u);
   std::vector<DispatchHandle> handles(2);

@@ -17,7 +17,7 @@
 namespace moetrain::moe_test {
 
 using comm_test::RunRanks;
-using comm_test::ScratchDir;
+using testutil::TempDir;
 
 // W = dp·ep ranks: rank r has ep_rank = r % ep and dp_rank = r / ep, and its expert group is the
 // ep consecutive ranks {dp_rank·ep + i}.

@@ -139,9 +139,9 @@ TEST_P(MoeLayerCudaTest, MatchesTheCpuLayerAndRepeatsBitForBit) {
   const auto& [c, dtype] = GetParam();
   const Problem p = MakeProblem(c, dtype);
   DeviceRun on_cpu, on_gpu, again;
-  MOETRAIN_ASSERT_OK(RunOn(ExecContext::Cpu(), p, &on_cpu));
-  MOETRAIN_ASSERT_OK(RunOn(gpu, p, &on_gpu));
-  MOETRAIN_ASSERT_OK(RunOn(gpu, p, &again));
+  ASSERT_OK(RunOn(ExecContext::Cpu(), p, &on_cpu));
+  ASSERT_OK(RunOn(gpu, p, &on_gpu));
+  ASSERT_OK(RunOn(gpu, p, &again));
 
   EXPECT_EQ(on_gpu.stats.tokens_per_expert, on_cpu.stats.tokens_per_expert);
   EXPECT_EQ(on_gpu.stats.dropped_tokens, on_cpu.stats.dropped_tokens);

@@ -112,9 +112,8 @@ void RunRank(const ParallelCase& c, const Problem& p, const EngineInputs& in, in
                     .expert_down = run->down,
                     .shared_gate_up = run->shared_gate_up,
                     .shared_down = run->shared_down};
-  MOETRAIN_ASSERT_OK(
-      layer->Forward(weights, x, c.layer.tokens_per_sequence, run->out, &run->stats));
-  MOETRAIN_ASSERT_OK(layer->Backward(weights, d_out, run->d_x, &grads, c.loss_weight));
+  ASSERT_OK(layer->Forward(weights, x, c.layer.tokens_per_sequence, run->out, &run->stats));
+  ASSERT_OK(layer->Backward(weights, d_out, run->d_x, &grads, c.loss_weight));
 }
 
 SingleRun RunSingle(const ParallelCase& c, const Problem& p) {
@@ -403,7 +402,7 @@ TEST_P(MoeLayerExpertParallelTest, MatchesOneProcessWithEveryExpert) {
     ASSERT_GT(routing.selection_margin, 1e-5) << "seed " << c.layer.seed << " has a near-tie";
   }
 
-  ScratchDir dir;
+  TempDir dir;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
   std::vector<std::unique_ptr<testutil::Child>> ranks;
   for (int rank = 0; rank < world_size; ++rank) {
@@ -448,7 +447,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, MoeLayerExpertParallelTest, ::testing::ValuesIn(
 // Construction.
 
 TEST(MoeLayerExpertParallelCreateTest, ValidatesTheLayoutAndNamesTheLocalExperts) {
-  ScratchDir dir;
+  TempDir dir;
   RankGroups groups = MakeRankGroups(dir.path(), 1, 4);
   ASSERT_EQ(groups.expert.size(), 4u);
   const MoeConfig config = {.num_experts = 6, .top_k = 2, .expert_ffn_dim = 8};

@@ -329,7 +329,7 @@ TEST_P(MoeLayerTest, MatchesFloat64Reference) {
   const EngineInputs in = ToEngine(p);
   const EngineGrads grads = MakeGrads(p, nullptr);
   EngineRun run;
-  MOETRAIN_ASSERT_OK(ForwardBackward(*layer, p, in, grads, &run));
+  ASSERT_OK(ForwardBackward(*layer, p, in, grads, &run));
 
   struct Compared {
     const char* name;
@@ -392,13 +392,13 @@ TEST_P(MoeLayerTest, AccumulatesGradientsAndIsDeterministic) {
   // One pass from zeroed grads: the gradient g, kept in `once`.
   const EngineGrads grads = MakeGrads(p, nullptr);
   EngineRun first;
-  MOETRAIN_ASSERT_OK(ForwardBackward(*layer, p, in, grads, &first));
+  ASSERT_OK(ForwardBackward(*layer, p, in, grads, &first));
   const EngineGrads once = MakeGrads(p, nullptr);
   CopyGrads(grads, once);
 
   // The same layer again into the same grads: identical out and d_x, and 2·g.
   EngineRun second;
-  MOETRAIN_ASSERT_OK(ForwardBackward(*layer, p, in, grads, &second));
+  ASSERT_OK(ForwardBackward(*layer, p, in, grads, &second));
   EXPECT_TRUE(BitIdentical(first.out, second.out));
   EXPECT_TRUE(BitIdentical(first.d_x, second.d_x));
   const std::vector<const Tensor*> twice_list = GradList(grads), once_list = GradList(once);
@@ -414,7 +414,7 @@ TEST_P(MoeLayerTest, AccumulatesGradientsAndIsDeterministic) {
     ASSERT_TRUE(fresh.ok()) << fresh.status();
     const EngineGrads again = MakeGrads(p, nullptr);
     EngineRun run;
-    MOETRAIN_ASSERT_OK(ForwardBackward(*fresh, p, in, again, &run));
+    ASSERT_OK(ForwardBackward(*fresh, p, in, again, &run));
     EXPECT_TRUE(BitIdentical(first.out, run.out));
     EXPECT_TRUE(BitIdentical(first.d_x, run.d_x));
     const std::vector<const Tensor*> again_list = GradList(again);
@@ -432,7 +432,7 @@ TEST_P(MoeLayerTest, AccumulatesGradientsAndIsDeterministic) {
     const EngineGrads initial = MakeGrads(p, nullptr);
     CopyGrads(accumulated, initial);
     EngineRun run;
-    MOETRAIN_ASSERT_OK(ForwardBackward(*fresh, p, in, accumulated, &run));
+    ASSERT_OK(ForwardBackward(*fresh, p, in, accumulated, &run));
     const std::vector<const Tensor*> after = GradList(accumulated), before = GradList(initial);
     for (size_t i = 0; i < after.size(); ++i) {
       std::vector<double> expected = ToDoubles(*before[i]);
@@ -487,21 +487,21 @@ TEST(MoeLayerReuseTest, ForwardWithAnotherBatchSizeThenBackward) {
   const EngineInputs in_big = ToEngine(p_big);
   const EngineGrads grads_big = MakeGrads(p_big, nullptr);
   EngineRun run_big;
-  MOETRAIN_ASSERT_OK(ForwardBackward(*layer, p_big, in_big, grads_big, &run_big));
+  ASSERT_OK(ForwardBackward(*layer, p_big, in_big, grads_big, &run_big));
 
   const EngineInputs in_small = ToEngine(p_small);
   Tensor out = NanTensor(DType::kF32, {p_small.tokens, p_small.hidden});
   // Stats may be null.
-  MOETRAIN_ASSERT_OK(layer->Forward(in_small.weights(), in_small.x, 0, out, nullptr));
+  ASSERT_OK(layer->Forward(in_small.weights(), in_small.x, 0, out, nullptr));
   // A second Forward of the big batch, then the small one again: Backward sees the small one.
   Tensor out_big = NanTensor(DType::kF32, {p_big.tokens, p_big.hidden});
-  MOETRAIN_ASSERT_OK(layer->Forward(in_big.weights(), in_big.x, 0, out_big, nullptr));
+  ASSERT_OK(layer->Forward(in_big.weights(), in_big.x, 0, out_big, nullptr));
   EXPECT_TRUE(BitIdentical(out_big, run_big.out));
-  MOETRAIN_ASSERT_OK(layer->Forward(in_small.weights(), in_small.x, 0, out, nullptr));
+  ASSERT_OK(layer->Forward(in_small.weights(), in_small.x, 0, out, nullptr));
   const EngineGrads grads = MakeGrads(p_small, nullptr);
   Tensor d_x = NanTensor(DType::kF32, {p_small.tokens, p_small.hidden});
   MoeGrads g = grads.view();
-  MOETRAIN_ASSERT_OK(layer->Backward(in_small.weights(), in_small.d_out, d_x, &g));
+  ASSERT_OK(layer->Backward(in_small.weights(), in_small.d_out, d_x, &g));
 
   const Reference ref = ComputeReference(p_small);
   EXPECT_LT(RelativeError(ToDoubles(out), ref.forward.out), 1e-5);

@@ -22,13 +22,7 @@
 #include "gtest/gtest.h"
 #include "tests/engine/moe/moe_reference.h"
 #include "tests/engine/tensor_test_util.h"
-
-// ASSERT_TRUE(status.ok()) that prints the status when it fails.
-#define MOETRAIN_ASSERT_OK(expr)          \
-  do {                                    \
-    const absl::Status status_ = (expr);  \
-    ASSERT_TRUE(status_.ok()) << status_; \
-  } while (0)
+#include "tests/testing/testing.h"
 
 namespace moetrain::moe_test {
 

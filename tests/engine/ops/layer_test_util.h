@@ -15,18 +15,11 @@
 #include "engine/core/tensor.h"
 #include "gtest/gtest.h"
 #include "tests/engine/tensor_test_util.h"
+#include "tests/testing/testing.h"
 
 namespace moetrain::ops_test::layer_test {
 
 inline ExecContext Cpu() { return ExecContext::Cpu(); }
-
-#ifndef ASSERT_OK
-#define ASSERT_OK(expr)                   \
-  do {                                    \
-    const absl::Status status_ = (expr);  \
-    ASSERT_TRUE(status_.ok()) << status_; \
-  } while (0)
-#endif
 
 inline std::vector<float> Normal(std::mt19937& rng, int64_t n, float mean, float stddev) {
   std::normal_distribution<float> dist(mean, stddev);

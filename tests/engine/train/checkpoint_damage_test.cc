@@ -17,32 +17,18 @@
 #include "gtest/gtest.h"
 #include "tests/engine/train/checkpoint_files.h"
 #include "tests/engine/train/tiny_trainer_config.h"
+#include "tests/testing/testing.h"
 
 namespace moetrain {
 namespace {
 
 namespace fs = std::filesystem;
 
-#define MOETRAIN_ASSERT_OK(expr)          \
-  do {                                    \
-    const absl::Status status_ = (expr);  \
-    ASSERT_TRUE(status_.ok()) << status_; \
-  } while (0)
-
 using testutil::Entries;
 using testutil::FlipMiddleByte;
 
 class CheckpointDamageTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    base_ = fs::path(::testing::TempDir()) /
-            absl::StrCat("checkpoint_damage_test_", getpid(), "_",
-                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(base_);
-    fs::create_directories(base_);
-  }
-  void TearDown() override { fs::remove_all(base_); }
-
   // A checkpoint of one small tensor per file at `step` under `root`.
   void Write(const fs::path& root, int64_t step) {
     Tensor weight = Tensor::Empty(DType::kF32, {64, 16});
@@ -58,14 +44,15 @@ class CheckpointDamageTest : public ::testing::Test {
     ASSERT_TRUE(written.ok()) << written.status();
   }
 
-  fs::path base_;
+  const testutil::TempDir temp_dir_{"checkpoint_damage_test"};
+  const fs::path base_ = temp_dir_.path();
 };
 
 TEST_F(CheckpointDamageTest, PruningRemovesABitFlippedStepAndKeepsTheGoodOnes) {
   const fs::path root = base_ / "job-1";
   for (int64_t step : {100, 200, 300}) Write(root, step);
   FlipMiddleByte(root / CheckpointStepDirName(300) / ModelFileName(0));
-  MOETRAIN_ASSERT_OK(PruneCheckpoints(root.string(), 2));
+  ASSERT_OK(PruneCheckpoints(root.string(), 2));
   // The two newest good steps stay; the damaged newest one does not take a place among them.
   EXPECT_EQ(Entries(root), (std::set<std::string>{"step-00000100", "step-00000200"}));
 }
@@ -88,7 +75,7 @@ TEST_F(CheckpointDamageTest, PruningKeepsAStepItCannotJudge) {
     text.replace(at + key.size(), 1, "9");
     std::ofstream(manifest, std::ios::trunc) << text;
   }
-  MOETRAIN_ASSERT_OK(PruneCheckpoints(root.string(), 1));
+  ASSERT_OK(PruneCheckpoints(root.string(), 1));
   // Steps 300 and 200 are unjudged (kept, not counted); 100 is the one good step kept.
   EXPECT_EQ(Entries(root),
             (std::set<std::string>{"step-00000100", "step-00000200", "step-00000300"}));
@@ -101,7 +88,7 @@ TEST_F(CheckpointDamageTest, PruningNeverRemovesTheStepJustCommitted) {
   for (int64_t step : {100, 200, 300}) Write(root, step);
   FlipMiddleByte(root / CheckpointStepDirName(200) / ModelFileName(0));
   FlipMiddleByte(root / CheckpointStepDirName(300) / ModelFileName(0));
-  MOETRAIN_ASSERT_OK(PruneCheckpoints(root.string(), 2, /*committed_step=*/300));
+  ASSERT_OK(PruneCheckpoints(root.string(), 2, /*committed_step=*/300));
   EXPECT_EQ(Entries(root), (std::set<std::string>{"step-00000100", "step-00000300"}));
 }
 
@@ -109,15 +96,15 @@ TEST_F(CheckpointDamageTest, PruningNeverRemovesTheStepJustCommitted) {
 TEST_F(CheckpointDamageTest, PruningHashesAnOlderStepOncePerProcess) {
   const fs::path root = base_ / "job-6";
   for (int64_t step : {100, 200}) Write(root, step);
-  MOETRAIN_ASSERT_OK(PruneCheckpoints(root.string(), 2));
+  ASSERT_OK(PruneCheckpoints(root.string(), 2));
   FlipMiddleByte(root / CheckpointStepDirName(100) / ModelFileName(0));
-  MOETRAIN_ASSERT_OK(PruneCheckpoints(root.string(), 2));
+  ASSERT_OK(PruneCheckpoints(root.string(), 2));
   EXPECT_EQ(Entries(root), (std::set<std::string>{"step-00000100", "step-00000200"}));
   // A step written anew under the same name (a new manifest) is hashed again.
   fs::remove_all(root / CheckpointStepDirName(100));
   Write(root, 100);
   FlipMiddleByte(root / CheckpointStepDirName(100) / ModelFileName(0));
-  MOETRAIN_ASSERT_OK(PruneCheckpoints(root.string(), 2));
+  ASSERT_OK(PruneCheckpoints(root.string(), 2));
   EXPECT_EQ(Entries(root), (std::set<std::string>{"step-00000200"}));
 }
 
@@ -136,7 +123,7 @@ TEST_F(CheckpointDamageTest, ANewWriteOfADamagedStepMovesItAsideAndPruningRemove
   for (const std::string& name : Entries(root))
     aside += name.rfind(".damaged-step-00000200-", 0) == 0;
   EXPECT_EQ(aside, 1);
-  MOETRAIN_ASSERT_OK(PruneCheckpoints(root.string(), 5));
+  ASSERT_OK(PruneCheckpoints(root.string(), 5));
   EXPECT_EQ(Entries(root), (std::set<std::string>{"step-00000100", "step-00000200"}));
 }
 
@@ -165,17 +152,17 @@ TEST_F(CheckpointDamageTest, TrainingPastADamagedNewestStepWritesItAgain) {
   const std::string damaged_dir = (base_ / "damaged").string();
   for (const std::string& dir : {straight_dir, damaged_dir}) {
     auto trainer = Trainer::Create(testing_config::TinyTrainerConfig(dir));
-    MOETRAIN_ASSERT_OK(trainer.status());
-    MOETRAIN_ASSERT_OK((*trainer)->Run(nullptr));
+    ASSERT_OK(trainer.status());
+    ASSERT_OK((*trainer)->Run(nullptr));
   }
   const fs::path root = fs::path(damaged_dir) / "tiny";
   FlipMiddleByte(root / CheckpointStepDirName(8) / ModelFileName(0));
 
   auto resumed = Trainer::Create(testing_config::TinyTrainerConfig(damaged_dir));
-  MOETRAIN_ASSERT_OK(resumed.status());
-  MOETRAIN_ASSERT_OK((*resumed)->Resume(nullptr));
+  ASSERT_OK(resumed.status());
+  ASSERT_OK((*resumed)->Resume(nullptr));
   EXPECT_EQ((*resumed)->step(), 4);
-  MOETRAIN_ASSERT_OK((*resumed)->Run(nullptr));  // fails today: step-00000008 already exists
+  ASSERT_OK((*resumed)->Run(nullptr));  // fails today: step-00000008 already exists
   EXPECT_EQ((*resumed)->step(), 8);
 
   EXPECT_EQ(Entries(root), (std::set<std::string>{"step-00000004", "step-00000008"}));

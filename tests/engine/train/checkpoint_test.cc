@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/train/safetensors.h"
 #include "gtest/gtest.h"
+#include "tests/testing/testing.h"
 
 namespace moetrain {
 namespace {
@@ -52,15 +53,6 @@ bool Contains(absl::string_view haystack, const std::string& needle) {
 
 class CheckpointTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    base_ = fs::path(::testing::TempDir()) /
-            ("checkpoint_test_" + std::to_string(getpid()) + "_" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(base_);
-    root_ = base_ / "job-42";
-  }
-  void TearDown() override { fs::remove_all(base_); }
-
   // A small model whose values depend on the step, so that steps are told apart by content.
   CheckpointContents Contents(int64_t step, int rank = 0) {
     auto filled = [&](DType dtype, std::vector<int64_t> shape) {
@@ -117,8 +109,9 @@ class CheckpointTest : public ::testing::Test {
     EXPECT_TRUE(Contains(direct.status().message(), step200.string())) << direct.status();
   }
 
-  fs::path base_;
-  fs::path root_;
+  const testutil::TempDir temp_dir_{"checkpoint_test"};
+  const fs::path base_ = temp_dir_.path();
+  fs::path root_ = base_ / "job-42";
   std::vector<Tensor> owned_;
 };
 

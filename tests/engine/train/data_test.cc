@@ -1,7 +1,5 @@
 #include "engine/train/data.h"
 
-#include <stdlib.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -16,6 +14,7 @@
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/testing.h"
 
 namespace moetrain {
 namespace {
@@ -93,13 +92,7 @@ DataLoader MustCreate(const DataConfig& config, int rank = 0, int world_size = 1
 
 class DataTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string pattern = ::testing::TempDir() + "/moetrain_data_XXXXXX";
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-    u16_path_ = Write("tokens.u16", U16Bytes(kTokens));
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void SetUp() override { u16_path_ = Write("tokens.u16", U16Bytes(kTokens)); }
 
   std::string Write(const std::string& name, const std::string& bytes) {
     const std::string path = dir_ + "/" + name;
@@ -131,7 +124,8 @@ class DataTest : public ::testing::Test {
     return config;
   }
 
-  std::string dir_;
+  const testutil::TempDir temp_dir_{"moetrain_data"};
+  const std::string dir_ = temp_dir_.path().string();
   std::string u16_path_;
 };
 

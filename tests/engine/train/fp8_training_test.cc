@@ -11,11 +11,12 @@
 #include "gtest/gtest.h"
 #include "tests/engine/tensor_test_util.h"
 #include "tests/engine/train/tiny_trainer_config.h"
+#include "tests/testing/testing.h"
 
 namespace moetrain {
 namespace {
 
-using testing_config::TempDir;
+using testutil::TempDir;
 
 class Recorder : public TrainObserver {
  public:
@@ -65,11 +66,11 @@ TEST_P(Fp8RecipeTest, TrainsWithinTwoPercentOfBf16) {
   }
   Recorder bf16_steps, fp8_steps;
   auto a = Trainer::Create(bf16);
-  MOETRAIN_ASSERT_OK(a.status());
-  MOETRAIN_ASSERT_OK((*a)->Run(&bf16_steps));
+  ASSERT_OK(a.status());
+  ASSERT_OK((*a)->Run(&bf16_steps));
   auto b = Trainer::Create(fp8);
-  MOETRAIN_ASSERT_OK(b.status());
-  MOETRAIN_ASSERT_OK((*b)->Run(&fp8_steps));
+  ASSERT_OK(b.status());
+  ASSERT_OK((*b)->Run(&fp8_steps));
   ASSERT_EQ(fp8_steps.reports.size(), 40u);
   const double bf16_loss = TailLoss(bf16_steps.reports, 5);
   const double fp8_loss = TailLoss(fp8_steps.reports, 5);
@@ -90,8 +91,8 @@ TEST(Fp8TrainingTest, DelayedScalingResumesBitIdentically) {
   TempDir straight_dir, resumed_dir;
   Recorder straight;
   auto a = Trainer::Create(Fp8Config(straight_dir.path(), Fp8RecipeKind::kDelayed));
-  MOETRAIN_ASSERT_OK(a.status());
-  MOETRAIN_ASSERT_OK((*a)->Run(&straight));
+  ASSERT_OK(a.status());
+  ASSERT_OK((*a)->Run(&straight));
   ASSERT_EQ(straight.reports.size(), 8u);
 
   TrainerConfig first_half = Fp8Config(resumed_dir.path(), Fp8RecipeKind::kDelayed);
@@ -100,17 +101,17 @@ TEST(Fp8TrainingTest, DelayedScalingResumesBitIdentically) {
   std::vector<float> state_at_4;
   {
     auto b = Trainer::Create(first_half);
-    MOETRAIN_ASSERT_OK(b.status());
-    MOETRAIN_ASSERT_OK((*b)->Run(&resumed));
+    ASSERT_OK(b.status());
+    ASSERT_OK((*b)->Run(&resumed));
     state_at_4 = SavedState(**b);
   }
   auto c = Trainer::Create(Fp8Config(resumed_dir.path(), Fp8RecipeKind::kDelayed));
-  MOETRAIN_ASSERT_OK(c.status());
-  MOETRAIN_ASSERT_OK((*c)->Resume(nullptr));
+  ASSERT_OK(c.status());
+  ASSERT_OK((*c)->Resume(nullptr));
   // The scales and histories came back from the checkpoint, not from a fresh start.
   ASSERT_FALSE(state_at_4.empty());
   EXPECT_EQ(SavedState(**c), state_at_4);
-  MOETRAIN_ASSERT_OK((*c)->Run(&resumed));
+  ASSERT_OK((*c)->Run(&resumed));
   ASSERT_EQ(resumed.reports.size(), 8u);
   for (size_t i = 0; i < 8; ++i) {
     EXPECT_EQ(std::memcmp(&straight.reports[i].loss, &resumed.reports[i].loss, sizeof(double)), 0)
@@ -127,11 +128,11 @@ TEST(Fp8TrainingTest, ADelayedJobDoesNotResumeFromACheckpointWithoutFp8State) {
   bf16.steps = 4;
   {
     auto a = Trainer::Create(bf16);
-    MOETRAIN_ASSERT_OK(a.status());
-    MOETRAIN_ASSERT_OK((*a)->Run(nullptr));
+    ASSERT_OK(a.status());
+    ASSERT_OK((*a)->Run(nullptr));
   }
   auto b = Trainer::Create(Fp8Config(dir.path(), Fp8RecipeKind::kDelayed));
-  MOETRAIN_ASSERT_OK(b.status());
+  ASSERT_OK(b.status());
   const absl::Status resumed = (*b)->Resume(nullptr);
   EXPECT_FALSE(resumed.ok());
   EXPECT_NE(resumed.ToString().find("fp8_state"), std::string::npos) << resumed;
@@ -144,13 +145,13 @@ TEST(Fp8TrainingTest, EvaluationLeavesTheScalesAlone) {
   c.checkpoint_dir.clear();
   c.data.eval_fraction = 0;  // synthetic eval data comes from its own stream
   auto a = Trainer::Create(c);
-  MOETRAIN_ASSERT_OK(a.status());
-  MOETRAIN_ASSERT_OK((*a)->Run(nullptr));
+  ASSERT_OK(a.status());
+  ASSERT_OK((*a)->Run(nullptr));
   const std::vector<float> before = SavedState(**a);
-  MOETRAIN_ASSERT_OK((*a)->Evaluate().status());
+  ASSERT_OK((*a)->Evaluate().status());
   // A step's amaxes enter the history only at EndStep; an evaluation recorded none to enter.
   Fp8State* state = (*a)->model().fp8_state();
-  MOETRAIN_ASSERT_OK(state->EndStep(nullptr));
+  ASSERT_OK(state->EndStep(nullptr));
   const std::vector<float> after = SavedState(**a);
   ASSERT_EQ(before.size(), after.size());
   // EndStep moved this "step's" amax (h[0]) to the end of each history: zero, since the

@@ -15,7 +15,7 @@ namespace {
 
 using comm_test::MakeGlooWorld;
 using comm_test::RunRanks;
-using comm_test::ScratchDir;
+using testutil::TempDir;
 
 ModelConfig TinyModel() {
   ModelConfig c;
@@ -38,7 +38,7 @@ ModelConfig TinyModel() {
 float Grad(int rank, int64_t i) { return static_cast<float>((rank + 1) * (i % 7)); }
 
 void ExpectSums(int stop_stage) {
-  ScratchDir dir;
+  TempDir dir;
   constexpr int kRanks = 4;
   std::vector<std::unique_ptr<GlooCommunicator>> world = MakeGlooWorld(dir.path(), kRanks);
   ASSERT_EQ(world.size(), static_cast<size_t>(kRanks));

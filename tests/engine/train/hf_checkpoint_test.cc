@@ -1,7 +1,5 @@
 #include "engine/train/hf_checkpoint.h"
 
-#include <stdlib.h>
-
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +19,7 @@
 #include "engine/train/trainer.h"
 #include "gtest/gtest.h"
 #include "tests/engine/model/transformer_test_util.h"
+#include "tests/testing/testing.h"
 
 namespace moetrain {
 namespace {
@@ -86,13 +85,6 @@ NamedTensors Parameters(const Transformer& model, DType dtype) {
 
 class HfCheckpointTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string pattern = ::testing::TempDir() + "/hf_checkpoint_test.XXXXXX";
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // Writes `model` as a step of a two-rank (ep = 2) job, as the trainer does: rank 0 the dense
   // part and the first half of the experts, rank 1 the rest. `skip` names a tensor left out.
   std::string WriteStep(const Transformer& model, const std::string& job,
@@ -157,7 +149,8 @@ class HfCheckpointTest : public ::testing::Test {
         << Json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2);
   }
 
-  fs::path dir_;
+  const testutil::TempDir temp_dir_{"hf_checkpoint_test"};
+  const fs::path dir_ = temp_dir_.path();
 };
 
 TEST_F(HfCheckpointTest, F32RoundTripIsExact) {

@@ -94,7 +94,7 @@ int64_t StatusFieldKiB(const char* field) {
 TEST(MemoryEstimateTest, CountsTheModelsParameters) {
   const TrainerConfig config = MeasuredConfig(false, DType::kF32);
   absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(config);
-  MOETRAIN_ASSERT_OK(trainer.status());
+  ASSERT_OK(trainer.status());
   const double elements = static_cast<double>((*trainer)->model().master_buffer().numel());
   const MemoryEstimate estimate = EstimateTrainingMemory(config);
   // The buffer pads each tensor to 16 elements.
@@ -117,9 +117,9 @@ TEST_P(MeasuredPeakTest, EstimateIsWithinAFactorOfTwoOfTheMeasuredPeak) {
   ASSERT_GT(before_kib, 0);
   {
     absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(config);
-    MOETRAIN_ASSERT_OK(trainer.status());
+    ASSERT_OK(trainer.status());
     TrainObserver quiet;
-    MOETRAIN_ASSERT_OK((*trainer)->Run(&quiet));
+    ASSERT_OK((*trainer)->Run(&quiet));
   }
   const double measured = static_cast<double>(StatusFieldKiB("VmHWM") - before_kib) * 1024;
   std::printf("estimate %s, measured peak growth %s\n", estimate.DebugString().c_str(),

@@ -14,7 +14,7 @@ namespace {
 
 using comm_test::MakeGlooWorld;
 using comm_test::RunRanks;
-using comm_test::ScratchDir;
+using testutil::TempDir;
 
 std::string Message(const absl::Status& status) { return std::string(status.message()); }
 
@@ -64,7 +64,7 @@ TEST(ParallelGroupsTest, ASingleRankNeedsNoCommunicator) {
 // dp = 2 × ep = 3: rank r's expert group is its row of the 2 × 3 grid, its expert-data group its
 // column; sums over each are the same bits on every member.
 TEST(ParallelGroupsTest, GroupsAreTheRowsAndColumnsOfTheGrid) {
-  ScratchDir dir;
+  TempDir dir;
   std::vector<std::unique_ptr<GlooCommunicator>> world = MakeGlooWorld(dir.path(), 6);
   ASSERT_EQ(world.size(), 6u);
   std::vector<std::unique_ptr<ParallelGroups>> groups(6);

@@ -26,6 +26,7 @@
 #include "tests/engine/tensor_test_util.h"
 #include "tests/engine/train/parallel_test_config.h"
 #include "tests/integration/child_process.h"
+#include "tests/testing/testing.h"
 
 namespace moetrain {
 namespace {
@@ -34,22 +35,10 @@ namespace fs = std::filesystem;
 using Json = nlohmann::json;
 using testutil::Child;
 using testutil::Finished;
+using testutil::TempDir;
 
 constexpr double kRelativeTolerance = 1e-5;
 constexpr auto kRunTimeout = std::chrono::seconds(120);
-
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = ::testing::TempDir() + "/parallel_training_test.XXXXXX";
-    path_ = mkdtemp(pattern.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 // The dp × ep processes of one launch of the job.
 class Ranks {
@@ -267,11 +256,11 @@ TEST(ParallelTrainingTest, Fp8DelayedScalingOnTwoExpertRanksTracksOneProcess) {
   TempDir dir;
   absl::StatusOr<TrainerConfig> config = parallel_test::WithFp8(
       parallel_test::JobConfig((dir.path() / "reference").string(), 1, 1), "delayed");
-  MOETRAIN_ASSERT_OK(config.status());
+  ASSERT_OK(config.status());
   Recorder reference;
   absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*config);
-  MOETRAIN_ASSERT_OK(trainer.status());
-  MOETRAIN_ASSERT_OK((*trainer)->Run(&reference));
+  ASSERT_OK(trainer.status());
+  ASSERT_OK((*trainer)->Run(&reference));
   const std::vector<std::vector<Json>> ranks = RunJob(1, 2, dir.path(), {"--fp8", "delayed"});
   ASSERT_EQ(ranks.size(), 2u);
   const std::map<int64_t, Json> steps = Steps(ranks[0]);
@@ -284,7 +273,7 @@ TEST(ParallelTrainingTest, Fp8DelayedScalingOnTwoExpertRanksTracksOneProcess) {
   // Rank 0 wrote the recipe's state with the dense part; rank 1 has no copy of it.
   const fs::path step_dir = dir.path() / "checkpoints" / "parallel" / "step-00000010";
   absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpoint(step_dir.string());
-  MOETRAIN_ASSERT_OK(loaded.status());
+  ASSERT_OK(loaded.status());
   EXPECT_TRUE(loaded->optim_tensors.contains("fp8_state"));
   std::ifstream manifest_file(step_dir / "manifest.json");
   EXPECT_EQ(Json::parse(manifest_file)["fp8"]["recipe"], "delayed");
@@ -299,8 +288,8 @@ TEST(ParallelTrainingTest, MlaAndMultiTokenPredictionOnTwoByTwoRanksMatchOneProc
       parallel_test::JobConfig((dir.path() / "reference").string(), 1, 1));
   Recorder reference;
   absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(config);
-  MOETRAIN_ASSERT_OK(trainer.status());
-  MOETRAIN_ASSERT_OK((*trainer)->Run(&reference));
+  ASSERT_OK(trainer.status());
+  ASSERT_OK((*trainer)->Run(&reference));
   const std::vector<std::vector<Json>> ranks = RunJob(2, 2, dir.path(), {"--deepseek"});
   ASSERT_EQ(ranks.size(), 4u);
   const std::map<int64_t, Json> steps = Steps(ranks[0]);

@@ -150,7 +150,7 @@ Trace RunSingle(const TrainerConfig& config) {
 }
 
 Trace RunTwoRanks(const TrainerConfig& config) {
-  comm_test::ScratchDir dir;
+  testutil::TempDir dir;
   std::vector<std::unique_ptr<GlooCommunicator>> world = comm_test::MakeGlooWorld(dir.path(), 2);
   if (world.size() != 2) return {};
   std::vector<std::shared_ptr<Communicator>> shared;

@@ -15,6 +15,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/testing.h"
 
 namespace moetrain {
 namespace {
@@ -85,15 +86,6 @@ Tensor RandomBits(DType dtype, std::vector<int64_t> shape, std::mt19937_64& gen)
 
 class SafetensorsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) /
-           ("safetensors_test_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
 
   // Writes `bytes` as a file, reads it, and expects InvalidArgument naming the file and `what`.
@@ -109,7 +101,8 @@ class SafetensorsTest : public ::testing::Test {
       EXPECT_NE(message.find(part), std::string::npos) << message;
   }
 
-  fs::path dir_;
+  const testutil::TempDir temp_dir_{"safetensors_test"};
+  const fs::path dir_ = temp_dir_.path();
 };
 
 TEST_F(SafetensorsTest, WritesTheLayoutAnIndependentReaderExpects) {

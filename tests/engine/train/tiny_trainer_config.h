@@ -1,33 +1,15 @@
 // The tiny job the trainer tests run: a 2-block MoE transformer (one dense block, one MoE block
 // of 4 experts, top-2, a shared expert, sigmoid routing with the expert bias and the switch aux
 // loss) on a synthetic source, 8 sequences a step in micro-batches of 4, 8 steps, a checkpoint
-// every 4. Also the scratch directory the trainer tests write their checkpoints to.
+// every 4.
 #ifndef MOETRAIN_TESTS_ENGINE_TRAIN_TINY_TRAINER_CONFIG_H_
 #define MOETRAIN_TESTS_ENGINE_TRAIN_TINY_TRAINER_CONFIG_H_
 
-#include <stdlib.h>
-
-#include <filesystem>
 #include <string>
 
 #include "engine/train/trainer.h"
-#include "gtest/gtest.h"
 
 namespace moetrain::testing_config {
-
-// A fresh directory under the test temp dir, removed at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = ::testing::TempDir() + "/trainer_test.XXXXXX";
-    path_ = mkdtemp(pattern.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 inline TrainerConfig TinyTrainerConfig(const std::string& checkpoint_dir) {
   TrainerConfig c;

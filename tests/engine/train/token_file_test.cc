@@ -1,7 +1,5 @@
 #include "engine/train/token_file.h"
 
-#include <stdlib.h>
-
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
+#include "tests/testing/testing.h"
 
 namespace moetrain {
 namespace {
@@ -67,20 +66,14 @@ std::vector<int32_t> ReadAll(const TokenFile& file) {
 
 class TokenFileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string pattern = ::testing::TempDir() + "/moetrain_token_file_XXXXXX";
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-
   std::string Write(const std::string& name, const std::string& bytes) {
     const std::string path = dir_ + "/" + name;
     std::ofstream(path, std::ios::binary).write(bytes.data(), bytes.size());
     return path;
   }
 
-  std::string dir_;
+  const testutil::TempDir temp_dir_{"moetrain_token_file"};
+  const std::string dir_ = temp_dir_.path().string();
 };
 
 TEST_F(TokenFileTest, ReadsLlmcShard) {

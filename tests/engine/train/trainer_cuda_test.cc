@@ -16,11 +16,12 @@
 #include "tests/engine/cuda_test_util.h"
 #include "tests/engine/tensor_test_util.h"
 #include "tests/engine/train/tiny_trainer_config.h"
+#include "tests/testing/testing.h"
 
 namespace moetrain {
 namespace {
 
-using testing_config::TempDir;
+using testutil::TempDir;
 
 // examples/tiny-moe.yaml's model and data (softmax routing, switch aux loss, GQA, one dense
 // block), on the trainer tests' tiny job settings, `steps` steps with every step logged. Only
@@ -76,13 +77,12 @@ struct TrainedRun {
 
 void TrainToEnd(Trainer& trainer, TrainedRun* run) {
   Recorder recorder;
-  MOETRAIN_ASSERT_OK(trainer.Run(&recorder));
+  ASSERT_OK(trainer.Run(&recorder));
   run->reports = recorder.reports;
   const TensorView masters = trainer.model().master_buffer();
   run->masters.resize(masters.numel());
-  MOETRAIN_ASSERT_OK(
-      ops::CopyTensor(trainer.model().context(), masters,
-                      TensorView(run->masters.data(), DType::kF32, {masters.numel()})));
+  ASSERT_OK(ops::CopyTensor(trainer.model().context(), masters,
+                            TensorView(run->masters.data(), DType::kF32, {masters.numel()})));
 }
 
 // `got`'s losses (and eval losses) within the dtype's tolerance of the CPU reference `want`'s.
@@ -112,12 +112,12 @@ TEST(TrainerCudaTest, TrainsToTheCpuLossesWithEverythingOnTheDevice) {
     TrainedRun cpu_run, cuda_run;
     {
       auto trainer = Trainer::Create(TinyMoeConfig("", Device::Cpu(), dtype, 3));
-      MOETRAIN_ASSERT_OK(trainer.status());
+      ASSERT_OK(trainer.status());
       TrainToEnd(**trainer, &cpu_run);
     }
     {
       auto trainer = Trainer::Create(TinyMoeConfig("", gpu.device(), dtype, 3));
-      MOETRAIN_ASSERT_OK(trainer.status());
+      ASSERT_OK(trainer.status());
       // Parameters and grads on the device (the optimizer's moments are allocated alike).
       EXPECT_EQ((*trainer)->model().master_buffer().device(), gpu.device());
       EXPECT_EQ((*trainer)->model().grad_buffer().device(), gpu.device());
@@ -144,7 +144,7 @@ TEST(TrainerCudaTest, TwoCudaRunsAreBitIdentical) {
     TrainedRun runs[2];
     for (TrainedRun& run : runs) {
       auto trainer = Trainer::Create(TinyMoeConfig("", gpu.device(), dtype, 3));
-      MOETRAIN_ASSERT_OK(trainer.status());
+      ASSERT_OK(trainer.status());
       TrainToEnd(**trainer, &run);
     }
     ASSERT_EQ(runs[0].reports.size(), runs[1].reports.size());
@@ -168,7 +168,7 @@ TEST(TrainerCudaTest, CheckpointsMoveBetweenTheCpuAndTheGpu) {
     TrainedRun straight;
     {
       auto trainer = Trainer::Create(TinyMoeConfig("", Device::Cpu(), dtype, 6));
-      MOETRAIN_ASSERT_OK(trainer.status());
+      ASSERT_OK(trainer.status());
       TrainToEnd(**trainer, &straight);
     }
     ASSERT_EQ(straight.reports.size(), 6u);
@@ -184,14 +184,14 @@ TEST(TrainerCudaTest, CheckpointsMoveBetweenTheCpuAndTheGpu) {
       int64_t tokens_seen = 0;
       {
         auto writer = Trainer::Create(TinyMoeConfig(dir.path(), move.writer, dtype, 3));
-        MOETRAIN_ASSERT_OK(writer.status());
+        ASSERT_OK(writer.status());
         TrainedRun first_half;
         TrainToEnd(**writer, &first_half);
         tokens_seen = (*writer)->tokens_seen();
       }
       auto reader = Trainer::Create(TinyMoeConfig(dir.path(), move.reader, dtype, 6));
-      MOETRAIN_ASSERT_OK(reader.status());
-      MOETRAIN_ASSERT_OK((*reader)->Resume(nullptr));
+      ASSERT_OK(reader.status());
+      ASSERT_OK((*reader)->Resume(nullptr));
       EXPECT_EQ((*reader)->step(), 3);
       EXPECT_EQ((*reader)->tokens_seen(), tokens_seen);
       TrainedRun resumed;

@@ -41,15 +41,15 @@ TEST(TrainerStepTest, TheTrainersStepIsTheStepComposedByHand) {
 
   Recorder recorder;
   auto trainer = Trainer::Create(config);
-  MOETRAIN_ASSERT_OK(trainer.status());
-  MOETRAIN_ASSERT_OK((*trainer)->Run(&recorder));
+  ASSERT_OK(trainer.status());
+  ASSERT_OK((*trainer)->Run(&recorder));
   ASSERT_EQ(recorder.reports.size(), 3u);
 
   // By hand, on one rank.
   const ExecContext ctx = ExecContext::Cpu();
   auto model = Transformer::Create(config.model, config.compute_dtype, {}, ctx);
-  MOETRAIN_ASSERT_OK(model.status());
-  MOETRAIN_ASSERT_OK(model->Initialize(config.seed));
+  ASSERT_OK(model.status());
+  ASSERT_OK(model->Initialize(config.seed));
   std::vector<Parameter> trainable, dense, experts;
   for (const NamedParameter& p : model->parameters()) {
     if (!p.trainable) continue;
@@ -58,9 +58,9 @@ TEST(TrainerStepTest, TheTrainersStepIsTheStepComposedByHand) {
     (p.expert ? experts : dense).push_back(param);
   }
   auto optimizer = AdamW::Create(ctx, config.optimizer, trainable);
-  MOETRAIN_ASSERT_OK(optimizer.status());
+  ASSERT_OK(optimizer.status());
   auto data = DataLoader::Create(config.data, /*rank=*/0, /*world_size=*/1);
-  MOETRAIN_ASSERT_OK(data.status());
+  ASSERT_OK(data.status());
   const int64_t micro_batches = 2, layers = model->num_moe_layers();
   const int64_t experts_per_layer = config.model.moe.num_experts;
 
@@ -73,7 +73,7 @@ TEST(TrainerStepTest, TheTrainersStepIsTheStepComposedByHand) {
       const int64_t rows = batch.dim(0) / micro_batches;
       auto result = model->ForwardBackward(batch.view().Slice(m * rows, (m + 1) * rows),
                                            1.0f / static_cast<float>(micro_batches));
-      MOETRAIN_ASSERT_OK(result.status());
+      ASSERT_OK(result.status());
       loss += result->loss;
       for (int64_t l = 0; l < layers; ++l) {
         for (int64_t e = 0; e < experts_per_layer; ++e) {
@@ -84,19 +84,19 @@ TEST(TrainerStepTest, TheTrainersStepIsTheStepComposedByHand) {
     // The global norm: the dense gradients, then the expert shards (one, on one rank).
     auto dense_squares = GradSquaredSum(ctx, dense);
     auto expert_squares = GradSquaredSum(ctx, experts);
-    MOETRAIN_ASSERT_OK(dense_squares.status());
-    MOETRAIN_ASSERT_OK(expert_squares.status());
+    ASSERT_OK(dense_squares.status());
+    ASSERT_OK(expert_squares.status());
     const double norm = std::sqrt(*dense_squares + *expert_squares);
     EXPECT_GT(norm, config.grad_clip) << "the clip must clip for this test to cover it";
-    MOETRAIN_ASSERT_OK(ClipGradsToNorm(ctx, trainable, config.grad_clip, norm));
+    ASSERT_OK(ClipGradsToNorm(ctx, trainable, config.grad_clip, norm));
     auto clipped = GlobalGradNorm(ctx, trainable);
-    MOETRAIN_ASSERT_OK(clipped.status());
+    ASSERT_OK(clipped.status());
     EXPECT_NEAR(*clipped, config.grad_clip, 1e-6);
     const float lr = LearningRate(config.schedule, step);
-    MOETRAIN_ASSERT_OK(optimizer->Step(lr));
-    MOETRAIN_ASSERT_OK(model->UpdateExpertBiases(counts));
-    MOETRAIN_ASSERT_OK(model->SyncComputeWeights());
-    MOETRAIN_ASSERT_OK(model->ZeroGrads());
+    ASSERT_OK(optimizer->Step(lr));
+    ASSERT_OK(model->UpdateExpertBiases(counts));
+    ASSERT_OK(model->SyncComputeWeights());
+    ASSERT_OK(model->ZeroGrads());
 
     const StepReport& report = recorder.reports[step];
     loss /= micro_batches;

@@ -17,15 +17,13 @@
 #include "gtest/gtest.h"
 #include "tests/engine/tensor_test_util.h"
 #include "tests/engine/train/tiny_trainer_config.h"
+#include "tests/testing/testing.h"
 
 namespace moetrain {
 namespace {
 
-using testing_config::TempDir;
-
-TrainerConfig TinyConfig(const std::string& checkpoint_dir) {
-  return testing_config::TinyTrainerConfig(checkpoint_dir);
-}
+using testing_config::TinyTrainerConfig;
+using testutil::TempDir;
 
 // Records every logged step.
 class Recorder : public TrainObserver {
@@ -44,25 +42,25 @@ std::vector<float> Masters(Trainer& trainer) {
 TEST(TrainerTest, ResumeIsBitIdenticalToTrainingStraight) {
   TempDir straight_dir, resumed_dir;
   Recorder straight;
-  auto a = Trainer::Create(TinyConfig(straight_dir.path()));
-  MOETRAIN_ASSERT_OK(a.status());
-  MOETRAIN_ASSERT_OK((*a)->Run(&straight));
+  auto a = Trainer::Create(TinyTrainerConfig(straight_dir.path()));
+  ASSERT_OK(a.status());
+  ASSERT_OK((*a)->Run(&straight));
   ASSERT_EQ(straight.reports.size(), 8u);
 
   // The same job stopped after 4 steps (its step-4 checkpoint), then resumed in a new trainer.
-  TrainerConfig first_half = TinyConfig(resumed_dir.path());
+  TrainerConfig first_half = TinyTrainerConfig(resumed_dir.path());
   first_half.steps = 4;
   Recorder resumed;
   {
     auto b = Trainer::Create(first_half);
-    MOETRAIN_ASSERT_OK(b.status());
-    MOETRAIN_ASSERT_OK((*b)->Run(&resumed));
+    ASSERT_OK(b.status());
+    ASSERT_OK((*b)->Run(&resumed));
   }
-  auto c = Trainer::Create(TinyConfig(resumed_dir.path()));
-  MOETRAIN_ASSERT_OK(c.status());
-  MOETRAIN_ASSERT_OK((*c)->Resume(&resumed));
+  auto c = Trainer::Create(TinyTrainerConfig(resumed_dir.path()));
+  ASSERT_OK(c.status());
+  ASSERT_OK((*c)->Resume(&resumed));
   EXPECT_EQ((*c)->step(), 4);
-  MOETRAIN_ASSERT_OK((*c)->Run(&resumed));
+  ASSERT_OK((*c)->Run(&resumed));
   ASSERT_EQ(resumed.reports.size(), 8u);
   for (size_t i = 0; i < 8; ++i) {
     EXPECT_EQ(straight.reports[i].step, resumed.reports[i].step);
@@ -80,40 +78,41 @@ TEST(TrainerTest, ResumeIsBitIdenticalToTrainingStraight) {
 // step's weights (and only them: step, optimizer and data start fresh); another model is refused.
 TEST(TrainerTest, InitializeFromTakesTheWeightsOfAStepOfTheSameModel) {
   TempDir pretrain_dir, finetune_dir;
-  auto a = Trainer::Create(TinyConfig(pretrain_dir.path()));
-  MOETRAIN_ASSERT_OK(a.status());
-  MOETRAIN_ASSERT_OK((*a)->Run(nullptr));
-  const std::string step = pretrain_dir.path() + "/" + TinyConfig("").job_id + "/step-00000008";
+  auto a = Trainer::Create(TinyTrainerConfig(pretrain_dir.path()));
+  ASSERT_OK(a.status());
+  ASSERT_OK((*a)->Run(nullptr));
+  const std::string step =
+      (pretrain_dir.path() / TinyTrainerConfig("").job_id / "step-00000008").string();
 
-  TrainerConfig finetune = TinyConfig(finetune_dir.path());
+  TrainerConfig finetune = TinyTrainerConfig(finetune_dir.path());
   finetune.seed = 777;  // another init, which the step's weights replace
   auto b = Trainer::Create(finetune);
-  MOETRAIN_ASSERT_OK(b.status());
+  ASSERT_OK(b.status());
   EXPECT_NE(Masters(**a), Masters(**b));
-  MOETRAIN_ASSERT_OK((*b)->InitializeFrom(step));
+  ASSERT_OK((*b)->InitializeFrom(step));
   EXPECT_EQ(Masters(**a), Masters(**b));
   EXPECT_EQ((*b)->step(), 0);
   EXPECT_EQ((*b)->tokens_seen(), 0);
 
-  TrainerConfig other = TinyConfig(finetune_dir.path());
+  TrainerConfig other = TinyTrainerConfig(finetune_dir.path());
   other.model.ffn_dim += 2;
   auto c = Trainer::Create(other);
-  MOETRAIN_ASSERT_OK(c.status());
+  ASSERT_OK(c.status());
   const absl::Status refused = (*c)->InitializeFrom(step);
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
   EXPECT_NE(refused.message().find("model.ffn_dim differ"), std::string::npos) << refused;
 
   // Training-only fields (the init, the aux loss, the sequence length) may differ.
-  TrainerConfig retuned = TinyConfig(finetune_dir.path());
+  TrainerConfig retuned = TinyTrainerConfig(finetune_dir.path());
   retuned.model.init_std = 0.05f;
   retuned.model.moe.aux_loss_coeff = 0.0f;
   retuned.model.moe.aux_loss = AuxLossType::kNone;
   retuned.model.max_seq_len = 64;
   auto d = Trainer::Create(retuned);
-  MOETRAIN_ASSERT_OK(d.status());
-  MOETRAIN_ASSERT_OK((*d)->InitializeFrom(step));
+  ASSERT_OK(d.status());
+  ASSERT_OK((*d)->InitializeFrom(step));
   EXPECT_EQ(Masters(**a), Masters(**d));
-  EXPECT_EQ((*c)->InitializeFrom(pretrain_dir.path() + "/nothing").code(),
+  EXPECT_EQ((*c)->InitializeFrom((pretrain_dir.path() / "nothing").string()).code(),
             absl::StatusCode::kNotFound);
 }
 
@@ -139,35 +138,35 @@ class Controller : public Recorder {
 
 TEST(TrainerTest, StopRequestsEndAtAStepBoundaryWithOrWithoutACheckpoint) {
   TempDir dir;
-  TrainerConfig config = TinyConfig(dir.path());
+  TrainerConfig config = TinyTrainerConfig(dir.path());
   config.checkpoint_every = 0;  // only the final (or stop) checkpoint
   {
     Controller controller;
     controller.stop_after = 3;
     controller.request = StopRequest::kCheckpointAndStop;
     auto trainer = Trainer::Create(config);
-    MOETRAIN_ASSERT_OK(trainer.status());
-    MOETRAIN_ASSERT_OK((*trainer)->Run(&controller, &controller.stop));
+    ASSERT_OK(trainer.status());
+    ASSERT_OK((*trainer)->Run(&controller, &controller.stop));
     EXPECT_EQ((*trainer)->step(), 3);
     ASSERT_EQ(controller.checkpoints.size(), 1u);
     const CheckpointReport& saved = controller.checkpoints[0];
     EXPECT_EQ(saved.step, 3);
     EXPECT_EQ(std::filesystem::path(saved.path),
-              std::filesystem::path(dir.path() + "/tiny/step-00000003").lexically_normal());
+              (dir.path() / "tiny/step-00000003").lexically_normal());
     EXPECT_EQ(saved.tokens_seen, (*trainer)->tokens_seen());
     EXPECT_GT(saved.write_seconds, 0.0);
   }
-  std::filesystem::remove_all(dir.path() + "/tiny");
+  std::filesystem::remove_all(dir.path() / "tiny");
   {
     Controller controller;
     controller.stop_after = 2;
     controller.request = StopRequest::kStop;
     auto trainer = Trainer::Create(config);
-    MOETRAIN_ASSERT_OK(trainer.status());
-    MOETRAIN_ASSERT_OK((*trainer)->Run(&controller, &controller.stop));
+    ASSERT_OK(trainer.status());
+    ASSERT_OK((*trainer)->Run(&controller, &controller.stop));
     EXPECT_EQ((*trainer)->step(), 2);
     EXPECT_TRUE(controller.checkpoints.empty());
-    EXPECT_FALSE(std::filesystem::exists(dir.path() + "/tiny/step-00000002"));
+    EXPECT_FALSE(std::filesystem::exists(dir.path() / "tiny/step-00000002"));
   }
 }
 
@@ -175,13 +174,13 @@ TEST(TrainerTest, ARefusedCheckpointIsSkippedAndTrainingGoesOn) {
   TempDir dir;
   Controller controller;
   controller.refuse_step = 4;
-  auto trainer = Trainer::Create(TinyConfig(dir.path()));  // checkpoints at 4 and 8
-  MOETRAIN_ASSERT_OK(trainer.status());
-  MOETRAIN_ASSERT_OK((*trainer)->Run(&controller));
+  auto trainer = Trainer::Create(TinyTrainerConfig(dir.path()));  // checkpoints at 4 and 8
+  ASSERT_OK(trainer.status());
+  ASSERT_OK((*trainer)->Run(&controller));
   EXPECT_EQ((*trainer)->step(), 8);
   ASSERT_EQ(controller.checkpoints.size(), 1u);
   EXPECT_EQ(controller.checkpoints[0].step, 8);
-  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/tiny/step-00000004"));
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "tiny/step-00000004"));
   bool told = false;
   for (const std::string& message : controller.messages) {
     told |= message.find("checkpoint of step 4 skipped: no lease") != std::string::npos;
@@ -192,11 +191,11 @@ TEST(TrainerTest, ARefusedCheckpointIsSkippedAndTrainingGoesOn) {
 TEST(TrainerTest, StepsReportTheirTimeAndTheLoadOfEveryMoeLayer) {
   TempDir dir;
   Recorder recorder;
-  TrainerConfig config = TinyConfig(dir.path());
+  TrainerConfig config = TinyTrainerConfig(dir.path());
   config.steps = 2;
   auto trainer = Trainer::Create(config);
-  MOETRAIN_ASSERT_OK(trainer.status());
-  MOETRAIN_ASSERT_OK((*trainer)->Run(&recorder));
+  ASSERT_OK(trainer.status());
+  ASSERT_OK((*trainer)->Run(&recorder));
   ASSERT_EQ(recorder.reports.size(), 2u);
   for (const StepReport& report : recorder.reports) {
     EXPECT_GT(report.step_seconds, 0.0);
@@ -222,12 +221,12 @@ TEST(TrainerTest, StepsReportTheirTimeAndTheLoadOfEveryMoeLayer) {
 
 TEST(TrainerTest, CorruptLatestCheckpointFallsBackToThePreviousOne) {
   TempDir dir;
-  auto a = Trainer::Create(TinyConfig(dir.path()));
-  MOETRAIN_ASSERT_OK(a.status());
-  MOETRAIN_ASSERT_OK((*a)->Run(nullptr));
-  const std::string root = dir.path() + "/tiny";
+  auto a = Trainer::Create(TinyTrainerConfig(dir.path()));
+  ASSERT_OK(a.status());
+  ASSERT_OK((*a)->Run(nullptr));
+  const std::string root = (dir.path() / "tiny").string();
   auto steps = ListCheckpointSteps(root);
-  MOETRAIN_ASSERT_OK(steps.status());
+  ASSERT_OK(steps.status());
   ASSERT_EQ(*steps, (std::vector<int64_t>{4, 8}));
 
   // Flip one byte in the middle of the newest model file.
@@ -245,9 +244,9 @@ TEST(TrainerTest, CorruptLatestCheckpointFallsBackToThePreviousOne) {
     f.write(&byte, 1);
   }
   Recorder recorder;
-  auto b = Trainer::Create(TinyConfig(dir.path()));
-  MOETRAIN_ASSERT_OK(b.status());
-  MOETRAIN_ASSERT_OK((*b)->Resume(&recorder));
+  auto b = Trainer::Create(TinyTrainerConfig(dir.path()));
+  ASSERT_OK(b.status());
+  ASSERT_OK((*b)->Resume(&recorder));
   EXPECT_EQ((*b)->step(), 4);
   bool reported = false;
   for (const std::string& m : recorder.messages) {
@@ -258,10 +257,10 @@ TEST(TrainerTest, CorruptLatestCheckpointFallsBackToThePreviousOne) {
 
 TEST(TrainerTest, NonFiniteLossStopsNamingTheStepWithoutACheckpoint) {
   TempDir dir;
-  TrainerConfig config = TinyConfig(dir.path());
+  TrainerConfig config = TinyTrainerConfig(dir.path());
   config.checkpoint_every = 0;
   auto a = Trainer::Create(config);
-  MOETRAIN_ASSERT_OK(a.status());
+  ASSERT_OK(a.status());
   // Every token's embedding row is NaN, so the first step's loss is.
   TensorView embed = (*a)->model().parameters()[0].value;
   for (int64_t i = 0; i < embed.numel(); ++i) embed.data<float>()[i] = std::nanf("");
@@ -269,22 +268,22 @@ TEST(TrainerTest, NonFiniteLossStopsNamingTheStepWithoutACheckpoint) {
   const absl::Status status = (*a)->Run(nullptr);
   EXPECT_FALSE(status.ok());
   EXPECT_NE(status.message().find("step 1"), std::string::npos) << status;
-  auto steps = ListCheckpointSteps(dir.path() + "/tiny");
+  auto steps = ListCheckpointSteps((dir.path() / "tiny").string());
   EXPECT_TRUE(!steps.ok() || steps->empty()) << "a poisoned state was checkpointed";
 }
 
 TEST(TrainerTest, NonFiniteStepsAreSkippedWhenTheSpecSaysSo) {
-  TrainerConfig config = TinyConfig("");
+  TrainerConfig config = TinyTrainerConfig("");
   config.skip_nonfinite_steps = true;
   config.steps = 2;
   auto a = Trainer::Create(config);
-  MOETRAIN_ASSERT_OK(a.status());
+  ASSERT_OK(a.status());
   // Every token's embedding row is NaN, so every step is non-finite.
   TensorView embed = (*a)->model().parameters()[0].value;
   for (int64_t i = 0; i < embed.numel(); ++i) embed.data<float>()[i] = std::nanf("");
   EXPECT_TRUE((*a)->model().SyncComputeWeights().ok());
   Recorder recorder;
-  MOETRAIN_ASSERT_OK((*a)->Run(&recorder));
+  ASSERT_OK((*a)->Run(&recorder));
   ASSERT_EQ(recorder.reports.size(), 2u);
   EXPECT_TRUE(recorder.reports[0].skipped);
   EXPECT_EQ((*a)->step(), 2);
@@ -322,16 +321,16 @@ bool MentionsADevice(const nlohmann::json& json, std::string* where) {
 // trainer_cuda_test resumes across devices where there is a GPU.
 TEST(TrainerTest, CheckpointsRecordNoDeviceAndResumeOnAnyDevice) {
   TempDir dir;
-  TrainerConfig config = TinyConfig(dir.path());
+  TrainerConfig config = TinyTrainerConfig(dir.path());
   config.steps = 4;
   {
     auto writer = Trainer::Create(config);
-    MOETRAIN_ASSERT_OK(writer.status());
-    MOETRAIN_ASSERT_OK((*writer)->Run(nullptr));
+    ASSERT_OK(writer.status());
+    ASSERT_OK((*writer)->Run(nullptr));
   }
-  const std::string step_dir = dir.path() + "/tiny/" + CheckpointStepDirName(4);
+  const std::string step_dir = (dir.path() / "tiny" / CheckpointStepDirName(4)).string();
   auto loaded = LoadCheckpoint(step_dir);
-  MOETRAIN_ASSERT_OK(loaded.status());
+  ASSERT_OK(loaded.status());
   std::string where;
   EXPECT_FALSE(MentionsADevice(loaded->manifest, &where)) << "manifest: " << where;
   where.clear();
@@ -340,11 +339,11 @@ TEST(TrainerTest, CheckpointsRecordNoDeviceAndResumeOnAnyDevice) {
   int resumed_on = 0;
   for (const Device device : {Device::Cpu(), Device::Cuda(0)}) {
     if (!ExecContext::ForDevice(device).ok()) continue;  // no such device here
-    TrainerConfig reader_config = TinyConfig(dir.path());
+    TrainerConfig reader_config = TinyTrainerConfig(dir.path());
     reader_config.device = device;
     auto reader = Trainer::Create(reader_config);
-    MOETRAIN_ASSERT_OK(reader.status());
-    MOETRAIN_ASSERT_OK((*reader)->Resume(nullptr));
+    ASSERT_OK(reader.status());
+    ASSERT_OK((*reader)->Resume(nullptr));
     EXPECT_EQ((*reader)->step(), 4) << device.DebugString();
     // Not on to step 8: its checkpoint would collide with the next device's resume.
     ++resumed_on;
@@ -357,7 +356,7 @@ TEST(TrainerTest, CheckpointsRecordNoDeviceAndResumeOnAnyDevice) {
 TEST(TrainerTest, ADeviceThisMachineLacksIsRefused) {
   const absl::StatusOr<ExecContext> gpu = ExecContext::ForDevice(Device::Cuda(0));
   if (gpu.ok()) GTEST_SKIP() << "this machine has cuda:0";
-  TrainerConfig config = TinyConfig("");
+  TrainerConfig config = TinyTrainerConfig("");
   config.device = Device::Cuda(0);
   auto trainer = Trainer::Create(config);
   ASSERT_FALSE(trainer.ok());
@@ -366,7 +365,7 @@ TEST(TrainerTest, ADeviceThisMachineLacksIsRefused) {
 }
 
 TEST(TrainerTest, InvalidConfigNamesTheField) {
-  TrainerConfig config = TinyConfig("");
+  TrainerConfig config = TinyTrainerConfig("");
   config.micro_batch_size = 3;
   auto a = Trainer::Create(config);
   ASSERT_FALSE(a.ok());
@@ -377,7 +376,7 @@ TEST(TrainerTest, InvalidConfigNamesTheField) {
 // A first-order Markov source: a model that learns the transition table reaches the entropy
 // rate; 0.10 nats of it is the acceptance bar.
 TEST(TrainerTest, ReachesTheEntropyRateOfASyntheticSource) {
-  TrainerConfig config = TinyConfig("");
+  TrainerConfig config = TinyTrainerConfig("");
   config.model.vocab_size = 64;
   config.data.vocab_size = 64;
   config.data.synthetic_vocab_size = 64;
@@ -396,9 +395,9 @@ TEST(TrainerTest, ReachesTheEntropyRateOfASyntheticSource) {
   config.eval_every = 200;
   config.log_every = 100;
   auto trainer = Trainer::Create(config);
-  MOETRAIN_ASSERT_OK(trainer.status());
+  ASSERT_OK(trainer.status());
   Recorder recorder;
-  MOETRAIN_ASSERT_OK((*trainer)->Run(&recorder));
+  ASSERT_OK((*trainer)->Run(&recorder));
   ASSERT_TRUE((*trainer)->best_possible_loss().has_value());
   const double entropy = *(*trainer)->best_possible_loss();
   ASSERT_FALSE(recorder.reports.empty());

@@ -2,8 +2,6 @@
 
 #include "server/core/coordinator.h"
 
-#include <stdlib.h>
-
 #include <atomic>
 #include <filesystem>
 #include <memory>
@@ -15,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "moetrain/v1/job.pb.h"
+#include "tests/testing/testing.h"
 
 namespace moetrain::server {
 namespace {
@@ -31,9 +30,6 @@ v1::JobSpec TinySpec(const std::string& name = "tiny") {
 class CoordinatorTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "coordinator_test.XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
     absl::StatusOr<std::unique_ptr<Store>> store =
         Store::Open((fs::path(dir_) / "coordinator.db").string());
     ASSERT_TRUE(store.ok()) << store.status();
@@ -43,7 +39,6 @@ class CoordinatorTest : public ::testing::Test {
   void TearDown() override {
     coordinator_.reset();
     store_.reset();
-    fs::remove_all(dir_);
   }
 
   JobRecord MustSubmit(const std::string& submission_id, const std::string& name = "tiny") {
@@ -64,7 +59,8 @@ class CoordinatorTest : public ::testing::Test {
     return page.ok() ? static_cast<int64_t>(page->jobs.size()) : -1;
   }
 
-  std::string dir_;
+  const testutil::TempDir temp_dir_{"coordinator_test"};
+  const std::string dir_ = temp_dir_.path().string();
   std::unique_ptr<Store> store_;
   std::unique_ptr<Coordinator> coordinator_;
 };

@@ -20,6 +20,7 @@
 #include "moetrain/v1/connect.h"
 #include "moetrain/v1/coordinator.grpc.pb.h"
 #include "moetrain/v1/worker.grpc.pb.h"
+#include "tests/testing/testing.h"
 
 namespace moetrain::server {
 namespace {
@@ -37,15 +38,11 @@ std::string ReadAll(const fs::path& path) {
 class CoordinatorServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "coordinator_server_test.XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
     options_.listen = "127.0.0.1:0";
     options_.http_listen = "127.0.0.1:0";
     options_.state_db = (dir_ / "state.db").string();
     options_.fleet.checkpoint_dir = (dir_ / "checkpoints").string();
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
   std::unique_ptr<CoordinatorServer> Start() {
     absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(options_);
@@ -97,23 +94,25 @@ class CoordinatorServerTest : public ::testing::Test {
   // A CA, a server certificate for 127.0.0.1 and a client certificate, all signed by the CA.
   void MakeCertificates() {
     const std::string d = dir_.string();
-    const std::string script = absl::StrCat(
-        "set -e; cd '", d, "';",
-        "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 "
-        "-subj /CN=moetrain-test-ca;",
-        "openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr "
-        "-subj /CN=127.0.0.1;",
-        "printf 'subjectAltName=IP:127.0.0.1' > san.ext;",
-        "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
-        "-out server.pem -days 1 -extfile san.ext;",
-        "openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr "
-        "-subj /CN=moetrain-client;",
-        "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
-        "-out client.pem -days 1", " > openssl.log 2>&1");
+    const std::string script =
+        absl::StrCat("set -e; cd '", d, "';",
+                     "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 "
+                     "-subj /CN=moetrain-test-ca;",
+                     "openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr "
+                     "-subj /CN=127.0.0.1;",
+                     "printf 'subjectAltName=IP:127.0.0.1' > san.ext;",
+                     "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+                     "-out server.pem -days 1 -extfile san.ext;",
+                     "openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr "
+                     "-subj /CN=moetrain-client;",
+                     "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+                     "-out client.pem -days 1",
+                     " > openssl.log 2>&1");
     ASSERT_EQ(std::system(script.c_str()), 0) << ReadAll(dir_ / "openssl.log");
   }
 
-  fs::path dir_;
+  const testutil::TempDir temp_dir_{"coordinator_server_test"};
+  const fs::path dir_ = temp_dir_.path();
   CoordinatorServerOptions options_;
 };
 

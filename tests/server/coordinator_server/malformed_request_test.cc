@@ -2,7 +2,6 @@
 // a message naming the method, on both services (gRPC's own answer is INTERNAL, no message).
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
-#include <stdlib.h>
 
 #include <chrono>
 #include <filesystem>
@@ -11,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "tests/server/coordinator_server/loopback_coordinator.h"
 #include "tests/server/grpc/generic_unary_call.h"
+#include "tests/testing/testing.h"
 
 namespace moetrain::server {
 namespace {
@@ -18,11 +18,9 @@ namespace {
 constexpr char kToken[] = "malformed-test-token";
 
 TEST(MalformedRequestTest, EveryServiceAnswersInvalidArgumentNamingTheMethod) {
-  std::string pattern =
-      (std::filesystem::temp_directory_path() / "malformed_request.XXXXXX").string();
-  ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+  const testutil::TempDir dir("malformed_request");
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
-      testutil::StartLoopbackCoordinator(pattern, 0, kToken, FleetOptions());
+      testutil::StartLoopbackCoordinator(dir.path(), 0, kToken, FleetOptions());
   ASSERT_TRUE(server.ok()) << server.status();
   auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*server)->grpc_port()),
                                      grpc::InsecureChannelCredentials());
@@ -45,7 +43,6 @@ TEST(MalformedRequestTest, EveryServiceAnswersInvalidArgumentNamingTheMethod) {
   }
   (*server)->Shutdown();
   server->reset();
-  std::filesystem::remove_all(pattern);
 }
 
 }  // namespace

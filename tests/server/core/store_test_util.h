@@ -4,7 +4,6 @@
 #define MOETRAIN_TESTS_SERVER_CORE_STORE_TEST_UTIL_H_
 
 #include <sqlite3.h>
-#include <stdlib.h>
 
 #include <deque>
 #include <filesystem>
@@ -17,17 +16,12 @@
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "server/core/store.h"
+#include "tests/testing/testing.h"
 
 namespace moetrain::server {
 
 namespace fs = std::filesystem;
 using S = JobState;
-
-#define ASSERT_OK(expr)                   \
-  do {                                    \
-    auto status_ = (expr);                \
-    ASSERT_TRUE(status_.ok()) << status_; \
-  } while (0)
 
 // A clock that ticks one second per call (or as told), and ids from a queue when one is given.
 class FakeEnv : public StoreEnv {
@@ -99,13 +93,7 @@ inline void RawExec(const std::string& path, const std::string& sql) {
 
 class StoreTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "store_test.XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-    path_ = (fs::path(dir_) / "coordinator.db").string();
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  void SetUp() override { path_ = (fs::path(dir_) / "coordinator.db").string(); }
 
   std::unique_ptr<Store> OpenStore(StoreOptions options = {}) {
     if (options.env == nullptr) options.env = &env_;
@@ -145,7 +133,8 @@ class StoreTest : public ::testing::Test {
   }
 
   FakeEnv env_;
-  std::string dir_;
+  const testutil::TempDir temp_dir_{"store_test"};
+  const std::string dir_ = temp_dir_.path().string();
   std::string path_;
 };
 

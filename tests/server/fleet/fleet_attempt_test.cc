@@ -51,13 +51,13 @@ std::vector<std::string> CancelledJobs(
 TEST_F(FleetTest, SuccessOfEveryRankSucceedsTheJobAndFreesItsWorkers) {
   StartFleet();
   const RunningGang gang = StartTwoWorkerJob();
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
+  ASSERT_OK(fleet_->ReportAttemptEnd(
       EndReport(gang.workers[0], gang.assignments[0], v1::ATTEMPT_OUTCOME_SUCCEEDED, 20)));
   EXPECT_EQ(GetJob(gang.job.id).state, JobState::kRunning) << "rank 1 has not finished yet";
   EXPECT_EQ(WorkerStateOf(gang.workers[0]), v1::WORKER_STATE_IDLE);
   EXPECT_EQ(WorkerStateOf(gang.workers[1]), v1::WORKER_STATE_BUSY);
 
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
+  ASSERT_OK(fleet_->ReportAttemptEnd(
       EndReport(gang.workers[1], gang.assignments[1], v1::ATTEMPT_OUTCOME_SUCCEEDED, 20)));
   const JobRecord job = GetJob(gang.job.id);
   EXPECT_EQ(job.state, JobState::kSucceeded);
@@ -75,7 +75,7 @@ TEST_F(FleetTest, SuccessOfEveryRankSucceedsTheJobAndFreesItsWorkers) {
 TEST_F(FleetTest, ReportsOfARankThatAlreadySucceededAreFailedPrecondition) {
   StartFleet();
   const RunningGang gang = StartTwoWorkerJob();
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
+  ASSERT_OK(fleet_->ReportAttemptEnd(
       EndReport(gang.workers[0], gang.assignments[0], v1::ATTEMPT_OUTCOME_SUCCEEDED, 20)));
   ASSERT_EQ(WorkerStateOf(gang.workers[0]), v1::WORKER_STATE_IDLE);
 
@@ -90,11 +90,10 @@ TEST_F(FleetTest, ReportsOfARankThatAlreadySucceededAreFailedPrecondition) {
 TEST_F(FleetTest, FailedAttemptRestartsFromTheLatestCheckpoint) {
   StartFleet();
   const RunningJob running = StartOneWorkerJob(/*max_restarts=*/3);
-  FLEET_ASSERT_OK(
-      fleet_->ReportCheckpoint(CheckpointReport(running.worker_id, running.assignment, 4)));
-  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(running.worker_id, running.assignment, 5)));
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(EndReport(
-      running.worker_id, running.assignment, v1::ATTEMPT_OUTCOME_FAILED, 5, "out of memory")));
+  ASSERT_OK(fleet_->ReportCheckpoint(CheckpointReport(running.worker_id, running.assignment, 4)));
+  ASSERT_OK(fleet_->ReportStep(StepReport(running.worker_id, running.assignment, 5)));
+  ASSERT_OK(fleet_->ReportAttemptEnd(EndReport(running.worker_id, running.assignment,
+                                               v1::ATTEMPT_OUTCOME_FAILED, 5, "out of memory")));
   EXPECT_THAT(ReasonOf(Events(running.job.id), JobState::kRunning, JobState::kRestarting),
               HasSubstr("failed: out of memory"));
   EXPECT_EQ(GetJob(running.job.id).restarts, 1);
@@ -118,8 +117,8 @@ TEST_F(FleetTest, FailedAttemptRestartsFromTheLatestCheckpoint) {
 TEST_F(FleetTest, FailureWithNoRestartsLeftFailsTheJob) {
   StartFleet();
   const RunningJob running = StartOneWorkerJob(/*max_restarts=*/0);
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(EndReport(
-      running.worker_id, running.assignment, v1::ATTEMPT_OUTCOME_FAILED, 3, "loss is NaN")));
+  ASSERT_OK(fleet_->ReportAttemptEnd(EndReport(running.worker_id, running.assignment,
+                                               v1::ATTEMPT_OUTCOME_FAILED, 3, "loss is NaN")));
   const JobRecord job = GetJob(running.job.id);
   EXPECT_EQ(job.state, JobState::kFailed);
   EXPECT_THAT(job.state_reason, HasSubstr("loss is NaN"));
@@ -131,11 +130,11 @@ TEST_F(FleetTest, FailureWithNoRestartsLeftFailsTheJob) {
 TEST_F(FleetTest, FailuresRestartUntilTheRestartsRunOut) {
   StartFleet();
   const RunningJob running = StartOneWorkerJob(/*max_restarts=*/1);
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
+  ASSERT_OK(fleet_->ReportAttemptEnd(
       EndReport(running.worker_id, running.assignment, v1::ATTEMPT_OUTCOME_FAILED, 1, "first")));
   const v1::Assignment second = AwaitAssignment(running.worker_id);
   ASSERT_EQ(second.attempt(), 2);
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
+  ASSERT_OK(fleet_->ReportAttemptEnd(
       EndReport(running.worker_id, second, v1::ATTEMPT_OUTCOME_FAILED, 1, "second")));
   const JobRecord job = GetJob(running.job.id);
   EXPECT_EQ(job.state, JobState::kFailed);
@@ -150,7 +149,7 @@ TEST_F(FleetTest, StoppedAttemptRestartsWithoutCountingARestart) {
   v1::ReportAttemptEndRequest stopped =
       EndReport(running.worker_id, running.assignment, v1::ATTEMPT_OUTCOME_STOPPED, 7);
   stopped.set_worker_draining(true);
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(stopped));
+  ASSERT_OK(fleet_->ReportAttemptEnd(stopped));
   EXPECT_THAT(ReasonOf(Events(running.job.id), JobState::kRunning, JobState::kRestarting),
               HasSubstr("stopped at step 7"));
   // The stopping worker is shutting down: the job goes to another one, never back to it.
@@ -169,12 +168,12 @@ TEST_F(FleetTest, OnlyTheShuttingDownWorkerOfAStoppedGangDrains) {
   const RunningGang gang = StartTwoWorkerJob(/*max_restarts=*/0);
   const std::string& healthy = gang.workers[0];
   const std::string& leaving = gang.workers[1];
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
+  ASSERT_OK(fleet_->ReportAttemptEnd(
       EndReport(healthy, gang.assignments[0], v1::ATTEMPT_OUTCOME_STOPPED, 5)));
   v1::ReportAttemptEndRequest last =
       EndReport(leaving, gang.assignments[1], v1::ATTEMPT_OUTCOME_STOPPED, 5);
   last.set_worker_draining(true);
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(last));
+  ASSERT_OK(fleet_->ReportAttemptEnd(last));
   EXPECT_EQ(WorkerStateOf(healthy), v1::WORKER_STATE_IDLE);
   EXPECT_EQ(WorkerStateOf(leaving), v1::WORKER_STATE_DRAINING);
 
@@ -198,7 +197,7 @@ TEST_F(FleetTest, DrainingHeartbeatKeepsAnIdleWorkerFromWork) {
   v1::HeartbeatRequest request;
   request.set_worker_id(leaving);
   request.set_draining(true);
-  FLEET_ASSERT_OK(fleet_->Heartbeat(request).status());
+  ASSERT_OK(fleet_->Heartbeat(request).status());
   EXPECT_EQ(WorkerStateOf(leaving), v1::WORKER_STATE_DRAINING);
 
   const JobRecord job = Submit();
@@ -215,7 +214,7 @@ TEST_F(FleetTest, OneRankFailingStopsTheOtherRanksOfTheGang) {
   const RunningGang gang = StartTwoWorkerJob(/*max_restarts=*/1);
   const std::string& failing = gang.workers[0];
   const std::string& survivor = gang.workers[1];
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
+  ASSERT_OK(fleet_->ReportAttemptEnd(
       EndReport(failing, gang.assignments[0], v1::ATTEMPT_OUTCOME_FAILED, 9, "NCCL timeout")));
   EXPECT_EQ(GetJob(gang.job.id).restarts, 1);
 
@@ -234,7 +233,7 @@ TEST_F(FleetTest, OneRankFailingStopsTheOtherRanksOfTheGang) {
   EXPECT_EQ(InfoOf(survivor).current_attempt(), 1);
   EXPECT_EQ(GetJob(gang.job.id).state, JobState::kRestarting);
 
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
+  ASSERT_OK(fleet_->ReportAttemptEnd(
       EndReport(survivor, gang.assignments[1], v1::ATTEMPT_OUTCOME_CANCELLED, 9)));
   const v1::Assignment first = AwaitAssignment(failing);
   const v1::Assignment second = AwaitAssignment(survivor);
@@ -305,7 +304,7 @@ TEST_F(FleetTest, CancelEndsTheJobAtOnceAndFreesTheWorkerWhenItsRankEnds) {
   EXPECT_TRUE(absl::IsFailedPrecondition(
       fleet_->ReportStep(StepReport(running.worker_id, running.assignment, 1))));
 
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
+  ASSERT_OK(fleet_->ReportAttemptEnd(
       EndReport(running.worker_id, running.assignment, v1::ATTEMPT_OUTCOME_CANCELLED, 1)));
   EXPECT_EQ(WorkerStateOf(running.worker_id), v1::WORKER_STATE_IDLE);
   EXPECT_EQ(GetJob(running.job.id).state, JobState::kCancelled);
@@ -318,7 +317,7 @@ TEST_F(FleetTest, CancelEndsTheJobAtOnceAndFreesTheWorkerWhenItsRankEnds) {
 TEST_F(FleetTest, CancelledRankNoLongerListedInHeartbeatsFreesItsWorker) {
   StartFleet();
   const RunningJob running = StartOneWorkerJob();
-  FLEET_ASSERT_OK(fleet_->Cancel(running.job.id, "").status());
+  ASSERT_OK(fleet_->Cancel(running.job.id, "").status());
   absl::StatusOr<v1::HeartbeatResponse> heartbeat = Heartbeat(running.worker_id);
   ASSERT_TRUE(heartbeat.ok()) << heartbeat.status();
   EXPECT_EQ(heartbeat->cancel_size(), 0);
@@ -332,7 +331,7 @@ TEST_F(FleetTest, CancelOfAnUndeliveredAssignmentFreesTheWorkerAtOnce) {
   // Scheduled, but the worker never polled: there is no rank to stop.
   ASSERT_TRUE(WaitForState(job.id, JobState::kScheduled));
   ASSERT_TRUE(WaitUntil([&] { return WorkerStateOf(worker) == v1::WORKER_STATE_BUSY; }));
-  FLEET_ASSERT_OK(fleet_->Cancel(job.id, "").status());
+  ASSERT_OK(fleet_->Cancel(job.id, "").status());
   EXPECT_EQ(WorkerStateOf(worker), v1::WORKER_STATE_IDLE);
   absl::StatusOr<v1::GetAssignmentResponse> poll = Poll(worker);
   ASSERT_TRUE(poll.ok()) << poll.status();

@@ -41,8 +41,8 @@ TEST_F(FleetAuthTest, EachWorkerGetsItsOwnSecretAndOnlyItProvesThatWorker) {
   EXPECT_THAT(b.secret, MatchesRegex("[0-9a-f]{64}"));
   EXPECT_NE(a.secret, b.secret);
 
-  FLEET_EXPECT_OK(fleet_->Authenticate(a.id, a.secret));
-  FLEET_EXPECT_OK(fleet_->Authenticate(b.id, b.secret));
+  EXPECT_OK(fleet_->Authenticate(a.id, a.secret));
+  EXPECT_OK(fleet_->Authenticate(b.id, b.secret));
   for (const std::string& wrong :
        {b.secret, std::string(), std::string(64, '0'), a.secret.substr(0, 63), a.secret + "0"}) {
     const absl::Status status = fleet_->Authenticate(a.id, wrong);
@@ -73,7 +73,7 @@ TEST_F(FleetAuthTest, TheSecretSurvivesACoordinatorRestartAndIsStoredOnlyHashed)
   EXPECT_FALSE(absl::StrContains(records->front().name, worker.secret));
 
   StartFleet();  // reconciliation: the worker comes back under its id and secret
-  FLEET_EXPECT_OK(fleet_->Authenticate(worker.id, worker.secret));
+  EXPECT_OK(fleet_->Authenticate(worker.id, worker.secret));
   EXPECT_TRUE(absl::IsUnauthenticated(fleet_->Authenticate(worker.id, std::string(64, 'f'))));
 }
 
@@ -88,7 +88,7 @@ TEST_F(FleetAuthTest, AWorkerStoredBeforeSecretsMustRegisterAgain) {
   record.id = "w-registeredlongago";
   record.name = "old";
   record.resources = old.SerializeAsString();
-  FLEET_ASSERT_OK(store_->UpsertWorker(record));
+  ASSERT_OK(store_->UpsertWorker(record));
   StartFleet();
   const absl::Status status = fleet_->Authenticate(record.id, std::string(64, 'a'));
   EXPECT_TRUE(absl::IsNotFound(status)) << status;
@@ -114,7 +114,7 @@ TEST_F(FleetAuthTest, TheRendezvousServesOnlyWorkersHoldingARankOfTheAttempt) {
   const std::string bystander = Register("bystander");
   const std::string& job = running.job.id;
 
-  FLEET_ASSERT_OK(fleet_->KvSet(running.worker_id, job, 1, "nccl-id", "real"));
+  ASSERT_OK(fleet_->KvSet(running.worker_id, job, 1, "nccl-id", "real"));
   absl::Status status = fleet_->KvSet(bystander, job, 1, "nccl-id", "forged");
   EXPECT_TRUE(absl::IsPermissionDenied(status)) << status;
   EXPECT_THAT(status.message(), HasSubstr(absl::StrCat("worker ", bystander, " holds no rank")));
@@ -129,7 +129,7 @@ TEST_F(FleetAuthTest, TheRendezvousServesOnlyWorkersHoldingARankOfTheAttempt) {
   EXPECT_EQ(value->value_or("<unset>"), "real");
 
   // A rank that reported its end has left the rendezvous with its slot.
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
+  ASSERT_OK(fleet_->ReportAttemptEnd(
       EndReport(running.worker_id, running.assignment, v1::ATTEMPT_OUTCOME_FAILED, 1, "x")));
   EXPECT_FALSE(fleet_->KvGet(running.worker_id, job, 1, "nccl-id").ok());
 }

@@ -41,8 +41,8 @@ TEST_F(FleetDeleteTest, ADeletedJobsSeriesGoAtOnce) {
   options.metrics_retention = absl::Hours(1);
   StartFleet(options);
   const RunningJob done = StartOneWorkerJob();
-  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(done.worker_id, done.assignment, 20)));
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
+  ASSERT_OK(fleet_->ReportStep(StepReport(done.worker_id, done.assignment, 20)));
+  ASSERT_OK(fleet_->ReportAttemptEnd(
       EndReport(done.worker_id, done.assignment, v1::ATTEMPT_OUTCOME_SUCCEEDED, 20)));
   ASSERT_EQ(GetJob(done.job.id).state, JobState::kSucceeded);
   const JobRecord next = Submit();

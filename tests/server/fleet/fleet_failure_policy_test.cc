@@ -62,7 +62,7 @@ TEST_F(FleetFailurePolicyTest, PermanentFailureFailsTheJobAtOnceWithoutRestartin
   RunningJob running = StartOneWorkerJob(/*max_restarts=*/3);
   const std::string error =
       "data.path tokens.u16: token 300 at byte offset 40 is >= model.vocab_size = 256";
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
+  ASSERT_OK(fleet_->ReportAttemptEnd(
       Failed(running.worker_id, running.assignment, v1::FAILURE_KIND_PERMANENT, error)));
 
   const JobRecord job = GetJob(running.job.id);
@@ -100,14 +100,14 @@ TEST_F(FleetFailurePolicyTest, TransientFailuresRestartAfterABackoffThatDoublesU
     assignment = AwaitAssignment(running.worker_id);
     EXPECT_GE(absl::Now(), due) << "the next attempt started before its backoff ended";
     EXPECT_EQ(assignment.attempt(), static_cast<int64_t>(i) + 2);
-    FLEET_ASSERT_OK(Heartbeat(running.worker_id, {assignment}).status());
+    ASSERT_OK(Heartbeat(running.worker_id, {assignment}).status());
     ASSERT_TRUE(WaitForState(running.job.id, JobState::kRunning));
     const JobRecord job = GetJob(running.job.id);
     EXPECT_FALSE(job.next_attempt_at.has_value());
     EXPECT_EQ(job.waiting_reason, "");
   }
   // No restarts left: the fourth failure ends the job.
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
+  ASSERT_OK(fleet_->ReportAttemptEnd(
       Failed(running.worker_id, assignment, v1::FAILURE_KIND_TRANSIENT, "lost a peer")));
   const JobRecord job = GetJob(running.job.id);
   EXPECT_EQ(job.state, JobState::kFailed);
@@ -120,7 +120,7 @@ TEST_F(FleetFailurePolicyTest, StoppedAttemptRestartsAtOnceWithoutBackoff) {
   v1::ReportAttemptEndRequest stopped =
       EndReport(running.worker_id, running.assignment, v1::ATTEMPT_OUTCOME_STOPPED, 3);
   stopped.set_worker_draining(true);  // its worker got SIGTERM
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(stopped));
+  ASSERT_OK(fleet_->ReportAttemptEnd(stopped));
   EXPECT_FALSE(GetJob(running.job.id).next_attempt_at.has_value());
   // Well within the 5 minutes a counted restart would wait; on another worker, as the stopping
   // one is draining.
@@ -138,7 +138,7 @@ TEST_F(FleetFailurePolicyTest, BackoffOutlivesACoordinatorRestart) {
   StartFleet(options);
   EXPECT_EQ(GetJob(running.job.id).next_attempt_at, due);
   // The worker reports back (ending the reconciliation) and polls: nothing before the backoff.
-  FLEET_ASSERT_OK(Heartbeat(running.worker_id).status());
+  ASSERT_OK(Heartbeat(running.worker_id).status());
   const v1::Assignment next = AwaitAssignment(running.worker_id);
   EXPECT_GE(absl::Now(), due) << "the restarted coordinator forgot the backoff";
   EXPECT_EQ(next.attempt(), 2);
@@ -168,7 +168,7 @@ TEST_F(FleetFailurePolicyTest, WaitingJobRecordsWhyUntilItIsScheduled) {
   StopFleet();
   EXPECT_EQ(GetJob(gang.id).waiting_reason, "needs 4 CPU workers, 1 registered");
   StartFleet();
-  FLEET_ASSERT_OK(Heartbeat(first, {assignment}).status());
+  ASSERT_OK(Heartbeat(first, {assignment}).status());
 
   // Enough workers (one may go to "behind" first): the gang is scheduled, and its reason is gone.
   for (const char* name : {"second", "third", "fourth", "fifth", "sixth"}) Register(name);
@@ -190,15 +190,15 @@ TEST_F(FleetFailurePolicyTest, StepReportOutsideTheJobsStepsIsRefused) {
     EXPECT_THAT(refused.message(), HasSubstr("train.steps = 20"));
   }
   // The real reports that follow still count.
-  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(running.worker_id, running.assignment, 1)));
-  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(running.worker_id, running.assignment, 20)));
+  ASSERT_OK(fleet_->ReportStep(StepReport(running.worker_id, running.assignment, 1)));
+  ASSERT_OK(fleet_->ReportStep(StepReport(running.worker_id, running.assignment, 20)));
   EXPECT_THAT(RecordedSteps(running.job.id), ElementsAre(1, 20));
 }
 
 TEST_F(FleetFailurePolicyTest, StepReportNotAfterTheAttemptsLastIsRefused) {
   StartFleet();
   RunningJob running = StartOneWorkerJob();
-  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(running.worker_id, running.assignment, 5)));
+  ASSERT_OK(fleet_->ReportStep(StepReport(running.worker_id, running.assignment, 5)));
   for (int64_t step : {5, 4}) {
     SCOPED_TRACE(step);
     const absl::Status refused =
@@ -206,7 +206,7 @@ TEST_F(FleetFailurePolicyTest, StepReportNotAfterTheAttemptsLastIsRefused) {
     EXPECT_TRUE(absl::IsAlreadyExists(refused)) << refused;
     EXPECT_THAT(refused.message(), HasSubstr(absl::StrCat("metrics.step = ", step)));
   }
-  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(running.worker_id, running.assignment, 6)));
+  ASSERT_OK(fleet_->ReportStep(StepReport(running.worker_id, running.assignment, 6)));
   EXPECT_THAT(RecordedSteps(running.job.id), ElementsAre(5, 6));
   EXPECT_EQ(GetJob(running.job.id).state, JobState::kRunning);
 
@@ -214,10 +214,10 @@ TEST_F(FleetFailurePolicyTest, StepReportNotAfterTheAttemptsLastIsRefused) {
   v1::ReportAttemptEndRequest stopped =
       EndReport(running.worker_id, running.assignment, v1::ATTEMPT_OUTCOME_STOPPED, 6);
   stopped.set_worker_draining(true);
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(stopped));
+  ASSERT_OK(fleet_->ReportAttemptEnd(stopped));
   const std::string other = Register("other");  // the stopping worker is draining
   const v1::Assignment next = AwaitAssignment(other);
-  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(other, next, 3)));
+  ASSERT_OK(fleet_->ReportStep(StepReport(other, next, 3)));
   EXPECT_THAT(RecordedSteps(running.job.id), ElementsAre(5, 6, 3));
 }
 
@@ -228,8 +228,8 @@ TEST_F(FleetFailurePolicyTest, OtherRanksStepsAreCheckedForRangeOnly) {
       fleet_->ReportStep(StepReport(gang.workers[1], gang.assignments[1], 21));
   EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
   // Rank 1 only shows it is alive: a repeat is harmless, and no step of its is recorded.
-  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(gang.workers[1], gang.assignments[1], 4)));
-  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(gang.workers[1], gang.assignments[1], 4)));
+  ASSERT_OK(fleet_->ReportStep(StepReport(gang.workers[1], gang.assignments[1], 4)));
+  ASSERT_OK(fleet_->ReportStep(StepReport(gang.workers[1], gang.assignments[1], 4)));
   EXPECT_THAT(RecordedSteps(gang.job.id), IsEmpty());
 }
 

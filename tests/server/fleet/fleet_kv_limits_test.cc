@@ -36,7 +36,7 @@ TEST_F(FleetTest, KvKeysPerAttemptAreCappedAt1024) {
   EXPECT_THAT(over.message(), HasSubstr("holds 1024 keys"));
   EXPECT_THAT(over.message(), HasSubstr("kv_max_keys_per_attempt"));
   // A key already there may still be overwritten.
-  FLEET_EXPECT_OK(fleet_->KvSet(running.worker_id, job, 1, "key-7", "new"));
+  EXPECT_OK(fleet_->KvSet(running.worker_id, job, 1, "key-7", "new"));
 }
 
 TEST_F(FleetTest, KvBytesPerAttemptAreCappedAt64MiB) {
@@ -58,9 +58,9 @@ TEST_F(FleetTest, KvBytesPerAttemptAreCappedAt64MiB) {
   EXPECT_LE(held, 64 * kMiB);
   EXPECT_GT(held, 63 * kMiB);
   // Overwriting with a smaller value is counted as what it frees, and a refusal changes nothing.
-  FLEET_EXPECT_OK(fleet_->KvSet(running.worker_id, job, 1, "key-0", "small"));
+  EXPECT_OK(fleet_->KvSet(running.worker_id, job, 1, "key-0", "small"));
   EXPECT_EQ(fleet_->KvBytes(), held - kMiB + 5);
-  FLEET_EXPECT_OK(fleet_->KvSet(running.worker_id, job, 1, "key-63", std::string(kMiB - 16, 'v')));
+  EXPECT_OK(fleet_->KvSet(running.worker_id, job, 1, "key-63", std::string(kMiB - 16, 'v')));
 }
 
 TEST_F(FleetTest, KvBytesOfAllAttemptsAreCapped) {
@@ -76,8 +76,8 @@ TEST_F(FleetTest, KvBytesOfAllAttemptsAreCapped) {
   EXPECT_TRUE(absl::IsResourceExhausted(over)) << over;
   EXPECT_THAT(over.message(), HasSubstr("kv_max_bytes_total"));
   // The first attempt ends: its bytes are free for the others.
-  FLEET_ASSERT_OK(fleet_->Cancel(first.job.id, "done").status());
-  FLEET_EXPECT_OK(fleet_->KvSet(second.worker_id, second.job.id, 1, "key", std::string(kMiB, 'v')));
+  ASSERT_OK(fleet_->Cancel(first.job.id, "done").status());
+  EXPECT_OK(fleet_->KvSet(second.worker_id, second.job.id, 1, "key", std::string(kMiB, 'v')));
 }
 
 // However an attempt ends, its rendezvous is freed with it.
@@ -95,13 +95,13 @@ TEST_F(FleetTest, KvIsFreedWhenTheAttemptEndsHoweverItEnds) {
     const JobRecord job = Submit(1, /*max_restarts=*/0);
     const v1::Assignment assignment = AwaitAssignment(worker_id);
     ASSERT_EQ(assignment.job_id(), job.id);
-    FLEET_ASSERT_OK(Heartbeat(worker_id, {assignment}).status());
+    ASSERT_OK(Heartbeat(worker_id, {assignment}).status());
     Fill(*fleet_, worker_id, job.id, assignment.attempt(), 8, 64 << 10);
     EXPECT_GT(fleet_->KvBytes(), 8 * (64 << 10));
     if (outcome == v1::ATTEMPT_OUTCOME_UNSPECIFIED) {
-      FLEET_ASSERT_OK(fleet_->Cancel(job.id, "test").status());
+      ASSERT_OK(fleet_->Cancel(job.id, "test").status());
     } else {
-      FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(EndReport(worker_id, assignment, outcome, 20, how)));
+      ASSERT_OK(fleet_->ReportAttemptEnd(EndReport(worker_id, assignment, outcome, 20, how)));
     }
     EXPECT_EQ(fleet_->KvBytes(), 0);
     // A heartbeat listing no rank frees a worker told to stop.

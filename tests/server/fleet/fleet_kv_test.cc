@@ -28,7 +28,7 @@ TEST_F(FleetTest, KvSetGetAndWaitOnTheCurrentAttempt) {
 
   // Values are bytes: NULs and all.
   const std::string value("\x01\x00\xff id", 6);
-  FLEET_ASSERT_OK(fleet_->KvSet(running.worker_id, job, 1, "nccl-id", value));
+  ASSERT_OK(fleet_->KvSet(running.worker_id, job, 1, "nccl-id", value));
   absl::StatusOr<std::optional<std::string>> got =
       fleet_->KvGet(running.worker_id, job, 1, "nccl-id");
   ASSERT_TRUE(got.ok()) << got.status();
@@ -38,7 +38,7 @@ TEST_F(FleetTest, KvSetGetAndWaitOnTheCurrentAttempt) {
   ASSERT_TRUE(waited.ok()) << waited.status();
   EXPECT_EQ(*waited, value);
 
-  FLEET_ASSERT_OK(fleet_->KvSet(running.worker_id, job, 1, "nccl-id", "overwritten"));
+  ASSERT_OK(fleet_->KvSet(running.worker_id, job, 1, "nccl-id", "overwritten"));
   got = fleet_->KvGet(running.worker_id, job, 1, "nccl-id");
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->value_or("<unset>"), "overwritten");
@@ -57,8 +57,7 @@ TEST_F(FleetTest, KvWaiterWakesWhenTheKeyIsSetFromAnotherThread) {
   started.WaitForNotification();
   // Most likely blocked in the wait by now; the outcome is the same if it is not.
   absl::SleepFor(absl::Milliseconds(50));
-  FLEET_EXPECT_OK(
-      fleet_->KvSet(running.worker_id, running.job.id, 1, "master-addr", "10.0.0.7:29500"));
+  EXPECT_OK(fleet_->KvSet(running.worker_id, running.job.id, 1, "master-addr", "10.0.0.7:29500"));
   waiter.join();
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(*result, "10.0.0.7:29500");
@@ -77,7 +76,7 @@ TEST_F(FleetTest, KvOfAnyOtherAttemptIsFailedPrecondition) {
   StartFleet();
   const RunningJob running = StartOneWorkerJob();
   const std::string& job = running.job.id;
-  FLEET_ASSERT_OK(fleet_->KvSet(running.worker_id, job, 1, "key", "one"));
+  ASSERT_OK(fleet_->KvSet(running.worker_id, job, 1, "key", "one"));
   for (int64_t attempt : {0, 2, -1}) {
     const absl::Status set = fleet_->KvSet(running.worker_id, job, attempt, "key", "stale");
     EXPECT_TRUE(absl::IsFailedPrecondition(set)) << attempt << ": " << set;
@@ -92,7 +91,7 @@ TEST_F(FleetTest, KvOfAnyOtherAttemptIsFailedPrecondition) {
   EXPECT_TRUE(absl::IsNotFound(unknown)) << unknown;
 
   // The keys live and end with their attempt: the next one starts empty, the old one is fenced.
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
+  ASSERT_OK(fleet_->ReportAttemptEnd(
       EndReport(running.worker_id, running.assignment, v1::ATTEMPT_OUTCOME_FAILED, 1, "x")));
   EXPECT_TRUE(absl::IsFailedPrecondition(fleet_->KvGet(running.worker_id, job, 1, "key").status()));
   const v1::Assignment next = AwaitAssignment(running.worker_id);
@@ -114,7 +113,7 @@ TEST_F(FleetTest, KvWaiterWhoseAttemptEndsGetsFailedPrecondition) {
   });
   started.WaitForNotification();
   absl::SleepFor(absl::Milliseconds(50));
-  FLEET_EXPECT_OK(fleet_->ReportAttemptEnd(
+  EXPECT_OK(fleet_->ReportAttemptEnd(
       EndReport(running.worker_id, running.assignment, v1::ATTEMPT_OUTCOME_FAILED, 1, "x")));
   waiter.join();
   EXPECT_TRUE(absl::IsFailedPrecondition(result.status())) << result.status();
@@ -141,7 +140,7 @@ TEST_F(FleetTest, KvRejectsEmptyOrOversizedKeysAndValues) {
 
   // The limits themselves are allowed.
   const std::string longest_key(kMaxKeyBytes, 'k');
-  FLEET_ASSERT_OK(
+  ASSERT_OK(
       fleet_->KvSet(running.worker_id, job, 1, longest_key, std::string(kMaxValueBytes, 'v')));
   absl::StatusOr<std::optional<std::string>> got =
       fleet_->KvGet(running.worker_id, job, 1, longest_key);

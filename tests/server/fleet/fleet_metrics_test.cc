@@ -96,8 +96,8 @@ TEST_F(FleetMetricsTest, AJobsStateCheckpointsAndLostWorkerReachTheMetrics) {
   EXPECT_EQ(State(job.id, "PENDING"), std::nullopt) << "the fleet never saw it PENDING";
   EXPECT_TRUE(OfJob("moetrain_job_last_progress_timestamp_seconds", job.id).has_value());
 
-  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(silent, assignment, 3)));
-  FLEET_ASSERT_OK(fleet_->ReportCheckpoint(CheckpointReport(silent, assignment, 4)));
+  ASSERT_OK(fleet_->ReportStep(StepReport(silent, assignment, 3)));
+  ASSERT_OK(fleet_->ReportCheckpoint(CheckpointReport(silent, assignment, 4)));
   EXPECT_EQ(OfJob("moetrain_train_step", job.id), 3);
   EXPECT_EQ(OfJob("moetrain_checkpoint_last_step", job.id), 4);
   EXPECT_TRUE(OfJob("moetrain_checkpoint_last_success_timestamp_seconds", job.id).has_value());
@@ -123,7 +123,7 @@ TEST_F(FleetMetricsTest, AJobsStateCheckpointsAndLostWorkerReachTheMetrics) {
   ASSERT_TRUE(WaitForState(job.id, JobState::kRunning));
   EXPECT_EQ(State(job.id, "RUNNING"), 1);
 
-  FLEET_ASSERT_OK(fleet_->Cancel(job.id, "enough").status());
+  ASSERT_OK(fleet_->Cancel(job.id, "enough").status());
   EXPECT_EQ(State(job.id, "RUNNING"), 0);
   EXPECT_EQ(State(job.id, "CANCELLED"), 1);
 }
@@ -133,8 +133,8 @@ TEST_F(FleetMetricsTest, AnEndedJobsSeriesStayWithinTheRetention) {
   options.metrics_retention = absl::Hours(1);
   StartFleet(options);
   const RunningJob done = StartOneWorkerJob();
-  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(done.worker_id, done.assignment, 20)));
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
+  ASSERT_OK(fleet_->ReportStep(StepReport(done.worker_id, done.assignment, 20)));
+  ASSERT_OK(fleet_->ReportAttemptEnd(
       EndReport(done.worker_id, done.assignment, v1::ATTEMPT_OUTCOME_SUCCEEDED, 20)));
   ASSERT_EQ(GetJob(done.job.id).state, JobState::kSucceeded);
   // The freed worker is given a job submitted after the end: that took a scheduling pass, so the
@@ -156,16 +156,16 @@ TEST_F(FleetMetricsTest, AnEndedJobsSeriesGoAfterTheRetentionAndLateReportsDoNot
   const RunningJob failed = StartOneWorkerJob(/*max_restarts=*/0);
   const RunningJob cancelled = StartOneWorkerJob();
   const RunningJob running = StartOneWorkerJob();
-  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(failed.worker_id, failed.assignment, 4)));
-  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(cancelled.worker_id, cancelled.assignment, 6)));
-  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(running.worker_id, running.assignment, 8)));
+  ASSERT_OK(fleet_->ReportStep(StepReport(failed.worker_id, failed.assignment, 4)));
+  ASSERT_OK(fleet_->ReportStep(StepReport(cancelled.worker_id, cancelled.assignment, 6)));
+  ASSERT_OK(fleet_->ReportStep(StepReport(running.worker_id, running.assignment, 8)));
   ASSERT_TRUE(HasSeriesOf(failed.job.id));
   ASSERT_TRUE(HasSeriesOf(cancelled.job.id));
 
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
+  ASSERT_OK(fleet_->ReportAttemptEnd(
       EndReport(failed.worker_id, failed.assignment, v1::ATTEMPT_OUTCOME_FAILED, 4, "oom")));
   ASSERT_EQ(GetJob(failed.job.id).state, JobState::kFailed);
-  FLEET_ASSERT_OK(fleet_->Cancel(cancelled.job.id, "enough").status());
+  ASSERT_OK(fleet_->Cancel(cancelled.job.id, "enough").status());
   EXPECT_TRUE(WaitUntil([&] { return !HasSeriesOf(failed.job.id); })) << registry_->Serialize();
   EXPECT_TRUE(WaitUntil([&] { return !HasSeriesOf(cancelled.job.id); })) << registry_->Serialize();
 
@@ -180,7 +180,7 @@ TEST_F(FleetMetricsTest, AnEndedJobsSeriesGoAfterTheRetentionAndLateReportsDoNot
   EXPECT_EQ(fleet_->ReportCheckpoint(CheckpointReport(cancelled.worker_id, cancelled.assignment, 7))
                 .code(),
             absl::StatusCode::kFailedPrecondition);
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
+  ASSERT_OK(fleet_->ReportAttemptEnd(
       EndReport(cancelled.worker_id, cancelled.assignment, v1::ATTEMPT_OUTCOME_CANCELLED, 7)));
   // Cancelling it again is refused before it touches the metrics.
   EXPECT_EQ(fleet_->Cancel(cancelled.job.id, "again").status().code(),
@@ -204,7 +204,7 @@ TEST_F(FleetMetricsTest, ARetentionThatIsNotPositiveIsRefusedByName) {
 TEST_F(FleetMetricsTest, AJobThatEndedBeforeARestartHasNoSeriesAfterIt) {
   StartFleet();  // the default retention: nothing is retired while this process runs
   const RunningJob done = StartOneWorkerJob();
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
+  ASSERT_OK(fleet_->ReportAttemptEnd(
       EndReport(done.worker_id, done.assignment, v1::ATTEMPT_OUTCOME_SUCCEEDED, 20)));
   ASSERT_EQ(GetJob(done.job.id).state, JobState::kSucceeded);
   ASSERT_TRUE(HasSeriesOf(done.job.id));
@@ -216,12 +216,10 @@ TEST_F(FleetMetricsTest, AJobThatEndedBeforeARestartHasNoSeriesAfterIt) {
 TEST_F(FleetMetricsTest, AGangsCheckpointCountsOnceEveryRankWroteIt) {
   StartFleet();
   const RunningGang gang = StartTwoWorkerJob();
-  FLEET_ASSERT_OK(
-      fleet_->ReportCheckpoint(CheckpointReport(gang.workers[0], gang.assignments[0], 6)));
+  ASSERT_OK(fleet_->ReportCheckpoint(CheckpointReport(gang.workers[0], gang.assignments[0], 6)));
   EXPECT_EQ(OfJob("moetrain_checkpoint_last_step", gang.job.id), 0) << "rank 1 has not written";
   EXPECT_EQ(OfJob("moetrain_checkpoint_last_success_timestamp_seconds", gang.job.id), std::nullopt);
-  FLEET_ASSERT_OK(
-      fleet_->ReportCheckpoint(CheckpointReport(gang.workers[1], gang.assignments[1], 6)));
+  ASSERT_OK(fleet_->ReportCheckpoint(CheckpointReport(gang.workers[1], gang.assignments[1], 6)));
   EXPECT_EQ(OfJob("moetrain_checkpoint_last_step", gang.job.id), 6);
   EXPECT_TRUE(OfJob("moetrain_checkpoint_last_success_timestamp_seconds", gang.job.id).has_value());
   EXPECT_EQ(OfJob("moetrain_checkpoint_duration_seconds_count", gang.job.id), 2)
@@ -231,8 +229,7 @@ TEST_F(FleetMetricsTest, AGangsCheckpointCountsOnceEveryRankWroteIt) {
 TEST_F(FleetMetricsTest, AReloadedAttemptKeepsItsStateAndCheckpointAfterARestart) {
   StartFleet();
   const RunningJob running = StartOneWorkerJob();
-  FLEET_ASSERT_OK(
-      fleet_->ReportCheckpoint(CheckpointReport(running.worker_id, running.assignment, 8)));
+  ASSERT_OK(fleet_->ReportCheckpoint(CheckpointReport(running.worker_id, running.assignment, 8)));
   // The coordinator process restarts: new metrics, the fleet reloads the attempt from the store.
   ASSERT_NO_FATAL_FAILURE(RestartCoordinatorProcess());
   const std::string text = registry_->Serialize();

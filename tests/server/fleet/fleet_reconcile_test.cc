@@ -40,7 +40,7 @@ TEST_F(FleetReconcileTest, RankReportedAfterARestartKeepsItsAttemptAndGraceEndsE
   const std::string& worker = running.worker_id;
   const std::string idle = Register("idle");
   for (int64_t step = 1; step <= 3; ++step) {
-    FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(worker, running.assignment, step)));
+    ASSERT_OK(fleet_->ReportStep(StepReport(worker, running.assignment, step)));
   }
 
   // A grace period far longer than the test: only an early end lets anything be scheduled.
@@ -51,7 +51,7 @@ TEST_F(FleetReconcileTest, RankReportedAfterARestartKeepsItsAttemptAndGraceEndsE
   absl::StatusOr<v1::HeartbeatResponse> heartbeat = Heartbeat(worker, {running.assignment});
   ASSERT_TRUE(heartbeat.ok()) << heartbeat.status();
   EXPECT_EQ(heartbeat->cancel_size(), 0) << "its rank is still its own";
-  FLEET_ASSERT_OK(Heartbeat(idle).status());
+  ASSERT_OK(Heartbeat(idle).status());
   JobRecord job = GetJob(running.job.id);
   EXPECT_EQ(job.state, JobState::kRunning);
   EXPECT_EQ(job.attempt, 1);
@@ -63,9 +63,9 @@ TEST_F(FleetReconcileTest, RankReportedAfterARestartKeepsItsAttemptAndGraceEndsE
   // such), then goes on.
   const absl::Status repeat = fleet_->ReportStep(StepReport(worker, running.assignment, 3));
   EXPECT_TRUE(absl::IsAlreadyExists(repeat)) << repeat;
-  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(worker, running.assignment, 4)));
+  ASSERT_OK(fleet_->ReportStep(StepReport(worker, running.assignment, 4)));
   EXPECT_THAT(RecordedSteps(running.job.id), ElementsAre(1, 2, 3, 4));
-  FLEET_ASSERT_OK(fleet_->ReportCheckpoint(CheckpointReport(worker, running.assignment, 4)));
+  ASSERT_OK(fleet_->ReportCheckpoint(CheckpointReport(worker, running.assignment, 4)));
   EXPECT_EQ(GetJob(running.job.id).latest_checkpoint_step, 4);
   absl::StatusOr<v1::GetAssignmentResponse> poll = Poll(worker);
   ASSERT_TRUE(poll.ok()) << poll.status();
@@ -81,7 +81,7 @@ TEST_F(FleetReconcileTest, RankReportedAfterARestartKeepsItsAttemptAndGraceEndsE
   EXPECT_EQ(job.state, JobState::kRunning);
   EXPECT_EQ(job.attempt, 1);
   EXPECT_EQ(Attempts(running.job.id).size(), 1u);
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
+  ASSERT_OK(fleet_->ReportAttemptEnd(
       EndReport(worker, running.assignment, v1::ATTEMPT_OUTCOME_SUCCEEDED, 20)));
   EXPECT_EQ(GetJob(running.job.id).state, JobState::kSucceeded);
 }
@@ -91,7 +91,7 @@ TEST_F(FleetReconcileTest, NothingIsScheduledDuringTheGraceAndAnUnreportedAttemp
   // No restarts allowed: a counted restart would fail the job instead.
   const RunningJob running = StartOneWorkerJob(/*max_restarts=*/0);
   const std::string& silent = running.worker_id;
-  FLEET_ASSERT_OK(fleet_->ReportCheckpoint(CheckpointReport(silent, running.assignment, 2)));
+  ASSERT_OK(fleet_->ReportCheckpoint(CheckpointReport(silent, running.assignment, 2)));
   const std::string idle = Register("idle");
 
   FleetOptions options = DefaultOptions();
@@ -99,7 +99,7 @@ TEST_F(FleetReconcileTest, NothingIsScheduledDuringTheGraceAndAnUnreportedAttemp
   RestartFleet(options);
 
   // Only the idle worker comes back; the silent one keeps the grace period going.
-  FLEET_ASSERT_OK(Heartbeat(idle).status());
+  ASSERT_OK(Heartbeat(idle).status());
   const JobRecord late = Submit(1, 0, "late");
   absl::StatusOr<v1::GetAssignmentResponse> poll = Poll(idle, absl::Milliseconds(300));
   ASSERT_TRUE(poll.ok()) << poll.status();
@@ -131,7 +131,7 @@ TEST_F(FleetReconcileTest, NothingIsScheduledDuringTheGraceAndAnUnreportedAttemp
   EXPECT_EQ(heartbeat->cancel(0).job_id(), running.job.id);
   EXPECT_EQ(heartbeat->cancel(0).attempt(), 1);
   EXPECT_EQ(WorkerStateOf(silent), v1::WORKER_STATE_BUSY);
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
+  ASSERT_OK(fleet_->ReportAttemptEnd(
       EndReport(silent, running.assignment, v1::ATTEMPT_OUTCOME_CANCELLED, 2)));
   const v1::Assignment later = AwaitAssignment(silent);
   EXPECT_EQ(later.job_id(), late.id);
@@ -146,7 +146,7 @@ TEST_F(FleetReconcileTest, RestartWithNothingInFlightSchedulesOnceEveryWorkerIsB
   options.reconcile_grace = absl::Minutes(10);
   RestartFleet(options);
   // The only known worker is back and no attempt was in flight: nothing is left to wait for.
-  FLEET_ASSERT_OK(Heartbeat(worker).status());
+  ASSERT_OK(Heartbeat(worker).status());
   const JobRecord job = Submit();
   EXPECT_EQ(AwaitAssignment(worker).job_id(), job.id);
 }

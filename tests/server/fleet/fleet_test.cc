@@ -200,7 +200,7 @@ TEST_F(FleetTest, AssignmentIsRedeliveredOnlyWhileItsRankHasNotStarted) {
   EXPECT_EQ(again->assignment().SerializeAsString(), assignment.SerializeAsString());
 
   // Once a heartbeat lists the rank, it is running: no more redelivery, however long the wait.
-  FLEET_ASSERT_OK(Heartbeat(worker, {assignment}).status());
+  ASSERT_OK(Heartbeat(worker, {assignment}).status());
   absl::StatusOr<v1::GetAssignmentResponse> after = Poll(worker, absl::Milliseconds(1500));
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_FALSE(after->has_assignment());
@@ -260,8 +260,8 @@ TEST_F(FleetTest, ReportsAfterTheAttemptEndedAreFailedPrecondition) {
   const RunningJob running = StartOneWorkerJob();
   const std::string& worker = running.worker_id;
   const v1::Assignment& assignment = running.assignment;
-  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(worker, assignment, 1)));
-  FLEET_ASSERT_OK(fleet_->ReportAttemptEnd(
+  ASSERT_OK(fleet_->ReportStep(StepReport(worker, assignment, 1)));
+  ASSERT_OK(fleet_->ReportAttemptEnd(
       EndReport(worker, assignment, v1::ATTEMPT_OUTCOME_FAILED, 1, "crashed")));
 
   absl::Status status = fleet_->ReportStep(StepReport(worker, assignment, 2));
@@ -286,17 +286,17 @@ TEST_F(FleetTest, RepeatedStepReportsAreRecordedOnceAndOnlyRankZeroSpeaks) {
   const RunningGang gang = StartTwoWorkerJob();
   const std::string& rank0 = gang.workers[0];
   const std::string& rank1 = gang.workers[1];
-  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(rank0, gang.assignments[0], 1)));
-  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(rank0, gang.assignments[0], 2)));
+  ASSERT_OK(fleet_->ReportStep(StepReport(rank0, gang.assignments[0], 1)));
+  ASSERT_OK(fleet_->ReportStep(StepReport(rank0, gang.assignments[0], 2)));
   // Retries of delivered reports (the response was lost) are refused as repeats, and change
   // nothing.
   EXPECT_TRUE(absl::IsAlreadyExists(fleet_->ReportStep(StepReport(rank0, gang.assignments[0], 2))));
   EXPECT_TRUE(absl::IsAlreadyExists(fleet_->ReportStep(StepReport(rank0, gang.assignments[0], 1))));
   // Rank 1's reports only show that it is alive.
-  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(rank1, gang.assignments[1], 3)));
+  ASSERT_OK(fleet_->ReportStep(StepReport(rank1, gang.assignments[1], 3)));
   EXPECT_THAT(RecordedSteps(gang.job.id), ElementsAre(1, 2));
 
-  FLEET_ASSERT_OK(fleet_->ReportStep(StepReport(rank0, gang.assignments[0], 3)));
+  ASSERT_OK(fleet_->ReportStep(StepReport(rank0, gang.assignments[0], 3)));
   EXPECT_THAT(RecordedSteps(gang.job.id), ElementsAre(1, 2, 3));
   const JobRecord job = GetJob(gang.job.id);
   v1::StepMetrics last;
@@ -309,7 +309,7 @@ TEST_F(FleetTest, RepeatedStepReportsAreRecordedOnceAndOnlyRankZeroSpeaks) {
 TEST_F(FleetTest, LogLinesOfAGangNameTheirRank) {
   StartFleet();
   const RunningGang gang = StartTwoWorkerJob();
-  FLEET_ASSERT_OK(fleet_->ReportLog(
+  ASSERT_OK(fleet_->ReportLog(
       LogReport(gang.workers[1], gang.assignments[1], {"loading data", "step 1 done"})));
   EXPECT_THAT(LogLines(gang.job.id), ElementsAre("[rank 1] loading data", "[rank 1] step 1 done"));
 
@@ -346,7 +346,7 @@ TEST_F(FleetTest, CheckpointAtAnotherPathOrStepIsInvalidArgument) {
   EXPECT_FALSE(GetJob(running.job.id).latest_checkpoint_step.has_value());
   EXPECT_THAT(SavedCheckpoints(running.job.id), IsEmpty());
 
-  FLEET_ASSERT_OK(fleet_->ReportCheckpoint(CheckpointReport(worker, assignment, 5)));
+  ASSERT_OK(fleet_->ReportCheckpoint(CheckpointReport(worker, assignment, 5)));
   absl::StatusOr<CheckpointRecord> latest = store_->LatestCheckpoint(running.job.id);
   ASSERT_TRUE(latest.ok()) << latest.status();
   EXPECT_EQ(latest->step, 5);
@@ -359,17 +359,14 @@ TEST_F(FleetTest, CheckpointAtAnotherPathOrStepIsInvalidArgument) {
 TEST_F(FleetTest, GangCheckpointIsGoodOnlyOnceEveryRankReportedIt) {
   StartFleet();
   const RunningGang gang = StartTwoWorkerJob();
-  FLEET_ASSERT_OK(
-      fleet_->ReportCheckpoint(CheckpointReport(gang.workers[0], gang.assignments[0], 10)));
+  ASSERT_OK(fleet_->ReportCheckpoint(CheckpointReport(gang.workers[0], gang.assignments[0], 10)));
   // A retry of the same rank's report does not stand in for the other rank.
-  FLEET_ASSERT_OK(
-      fleet_->ReportCheckpoint(CheckpointReport(gang.workers[0], gang.assignments[0], 10)));
+  ASSERT_OK(fleet_->ReportCheckpoint(CheckpointReport(gang.workers[0], gang.assignments[0], 10)));
   EXPECT_TRUE(absl::IsNotFound(store_->LatestCheckpoint(gang.job.id).status()));
   EXPECT_FALSE(GetJob(gang.job.id).latest_checkpoint_step.has_value());
   EXPECT_THAT(SavedCheckpoints(gang.job.id), IsEmpty());
 
-  FLEET_ASSERT_OK(
-      fleet_->ReportCheckpoint(CheckpointReport(gang.workers[1], gang.assignments[1], 10)));
+  ASSERT_OK(fleet_->ReportCheckpoint(CheckpointReport(gang.workers[1], gang.assignments[1], 10)));
   absl::StatusOr<CheckpointRecord> latest = store_->LatestCheckpoint(gang.job.id);
   ASSERT_TRUE(latest.ok()) << latest.status();
   EXPECT_EQ(latest->step, 10);

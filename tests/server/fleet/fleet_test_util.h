@@ -5,8 +5,6 @@
 #ifndef MOETRAIN_TESTS_SERVER_FLEET_FLEET_TEST_UTIL_H_
 #define MOETRAIN_TESTS_SERVER_FLEET_FLEET_TEST_UTIL_H_
 
-#include <stdlib.h>
-
 #include <atomic>
 #include <filesystem>
 #include <memory>
@@ -30,19 +28,9 @@
 #include "server/core/coordinator.h"
 #include "server/core/fleet.h"
 #include "server/core/store.h"
+#include "tests/testing/testing.h"
 
 namespace moetrain::server {
-
-#define FLEET_ASSERT_OK(expr)             \
-  do {                                    \
-    auto status_ = (expr);                \
-    ASSERT_TRUE(status_.ok()) << status_; \
-  } while (0)
-#define FLEET_EXPECT_OK(expr)             \
-  do {                                    \
-    auto status_ = (expr);                \
-    EXPECT_TRUE(status_.ok()) << status_; \
-  } while (0)
 
 // How long a test waits for something the control loop does "soon" before it gives up. Only a
 // failing test ever waits this long.
@@ -191,9 +179,6 @@ class Heartbeater {
 class FleetTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern = (std::filesystem::temp_directory_path() / "fleet_test.XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
     absl::StatusOr<std::unique_ptr<Store>> store =
         Store::Open((std::filesystem::path(dir_) / "coordinator.db").string());
     ASSERT_TRUE(store.ok()) << store.status();
@@ -203,8 +188,6 @@ class FleetTest : public ::testing::Test {
   void TearDown() override {
     StopFleet();
     store_.reset();
-    std::error_code error;
-    std::filesystem::remove_all(dir_, error);
   }
 
   // Timeouts long enough that nobody is declared lost, no rank counts as stuck and no grace
@@ -371,7 +354,7 @@ class FleetTest : public ::testing::Test {
     running.job = Submit(1, max_restarts);
     running.assignment = AwaitAssignment(running.worker_id);
     EXPECT_EQ(running.assignment.job_id(), running.job.id);
-    FLEET_EXPECT_OK(Heartbeat(running.worker_id, {running.assignment}).status());
+    EXPECT_OK(Heartbeat(running.worker_id, {running.assignment}).status());
     EXPECT_TRUE(WaitForState(running.job.id, JobState::kRunning));
     return running;
   }
@@ -398,13 +381,14 @@ class FleetTest : public ::testing::Test {
     EXPECT_EQ(gang.assignments[0].rank(), 0);
     EXPECT_EQ(gang.assignments[1].rank(), 1);
     for (int rank = 0; rank < 2; ++rank) {
-      FLEET_EXPECT_OK(Heartbeat(gang.workers[rank], {gang.assignments[rank]}).status());
+      EXPECT_OK(Heartbeat(gang.workers[rank], {gang.assignments[rank]}).status());
     }
     EXPECT_TRUE(WaitForState(gang.job.id, JobState::kRunning));
     return gang;
   }
 
-  std::string dir_;
+  const testutil::TempDir temp_dir_{"fleet_test"};
+  const std::string dir_ = temp_dir_.path().string();
   std::unique_ptr<Store> store_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<Fleet> fleet_;

@@ -5,7 +5,6 @@
 
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
-#include <stdlib.h>
 
 #include <chrono>
 #include <filesystem>
@@ -19,6 +18,7 @@
 #include "moetrain/v1/coordinator.grpc.pb.h"
 #include "server/grpc/job_service.h"
 #include "tests/server/grpc/generic_unary_call.h"
+#include "tests/testing/testing.h"
 
 namespace moetrain::server {
 
@@ -27,10 +27,6 @@ inline constexpr char kFixtureToken[] = "limits-test-token";
 class JobServiceFixture : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "job_service_test.XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
     checkpoint_dir_ = dir_ / "checkpoints";
     absl::StatusOr<std::unique_ptr<Store>> store = Store::Open((dir_ / "coordinator.db").string());
     ASSERT_TRUE(store.ok()) << store.status();
@@ -70,8 +66,6 @@ class JobServiceFixture : public ::testing::Test {
     fleet_.reset();
     coordinator_.reset();
     store_.reset();
-    std::error_code ignored;
-    std::filesystem::remove_all(dir_, ignored);
   }
 
   static void Authorize(grpc::ClientContext* context, const std::string& token = kFixtureToken) {
@@ -135,7 +129,8 @@ class JobServiceFixture : public ::testing::Test {
     return testutil::GenericUnaryCall(generic, &context, method, bytes);
   }
 
-  std::filesystem::path dir_;
+  const testutil::TempDir temp_dir_{"job_service_test"};
+  const std::filesystem::path dir_ = temp_dir_.path();
   std::filesystem::path checkpoint_dir_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Coordinator> coordinator_;

@@ -3,6 +3,8 @@
 
 #include "server/grpc/job_service.h"
 
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/util/message_differencer.h>
 #include <grpcpp/grpcpp.h>
 
 #include <cstdint>
@@ -21,7 +23,92 @@ namespace moetrain::server {
 namespace {
 
 namespace fs = std::filesystem;
+using ::google::protobuf::util::MessageDifferencer;
 using ::testing::HasSubstr;
+
+// A JobSpec with every section and most fields set to valid values other than the defaults, with
+// explicit zeros in fields that have presence.
+v1::JobSpec FullSpec() {
+  v1::JobSpec spec;
+  spec.set_name("moe-full.1");
+  auto* model = spec.mutable_model();
+  model->set_vocab_size(512);
+  model->set_hidden_size(128);
+  model->set_num_layers(3);
+  model->set_num_heads(4);
+  model->set_num_kv_heads(2);
+  model->set_head_dim(32);
+  model->set_ffn_dim(384);
+  model->set_first_dense_layers(0);  // an explicit zero of an optional field must survive
+  model->set_max_seq_len(128);
+  model->set_rope_theta(500000.0f);
+  model->set_rms_norm_eps(1e-5f);
+  model->set_tie_embeddings(true);
+  model->set_init_std(0.01f);
+  auto* moe = model->mutable_moe();
+  moe->set_num_experts(16);
+  moe->set_top_k(4);
+  moe->set_expert_ffn_dim(64);
+  moe->set_num_shared_experts(1);
+  moe->set_score_function(v1::MoeConfig::SIGMOID);
+  moe->set_softmax_before_topk(false);
+  moe->set_normalize_topk_weights(false);
+  moe->set_routed_scaling_factor(2.5f);
+  moe->set_num_groups(4);
+  moe->set_group_top_k(2);
+  moe->set_expert_bias(true);
+  moe->set_expert_bias_update_rate(0.002f);
+  moe->set_aux_loss(v1::MoeConfig::SEQUENCE);
+  moe->set_aux_loss_coeff(0.001f);
+  moe->set_z_loss_coeff(0.0001f);
+  moe->set_capacity_factor(1.25f);
+  moe->set_drop_policy(v1::MoeConfig::POSITION);
+  auto* data = spec.mutable_data();
+  data->set_format(v1::DataConfig::LLMC);
+  data->set_path("/data/shard_000.bin");
+  data->set_eval_fraction(0.05f);
+  data->set_seed(0);
+  auto* train = spec.mutable_train();
+  train->set_steps(200);
+  train->set_batch_size(16);
+  train->set_micro_batch_size(4);
+  train->set_seq_len(128);
+  train->set_precision(v1::TrainConfig::FP8);
+  auto* fp8 = train->mutable_fp8();
+  fp8->set_format(v1::Fp8Recipe::E4M3);
+  // DELAYED reads the history fields; power_2_scales and amax_epsilon belong to other recipes,
+  // so a valid spec leaves them unset.
+  fp8->set_recipe(v1::Fp8Recipe::DELAYED);
+  fp8->set_amax_history_len(16);
+  fp8->set_margin(1);
+  fp8->set_amax_compute_algo(v1::Fp8Recipe::MOST_RECENT);
+  fp8->set_fp8_dispatch(true);
+  auto* optimizer = train->mutable_optimizer();
+  optimizer->set_lr(1e-3f);
+  optimizer->set_min_lr(1e-4f);
+  optimizer->set_warmup_steps(20);
+  optimizer->set_decay(v1::OptimizerConfig::LINEAR);
+  optimizer->set_beta1(0.8f);
+  optimizer->set_beta2(0.99f);
+  optimizer->set_eps(1e-6f);
+  optimizer->set_weight_decay(0.0f);
+  optimizer->set_grad_clip(0.5f);
+  train->set_seed(42);
+  train->set_log_every(5);
+  train->set_eval_every(50);
+  train->set_eval_batches(2);
+  train->set_skip_nonfinite_steps(true);
+  spec.mutable_checkpoint()->set_dir("/ckpt");
+  spec.mutable_checkpoint()->set_every_steps(100);
+  spec.mutable_checkpoint()->set_keep_last(0);
+  spec.mutable_resources()->set_workers(2);
+  spec.mutable_resources()->set_device(v1::ResourceConfig::CUDA);
+  spec.mutable_resources()->set_devices_per_worker(2);
+  spec.mutable_parallel()->set_expert_parallel(4);
+  spec.mutable_parallel()->set_data_parallel(1);
+  spec.mutable_restart()->set_max_restarts(0);
+  return spec;
+}
 
 class JobServiceTest : public JobServiceFixture {
  protected:
@@ -180,6 +267,15 @@ TEST_F(JobServiceTest, WatchStreamsFromASequenceAndEndsAtTheFinalState) {
   while (reader->Read(&event)) sequences.push_back(event.sequence());
   EXPECT_TRUE(reader->Finish().ok());
   EXPECT_EQ(sequences, (std::vector<int64_t>{0, 1, 2, 3}));
+
+  grpc::ClientContext negative;
+  Authorize(&negative);
+  request.set_from_sequence(-1);
+  reader = stub_->WatchJob(&negative, request);
+  EXPECT_FALSE(reader->Read(&event));
+  const grpc::Status refused = reader->Finish();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), HasSubstr("from_sequence = -1"));
 }
 
 TEST_F(JobServiceTest, WatchEndsWhenTheClientCancels) {
@@ -295,6 +391,44 @@ TEST_F(JobServiceTest, ACudaJobAndFp8JobsAreAcceptedAnFp8OptionTheRecipeIgnoresR
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(), HasSubstr("train.fp8.power_2_scales = true"));
   EXPECT_EQ(StoredJobs(), 3);
+}
+
+// What a client sends is what every later reader gets: a spec with every section set comes back
+// from SubmitJob and GetJob field for field (explicit zeros of optional fields included), through
+// the wire and the store.
+TEST_F(JobServiceTest, AFullSpecRoundTripsThroughTheStore) {
+  v1::SubmitJobRequest request = Submission("full", -3);
+  *request.mutable_spec() = FullSpec();
+  // Every section of JobSpec is set, so a section added to the schema is noticed here.
+  const google::protobuf::Descriptor* descriptor = v1::JobSpec::descriptor();
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    EXPECT_TRUE(request.spec().GetReflection()->HasField(request.spec(), descriptor->field(i)))
+        << descriptor->field(i)->name();
+  }
+  v1::Job submitted;
+  grpc::Status status = Submit(request, &submitted);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(submitted.name(), "moe-full.1");
+  EXPECT_EQ(submitted.priority(), -3);
+
+  grpc::ClientContext context;
+  Authorize(&context);
+  v1::GetJobRequest get;
+  get.set_job_id(submitted.id());
+  v1::Job got;
+  status = stub_->GetJob(&context, get, &got);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  for (const v1::Job* job : {&submitted, &got}) {
+    std::string diff;
+    MessageDifferencer differencer;
+    differencer.ReportDifferencesToString(&diff);
+    differencer.set_scope(MessageDifferencer::PARTIAL);  // fields sent; defaults may fill the rest
+    EXPECT_TRUE(differencer.Compare(request.spec(), job->spec())) << diff;
+    EXPECT_TRUE(job->spec().model().has_first_dense_layers());
+    EXPECT_TRUE(job->spec().data().has_seed());
+    EXPECT_TRUE(job->spec().checkpoint().has_keep_last());
+    EXPECT_TRUE(job->spec().restart().has_max_restarts());
+  }
 }
 
 TEST_F(JobServiceTest, StepsCheckpointsAndLogsReachTheWatcherTyped) {

@@ -108,12 +108,12 @@ TEST(ElementwiseCudaTest, CopyRoundTripsBitExactlyInEveryDirection) {
       const Tensor host = RandomHost(dtype, shape, rng);
       const Tensor device = test_util::ToDevice(gpu, host);  // host → device
       Tensor device_copy = GarbageDevice(gpu, dtype, shape, rng);
-      MOETRAIN_ASSERT_OK(ops::CopyTensor(gpu, device, device_copy));  // device → device
-      const Tensor back = test_util::ToHost(gpu, device_copy);        // device → host
+      ASSERT_OK(ops::CopyTensor(gpu, device, device_copy));     // device → device
+      const Tensor back = test_util::ToHost(gpu, device_copy);  // device → host
       EXPECT_TRUE(test_util::SameBytes(host, back));
       // Host → host through a CUDA context stays a plain copy.
       Tensor host_copy = Tensor::Empty(dtype, shape);
-      MOETRAIN_ASSERT_OK(ops::CopyTensor(gpu, host, host_copy));
+      ASSERT_OK(ops::CopyTensor(gpu, host, host_copy));
       EXPECT_TRUE(test_util::SameBytes(host, host_copy));
     }
   }
@@ -134,7 +134,7 @@ TEST(ElementwiseCudaTest, CopyGathersAStridedHostSource) {
     for (const TensorView& strided : {columns, transposed}) {
       ASSERT_FALSE(strided.is_contiguous());
       Tensor want = Tensor::Empty(dtype, strided.shape());
-      MOETRAIN_ASSERT_OK(ops::CopyTensor(ExecContext::Cpu(), strided, want));
+      ASSERT_OK(ops::CopyTensor(ExecContext::Cpu(), strided, want));
       const Tensor device = test_util::ToDevice(gpu, strided);
       const Tensor back = test_util::ToHost(gpu, device);
       EXPECT_TRUE(test_util::SameBytes(want, back)) << DTypeName(dtype);
@@ -148,8 +148,8 @@ TEST(ElementwiseCudaTest, CopyToHostWaitsForTheOpsBefore) {
   const std::vector<int64_t> shape = {4096, 4097};
   absl::StatusOr<Tensor> t = Tensor::Allocate(gpu.allocator(), DType::kF32, shape);
   ASSERT_TRUE(t.ok()) << t.status();
-  MOETRAIN_ASSERT_OK(ops::Fill(gpu, *t, 1.0f));
-  MOETRAIN_ASSERT_OK(ops::Fill(gpu, *t, 2.5f));
+  ASSERT_OK(ops::Fill(gpu, *t, 1.0f));
+  ASSERT_OK(ops::Fill(gpu, *t, 2.5f));
   const Tensor back = test_util::ToHost(gpu, *t);
   for (int64_t i = 0; i < back.numel(); ++i) {
     ASSERT_EQ(back.data<float>()[i], 2.5f) << "element " << i;
@@ -174,9 +174,9 @@ TEST(ElementwiseCudaTest, ConvertIsBitIdenticalToTheCpu) {
       const Tensor src_gpu = test_util::ToDevice(gpu, src);
       for (DType to : {DType::kF32, DType::kBF16}) {
         Tensor want = Tensor::Empty(to, shape);
-        MOETRAIN_ASSERT_OK(ops::ConvertTensor(cpu, src, want));
+        ASSERT_OK(ops::ConvertTensor(cpu, src, want));
         Tensor got_gpu = GarbageDevice(gpu, to, shape, rng);
-        MOETRAIN_ASSERT_OK(ops::ConvertTensor(gpu, src_gpu, got_gpu));
+        ASSERT_OK(ops::ConvertTensor(gpu, src_gpu, got_gpu));
         EXPECT_TRUE(test_util::SameBytes(want, test_util::ToHost(gpu, got_gpu)))
             << DTypeName(from) << " → " << DTypeName(to);
       }
@@ -199,10 +199,10 @@ TEST(ElementwiseCudaTest, CopyColumnsIsBitIdenticalToTheCpu) {
     const Tensor src = RandomHost(dtype, {37, 23}, rng);
     const Tensor dst_start = RandomHost(dtype, {37, 51}, rng);
     Tensor want = Tensor::Empty(dtype, {37, 51});
-    MOETRAIN_ASSERT_OK(ops::CopyTensor(ExecContext::Cpu(), dst_start, want));
-    MOETRAIN_ASSERT_OK(ops::CopyColumns(ExecContext::Cpu(), src, 3, want, 28, 20));
+    ASSERT_OK(ops::CopyTensor(ExecContext::Cpu(), dst_start, want));
+    ASSERT_OK(ops::CopyColumns(ExecContext::Cpu(), src, 3, want, 28, 20));
     const Tensor dst_gpu = test_util::ToDevice(gpu, dst_start);
-    MOETRAIN_ASSERT_OK(ops::CopyColumns(gpu, test_util::ToDevice(gpu, src), 3, dst_gpu, 28, 20));
+    ASSERT_OK(ops::CopyColumns(gpu, test_util::ToDevice(gpu, src), 3, dst_gpu, 28, 20));
     EXPECT_TRUE(test_util::SameBytes(want, test_util::ToHost(gpu, dst_gpu)));
   }
 }
@@ -220,13 +220,13 @@ TEST(ElementwiseCudaTest, AddIsBitIdenticalToTheCpuAndMayWriteIntoA) {
       const Tensor a = RandomHost(DType::kF32, shape, rng);
       const Tensor b = RandomHost(b_dtype, shape, rng);
       Tensor want = Tensor::Empty(DType::kF32, shape);
-      MOETRAIN_ASSERT_OK(ops::Add(cpu, a, b, want));
+      ASSERT_OK(ops::Add(cpu, a, b, want));
 
       const Tensor a_gpu = test_util::ToDevice(gpu, a), b_gpu = test_util::ToDevice(gpu, b);
       Tensor out_gpu = GarbageDevice(gpu, DType::kF32, shape, rng);
-      MOETRAIN_ASSERT_OK(ops::Add(gpu, a_gpu, b_gpu, out_gpu));
+      ASSERT_OK(ops::Add(gpu, a_gpu, b_gpu, out_gpu));
       EXPECT_TRUE(test_util::SameBytes(want, test_util::ToHost(gpu, out_gpu)));
-      MOETRAIN_ASSERT_OK(ops::Add(gpu, a_gpu, b_gpu, a_gpu));  // in place
+      ASSERT_OK(ops::Add(gpu, a_gpu, b_gpu, a_gpu));  // in place
       EXPECT_TRUE(test_util::SameBytes(want, test_util::ToHost(gpu, a_gpu)));
     }
   }
@@ -259,9 +259,9 @@ TEST(ElementwiseCudaTest, FillIsBitIdenticalToTheCpu) {
         SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " (" << shape[0] << ", "
                                           << shape[1] << ") = " << value);
         Tensor want = Tensor::Empty(dtype, shape);
-        MOETRAIN_ASSERT_OK(ops::Fill(cpu, want, value));
+        ASSERT_OK(ops::Fill(cpu, want, value));
         Tensor got_gpu = GarbageDevice(gpu, dtype, shape, rng);
-        MOETRAIN_ASSERT_OK(ops::Fill(gpu, got_gpu, value));
+        ASSERT_OK(ops::Fill(gpu, got_gpu, value));
         EXPECT_TRUE(test_util::SameBytes(want, test_util::ToHost(gpu, got_gpu)));
       }
     }
@@ -305,10 +305,10 @@ TEST(ElementwiseCudaTest, FillNormalFollowsTheCpuStreamAndRepeats) {
     const float mean = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
     const float stddev = std::uniform_real_distribution<float>(0.01f, 2.0f)(rng);
     Tensor want = Tensor::Empty(DType::kF32, shape);
-    MOETRAIN_ASSERT_OK(ops::FillNormal(cpu, want, stream, mean, stddev));
+    ASSERT_OK(ops::FillNormal(cpu, want, stream, mean, stddev));
 
     Tensor got_gpu = GarbageDevice(gpu, DType::kF32, shape, rng);
-    MOETRAIN_ASSERT_OK(ops::FillNormal(gpu, got_gpu, stream, mean, stddev));
+    ASSERT_OK(ops::FillNormal(gpu, got_gpu, stream, mean, stddev));
     const Tensor got = test_util::ToHost(gpu, got_gpu);
     int64_t exact = 0;
     for (int64_t i = 0; i < want.numel(); ++i) {
@@ -324,7 +324,7 @@ TEST(ElementwiseCudaTest, FillNormalFollowsTheCpuStreamAndRepeats) {
     }
 
     Tensor again_gpu = GarbageDevice(gpu, DType::kF32, shape, rng);
-    MOETRAIN_ASSERT_OK(ops::FillNormal(gpu, again_gpu, stream, mean, stddev));
+    ASSERT_OK(ops::FillNormal(gpu, again_gpu, stream, mean, stddev));
     EXPECT_TRUE(test_util::SameBytes(got, test_util::ToHost(gpu, again_gpu)));
   }
 }

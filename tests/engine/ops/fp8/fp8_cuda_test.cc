@@ -220,7 +220,7 @@ void CheckQuantize(const ExecContext& gpu, const QuantizeCase& c, std::mt19937& 
     args.scale = TensorView();
     args.compute_scale = false;
   }
-  MOETRAIN_ASSERT_OK(ops::Fp8Quantize(cpu, args));
+  ASSERT_OK(ops::Fp8Quantize(cpu, args));
 
   const Tensor src_d = test_util::ToDevice(gpu, src);
   Tensor results[2][5];  // data, scale_inv, scale, amax, saturated of each CUDA run
@@ -238,7 +238,7 @@ void CheckQuantize(const ExecContext& gpu, const QuantizeCase& c, std::mt19937& 
     gpu_args.amax = amax_d;
     gpu_args.saturated = saturated_d;
     if (c.scaling == Fp8Scaling::kTensor) gpu_args.scale = scale_d;
-    MOETRAIN_ASSERT_OK(ops::Fp8Quantize(gpu, gpu_args));
+    ASSERT_OK(ops::Fp8Quantize(gpu, gpu_args));
     results[run][0] = test_util::ToHost(gpu, data_d);
     results[run][1] = test_util::ToHost(gpu, scale_inv_d);
     results[run][2] = test_util::ToHost(gpu, scale_d);
@@ -261,9 +261,9 @@ void CheckQuantize(const ExecContext& gpu, const QuantizeCase& c, std::mt19937& 
   const Fp8Tensor on_gpu = View(c.format, c.scaling, out_rows, out_cols, data_d, scale_inv_d);
   for (const DType dtype : {DType::kF32, DType::kBF16}) {
     Tensor expected = Tensor::Empty(dtype, {out_rows, out_cols});
-    MOETRAIN_ASSERT_OK(ops::Fp8Dequantize(cpu, cpu_out->view, expected));
+    ASSERT_OK(ops::Fp8Dequantize(cpu, cpu_out->view, expected));
     const Tensor dst_d = test_util::ToDevice(gpu, Garbage(dtype, {out_rows, out_cols}, 0x5A));
-    MOETRAIN_ASSERT_OK(ops::Fp8Dequantize(gpu, on_gpu, dst_d));
+    ASSERT_OK(ops::Fp8Dequantize(gpu, on_gpu, dst_d));
     EXPECT_TRUE(SameBits(expected, test_util::ToHost(gpu, dst_d), true,
                          absl::StrCat("dequantised to ", std::string(DTypeName(dtype)))));
   }
@@ -391,13 +391,13 @@ TEST(Fp8CudaTest, GemmMatchesTheCpuAndRepeatsBitIdentically) {
         std::normal_distribution<float> normal;
         for (float& v : c0_values) v = normal(rng);
         Tensor c_cpu = test_util::MakeTensor(DType::kF32, {m, n}, c0_values);
-        MOETRAIN_ASSERT_OK(ops::Fp8Gemm(
+        ASSERT_OK(ops::Fp8Gemm(
             cpu, {.a = a.cpu.view, .b = b.cpu.view, .c = c_cpu, .accumulate = accumulate}));
         Tensor c_gpu[2];
         for (Tensor& result : c_gpu) {
           const Tensor c_d =
               test_util::ToDevice(gpu, test_util::MakeTensor(DType::kF32, {m, n}, c0_values));
-          MOETRAIN_ASSERT_OK(
+          ASSERT_OK(
               ops::Fp8Gemm(gpu, {.a = a.gpu, .b = b.gpu, .c = c_d, .accumulate = accumulate}));
           result = test_util::ToHost(gpu, c_d);
         }

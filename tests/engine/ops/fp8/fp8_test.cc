@@ -311,7 +311,7 @@ TEST_P(Fp8QuantizeTest, DequantizeIsStoredValueTimesScaleInv) {
   const int64_t rows = got.q.view.rows, cols = got.q.view.cols, padded = (cols + 15) / 16 * 16;
   for (DType dst_dtype : {DType::kF32, DType::kBF16}) {
     Tensor dst = NaNAct(dst_dtype, {rows, cols});
-    MOETRAIN_ASSERT_OK(ops::Fp8Dequantize(Cpu(), got.q.view, dst));
+    ASSERT_OK(ops::Fp8Dequantize(Cpu(), got.q.view, dst));
     for (int64_t i = 0; i < rows; ++i) {
       for (int64_t j = 0; j < cols; ++j) {
         float s = 0.0f;
@@ -400,11 +400,11 @@ TEST(Fp8QuantizeHandTest, StatsAccumulateIntoWhatIsThere) {
   Tensor saturated = Tensor::Zeros(DType::kI64, {1});
   saturated.data<int64_t>()[0] = 10;
   ops::Fp8QuantizeArgs args = Args(src, scale, q->view, amax, saturated);
-  MOETRAIN_ASSERT_OK(ops::Fp8Quantize(Cpu(), args));
+  ASSERT_OK(ops::Fp8Quantize(Cpu(), args));
   EXPECT_EQ(amax.data<float>()[0], 5000.0f);
   EXPECT_EQ(saturated.data<int64_t>()[0], 11);
   amax.data<float>()[0] = amax1[0];
-  MOETRAIN_ASSERT_OK(ops::Fp8Quantize(Cpu(), args));
+  ASSERT_OK(ops::Fp8Quantize(Cpu(), args));
   EXPECT_EQ(amax.data<float>()[0], 1000.0f);
   EXPECT_EQ(saturated.data<int64_t>()[0], 12);
 }
@@ -558,7 +558,7 @@ TEST(Fp8QuantizeHandTest, EmptySource) {
         const Quantized got = RunQuantize(Cpu(), src, p);
         ExpectMatchesReference(got, RefQuantize({}, shape[0], shape[1], p), p);
         Tensor dst = Tensor::Empty(DType::kF32, {got.q.view.rows, got.q.view.cols});
-        MOETRAIN_ASSERT_OK(ops::Fp8Dequantize(Cpu(), got.q.view, dst));
+        ASSERT_OK(ops::Fp8Dequantize(Cpu(), got.q.view, dst));
       }
     }
   }
@@ -579,7 +579,7 @@ TEST(Fp8QuantizeHandTest, ResultsDoNotDependOnThreadCount) {
         const ExecContext ctx = ExecContext::Cpu(&pool);
         const Quantized got = RunQuantize(ctx, src, p);
         Tensor dst = Tensor::Empty(DType::kF32, {got.q.view.rows, got.q.view.cols});
-        MOETRAIN_ASSERT_OK(ops::Fp8Dequantize(ctx, got.q.view, dst));
+        ASSERT_OK(ops::Fp8Dequantize(ctx, got.q.view, dst));
         std::vector<uint8_t> bytes;
         for (const TensorView& t : {got.q.data.view(), got.q.scale_inv.view(), got.amax.view(),
                                     got.saturated.view(), got.scale.view(), dst.view()}) {
@@ -635,16 +635,16 @@ TEST(Fp8ArgsTest, QuantizeRefusesMismatches) {
   ASSERT_TRUE(q.ok() && qt.ok() && q5.ok() && qb.ok());
 
   ops::Fp8QuantizeArgs args = Args(src, scale, q->view);
-  MOETRAIN_ASSERT_OK(ops::Fp8Quantize(Cpu(), args));
+  ASSERT_OK(ops::Fp8Quantize(Cpu(), args));
   args.transpose = true;  // out should then be (4, 6)
   EXPECT_TRUE(IsInvalidArgument(ops::Fp8Quantize(Cpu(), args), "transpose = true needs (4, 6)"));
   args.out = qt->view;
-  MOETRAIN_ASSERT_OK(ops::Fp8Quantize(Cpu(), args));
+  ASSERT_OK(ops::Fp8Quantize(Cpu(), args));
 
   args = Args(src, TensorView(), q->view);
   EXPECT_TRUE(IsInvalidArgument(ops::Fp8Quantize(Cpu(), args), "fp8 quantize scale: empty"));
   args.out = qb->view;  // block scalings take no scale
-  MOETRAIN_ASSERT_OK(ops::Fp8Quantize(Cpu(), args));
+  ASSERT_OK(ops::Fp8Quantize(Cpu(), args));
 
   // The data's dtype must be the format's.
   args = Args(src, scale, q->view);
@@ -728,7 +728,7 @@ TEST(Fp8GemmTest, MatchesFloat64ProductOfDequantizedValues) {
     for (bool accumulate : {false, true}) {
       Tensor out = Tensor::Empty(DType::kF32, {m, n});
       for (int64_t i = 0; i < m * n; ++i) out.data<float>()[i] = accumulate ? 0.25f : kNaN;
-      MOETRAIN_ASSERT_OK(
+      ASSERT_OK(
           ops::Fp8Gemm(Cpu(), {.a = a.q.view, .b = b.q.view, .c = out, .accumulate = accumulate}));
       for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < n; ++j) {
@@ -781,9 +781,9 @@ TEST(Fp8GemmTest, EmptyKZeroesOrKeepsC) {
   ASSERT_TRUE(a.ok() && b.ok());
   Tensor c = Tensor::Empty(DType::kF32, {2, 3});
   for (int i = 0; i < 6; ++i) c.data<float>()[i] = 7.0f;
-  MOETRAIN_ASSERT_OK(ops::Fp8Gemm(Cpu(), {.a = a->view, .b = b->view, .c = c, .accumulate = true}));
+  ASSERT_OK(ops::Fp8Gemm(Cpu(), {.a = a->view, .b = b->view, .c = c, .accumulate = true}));
   EXPECT_EQ(c.data<float>()[5], 7.0f);
-  MOETRAIN_ASSERT_OK(ops::Fp8Gemm(Cpu(), {.a = a->view, .b = b->view, .c = c}));
+  ASSERT_OK(ops::Fp8Gemm(Cpu(), {.a = a->view, .b = b->view, .c = c}));
   for (int i = 0; i < 6; ++i) EXPECT_EQ(c.data<float>()[i], 0.0f);
 }
 

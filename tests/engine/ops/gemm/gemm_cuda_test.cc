@@ -72,14 +72,14 @@ TEST_P(GemmCudaTest, MatchesCpuAndRepeatsBitIdentically) {
   };
 
   Tensor c_cpu = Clone(c_init);
-  MOETRAIN_ASSERT_OK(ops::Gemm(Cpu(), args(a.tensor, b.tensor, c_cpu)));
+  ASSERT_OK(ops::Gemm(Cpu(), args(a.tensor, b.tensor, c_cpu)));
 
   const Tensor a_gpu = test_util::ToDevice(gpu, a.tensor);
   const Tensor b_gpu = test_util::ToDevice(gpu, b.tensor);
   Tensor results[2];
   for (Tensor& result : results) {
     const Tensor c_gpu = test_util::ToDevice(gpu, c_init);
-    MOETRAIN_ASSERT_OK(ops::Gemm(gpu, args(a_gpu, b_gpu, c_gpu)));
+    ASSERT_OK(ops::Gemm(gpu, args(a_gpu, b_gpu, c_gpu)));
     result = test_util::ToHost(gpu, c_gpu);
   }
 
@@ -120,12 +120,12 @@ TEST(GemmCudaEdgeTest, EmptyInnerDimensionZeroesOrKeepsC) {
     Operand c0 = RandomOperand(DType::kF32, {5, 6}, rng);
 
     const Tensor c_acc = test_util::ToDevice(gpu, c0.tensor);
-    MOETRAIN_ASSERT_OK(ops::Gemm(gpu, {.a = a, .b = b, .c = c_acc, .accumulate = true}));
+    ASSERT_OK(ops::Gemm(gpu, {.a = a, .b = b, .c = c_acc, .accumulate = true}));
     EXPECT_TRUE(test_util::SameBytes(test_util::ToHost(gpu, c_acc), c0.tensor))
         << "accumulating an empty sum must keep c";
 
     const Tensor c_nan = test_util::ToDevice(gpu, Filled({5, 6}, kNaN));
-    MOETRAIN_ASSERT_OK(ops::Gemm(gpu, {.a = a, .b = b, .c = c_nan}));
+    ASSERT_OK(ops::Gemm(gpu, {.a = a, .b = b, .c = c_nan}));
     EXPECT_TRUE(test_util::SameBytes(test_util::ToHost(gpu, c_nan), Filled({5, 6}, 0.0f)))
         << "an empty sum overwrites c with zeros";
   }
@@ -137,12 +137,12 @@ TEST(GemmCudaEdgeTest, EmptyOutputIsFine) {
     const Tensor a0 = test_util::ToDevice(gpu, Tensor::Empty(DType::kF32, {0, 4}));
     const Tensor b = test_util::ToDevice(gpu, Filled({4, 3}, 1.0f));
     const Tensor c0 = test_util::ToDevice(gpu, Tensor::Empty(DType::kF32, {0, 3}));
-    MOETRAIN_ASSERT_OK(ops::Gemm(gpu, {.a = a0, .b = b, .c = c0, .accumulate = accumulate}));
+    ASSERT_OK(ops::Gemm(gpu, {.a = a0, .b = b, .c = c0, .accumulate = accumulate}));
     const Tensor a = test_util::ToDevice(gpu, Filled({2, 4}, 1.0f));
     const Tensor b0 = test_util::ToDevice(gpu, Tensor::Empty(DType::kF32, {4, 0}));
     const Tensor c1 = test_util::ToDevice(gpu, Tensor::Empty(DType::kF32, {2, 0}));
-    MOETRAIN_ASSERT_OK(ops::Gemm(gpu, {.a = a, .b = b0, .c = c1, .accumulate = accumulate}));
-    MOETRAIN_ASSERT_OK(gpu.Synchronize());
+    ASSERT_OK(ops::Gemm(gpu, {.a = a, .b = b0, .c = c1, .accumulate = accumulate}));
+    ASSERT_OK(gpu.Synchronize());
   }
 }
 
@@ -158,7 +158,7 @@ TEST(GemmCudaEdgeTest, MisalignedOperands) {
     Operand a = RandomOperand(dtype, {m, k}, rng);
     Operand b = RandomOperand(dtype, {k, n}, rng);
     Tensor c_cpu = Filled({m, n}, kNaN);
-    MOETRAIN_ASSERT_OK(ops::Gemm(Cpu(), {.a = a.tensor, .b = b.tensor, .c = c_cpu}));
+    ASSERT_OK(ops::Gemm(Cpu(), {.a = a.tensor, .b = b.tensor, .c = c_cpu}));
 
     // One spare element before each operand.
     const size_t elem = DTypeSize(dtype);
@@ -172,9 +172,9 @@ TEST(GemmCudaEdgeTest, MisalignedOperands) {
                            gpu.device());
     const TensorView c_gpu(static_cast<float*>(c_buffer->view().raw()) + 1, DType::kF32, {m, n},
                            gpu.device());
-    MOETRAIN_ASSERT_OK(ops::CopyTensor(gpu, a.tensor, a_gpu));
-    MOETRAIN_ASSERT_OK(ops::CopyTensor(gpu, b.tensor, b_gpu));
-    MOETRAIN_ASSERT_OK(ops::Gemm(gpu, {.a = a_gpu, .b = b_gpu, .c = c_gpu}));
+    ASSERT_OK(ops::CopyTensor(gpu, a.tensor, a_gpu));
+    ASSERT_OK(ops::CopyTensor(gpu, b.tensor, b_gpu));
+    ASSERT_OK(ops::Gemm(gpu, {.a = a_gpu, .b = b_gpu, .c = c_gpu}));
     const Tensor c = test_util::ToHost(gpu, c_gpu);
 
     const std::vector<double> scale = AbsSums(a.values, b.values, {}, m, n, k, false, false, false);

@@ -71,13 +71,13 @@ TEST_P(GroupedGemmCudaTest, ForwardMatchesCpu) {
   MOETRAIN_GPU_CONTEXT_OR_SKIP(gpu);
   GroupedProblem p = Problem(11);
   Tensor y_cpu = Filled({p.rows, p.n}, kNaN);
-  MOETRAIN_ASSERT_OK(ops::GroupedGemmForward(Cpu(), p.x.tensor, p.w.tensor, p.offsets, y_cpu));
+  ASSERT_OK(ops::GroupedGemmForward(Cpu(), p.x.tensor, p.w.tensor, p.offsets, y_cpu));
 
   const Tensor x = test_util::ToDevice(gpu, p.x.tensor), w = test_util::ToDevice(gpu, p.w.tensor);
   Tensor results[2];
   for (Tensor& result : results) {
     const Tensor y = test_util::ToDevice(gpu, Filled({p.rows, p.n}, kNaN));
-    MOETRAIN_ASSERT_OK(ops::GroupedGemmForward(gpu, x, w, p.offsets, y));
+    ASSERT_OK(ops::GroupedGemmForward(gpu, x, w, p.offsets, y));
     result = test_util::ToHost(gpu, y);
   }
   const std::vector<double> scale =
@@ -93,15 +93,14 @@ TEST_P(GroupedGemmCudaTest, BackwardDataMatchesCpu) {
   MOETRAIN_GPU_CONTEXT_OR_SKIP(gpu);
   GroupedProblem p = Problem(12);
   Tensor dx_cpu = Filled({p.rows, p.k}, kNaN);
-  MOETRAIN_ASSERT_OK(
-      ops::GroupedGemmBackwardData(Cpu(), p.dy.tensor, p.w.tensor, p.offsets, dx_cpu));
+  ASSERT_OK(ops::GroupedGemmBackwardData(Cpu(), p.dy.tensor, p.w.tensor, p.offsets, dx_cpu));
 
   const Tensor dy = test_util::ToDevice(gpu, p.dy.tensor);
   const Tensor w = test_util::ToDevice(gpu, p.w.tensor);
   Tensor results[2];
   for (Tensor& result : results) {
     const Tensor dx = test_util::ToDevice(gpu, Filled({p.rows, p.k}, kNaN));
-    MOETRAIN_ASSERT_OK(ops::GroupedGemmBackwardData(gpu, dy, w, p.offsets, dx));
+    ASSERT_OK(ops::GroupedGemmBackwardData(gpu, dy, w, p.offsets, dx));
     result = test_util::ToHost(gpu, dx);
   }
   const std::vector<double> scale =
@@ -126,15 +125,15 @@ TEST_P(GroupedGemmCudaTest, BackwardWeightMatchesCpu) {
     const Tensor dw_init = accumulate ? Clone(dw0.tensor) : Filled({p.groups, p.n, p.k}, kNaN);
 
     Tensor dw_cpu = Clone(dw_init);
-    MOETRAIN_ASSERT_OK(ops::GroupedGemmBackwardWeight(Cpu(), p.dy.tensor, p.x.tensor, p.offsets,
-                                                      dw_cpu, accumulate));
+    ASSERT_OK(ops::GroupedGemmBackwardWeight(Cpu(), p.dy.tensor, p.x.tensor, p.offsets, dw_cpu,
+                                             accumulate));
 
     const Tensor dy = test_util::ToDevice(gpu, p.dy.tensor);
     const Tensor x = test_util::ToDevice(gpu, p.x.tensor);
     Tensor results[2];
     for (Tensor& result : results) {
       const Tensor dw = test_util::ToDevice(gpu, dw_init);
-      MOETRAIN_ASSERT_OK(ops::GroupedGemmBackwardWeight(gpu, dy, x, p.offsets, dw, accumulate));
+      ASSERT_OK(ops::GroupedGemmBackwardWeight(gpu, dy, x, p.offsets, dw, accumulate));
       result = test_util::ToHost(gpu, dw);
     }
     const std::vector<double> scale = RefGroupedBackwardWeight(
@@ -180,19 +179,19 @@ TEST(GroupedGemmCudaEdgeTest, EmptyInnerDimension) {
     const Tensor x0 = test_util::ToDevice(gpu, Tensor::Empty(dtype, {rows, 0}));
     const Tensor w_k0 = test_util::ToDevice(gpu, Tensor::Empty(dtype, {groups, 5, 0}));
     const Tensor y = test_util::ToDevice(gpu, Filled({rows, 5}, kNaN));
-    MOETRAIN_ASSERT_OK(ops::GroupedGemmForward(gpu, x0, w_k0, offsets, y));
+    ASSERT_OK(ops::GroupedGemmForward(gpu, x0, w_k0, offsets, y));
     EXPECT_TRUE(test_util::SameBytes(test_util::ToHost(gpu, y), Filled({rows, 5}, 0.0f)));
 
     const Tensor dy0 = test_util::ToDevice(gpu, Tensor::Empty(dtype, {rows, 0}));
     const Tensor w_n0 = test_util::ToDevice(gpu, Tensor::Empty(dtype, {groups, 0, 6}));
     const Tensor dx = test_util::ToDevice(gpu, Filled({rows, 6}, kNaN));
-    MOETRAIN_ASSERT_OK(ops::GroupedGemmBackwardData(gpu, dy0, w_n0, offsets, dx));
+    ASSERT_OK(ops::GroupedGemmBackwardData(gpu, dy0, w_n0, offsets, dx));
     EXPECT_TRUE(test_util::SameBytes(test_util::ToHost(gpu, dx), Filled({rows, 6}, 0.0f)));
 
     const Tensor x = test_util::ToDevice(gpu, Tensor::Empty(dtype, {rows, 6}));
     const Tensor dw = test_util::ToDevice(gpu, Tensor::Empty(DType::kF32, {groups, 0, 6}));
-    MOETRAIN_ASSERT_OK(ops::GroupedGemmBackwardWeight(gpu, dy0, x, offsets, dw, false));
-    MOETRAIN_ASSERT_OK(gpu.Synchronize());
+    ASSERT_OK(ops::GroupedGemmBackwardWeight(gpu, dy0, x, offsets, dw, false));
+    ASSERT_OK(gpu.Synchronize());
   }
 }
 
@@ -218,13 +217,12 @@ TEST(GroupedGemmCudaEdgeTest, BackToBackCallsWithChangingOffsets) {
     std::vector<Tensor> outputs;
     for (const std::vector<int64_t>& offsets : offset_sets) {
       outputs.push_back(test_util::ToDevice(gpu, Filled({rows, n}, kNaN)));
-      MOETRAIN_ASSERT_OK(ops::GroupedGemmForward(gpu, x_gpu, w_gpu, offsets, outputs.back()));
+      ASSERT_OK(ops::GroupedGemmForward(gpu, x_gpu, w_gpu, offsets, outputs.back()));
     }
     for (size_t call = 0; call < offset_sets.size(); ++call) {
       SCOPED_TRACE(call);
       Tensor y_cpu = Filled({rows, n}, kNaN);
-      MOETRAIN_ASSERT_OK(
-          ops::GroupedGemmForward(Cpu(), x.tensor, w.tensor, offset_sets[call], y_cpu));
+      ASSERT_OK(ops::GroupedGemmForward(Cpu(), x.tensor, w.tensor, offset_sets[call], y_cpu));
       const std::vector<double> scale =
           RefGroupedForward(Abs(x.values), Abs(w.values), offset_sets[call], n, k);
       ExpectElementsClose(test_util::ToHost(gpu, outputs[call]), test_util::ToDoubles(y_cpu), scale,

@@ -54,13 +54,12 @@ void ExpectSameAsCpu(const ExecContext& gpu, const ops::MlaShape& s, std::mt1993
   // Forward.
   Tensor q = NaNAct(DType::kF32, {t, wide}), k = NaNAct(DType::kF32, {t, wide});
   Tensor v = NaNAct(DType::kF32, {t, wide});
-  MOETRAIN_ASSERT_OK(ops::MlaQkvForward(Cpu(), s, theta, MakeAct(DType::kF32, {t, wide}, q_full),
-                                        MakeAct(DType::kF32, {t, s.qk_rope}, k_rope),
-                                        MakeAct(DType::kF32, {t, kv_cols}, kv), q, k, v));
+  ASSERT_OK(ops::MlaQkvForward(Cpu(), s, theta, MakeAct(DType::kF32, {t, wide}, q_full),
+                               MakeAct(DType::kF32, {t, s.qk_rope}, k_rope),
+                               MakeAct(DType::kF32, {t, kv_cols}, kv), q, k, v));
   Tensor gq = empty({t, wide}), gk = empty({t, wide}), gv = empty({t, wide});
-  MOETRAIN_ASSERT_OK(ops::MlaQkvForward(gpu, s, theta, dev({t, wide}, q_full),
-                                        dev({t, s.qk_rope}, k_rope), dev({t, kv_cols}, kv), gq, gk,
-                                        gv));
+  ASSERT_OK(ops::MlaQkvForward(gpu, s, theta, dev({t, wide}, q_full), dev({t, s.qk_rope}, k_rope),
+                               dev({t, kv_cols}, kv), gq, gk, gv));
   ExpectClose(q, test_util::ToHost(gpu, gq), "q");
   ExpectClose(k, test_util::ToHost(gpu, gk), "k");
   EXPECT_TRUE(SameBytes(v, test_util::ToHost(gpu, gv))) << "v";
@@ -71,15 +70,15 @@ void ExpectSameAsCpu(const ExecContext& gpu, const ops::MlaShape& s, std::mt1993
   std::vector<float> dv = Uniform(t * wide, -2.0f, 2.0f, rng);
   Tensor dq_full = NaNAct(DType::kF32, {t, wide}), dk_rope = NaNAct(DType::kF32, {t, s.qk_rope});
   Tensor dkv = NaNAct(DType::kF32, {t, kv_cols});
-  MOETRAIN_ASSERT_OK(ops::MlaQkvBackward(
-      Cpu(), s, theta, MakeAct(DType::kF32, {t, wide}, dq), MakeAct(DType::kF32, {t, wide}, dk),
-      MakeAct(DType::kF32, {t, wide}, dv), dq_full, dk_rope, dkv));
+  ASSERT_OK(ops::MlaQkvBackward(Cpu(), s, theta, MakeAct(DType::kF32, {t, wide}, dq),
+                                MakeAct(DType::kF32, {t, wide}, dk),
+                                MakeAct(DType::kF32, {t, wide}, dv), dq_full, dk_rope, dkv));
   Tensor first_rope;
   for (int run = 0; run < 2; ++run) {
     Tensor gdq_full = empty({t, wide}), gdk_rope = empty({t, s.qk_rope}),
            gdkv = empty({t, kv_cols});
-    MOETRAIN_ASSERT_OK(ops::MlaQkvBackward(gpu, s, theta, dev({t, wide}, dq), dev({t, wide}, dk),
-                                           dev({t, wide}, dv), gdq_full, gdk_rope, gdkv));
+    ASSERT_OK(ops::MlaQkvBackward(gpu, s, theta, dev({t, wide}, dq), dev({t, wide}, dk),
+                                  dev({t, wide}, dv), gdq_full, gdk_rope, gdkv));
     ExpectClose(dq_full, test_util::ToHost(gpu, gdq_full), "d_q_full");
     ExpectClose(dk_rope, test_util::ToHost(gpu, gdk_rope), "d_k_rope");
     EXPECT_TRUE(SameBytes(dkv, test_util::ToHost(gpu, gdkv))) << "d_kv";
@@ -93,14 +92,14 @@ void ExpectSameAsCpu(const ExecContext& gpu, const ops::MlaShape& s, std::mt1993
   // Narrow and widen: exact copies.
   std::vector<float> w = Uniform(t * wide, -2.0f, 2.0f, rng);
   Tensor narrow = NaNAct(DType::kF32, {t, narrow_cols});
-  MOETRAIN_ASSERT_OK(ops::MlaNarrowHeads(Cpu(), s, MakeAct(DType::kF32, {t, wide}, w), narrow));
+  ASSERT_OK(ops::MlaNarrowHeads(Cpu(), s, MakeAct(DType::kF32, {t, wide}, w), narrow));
   Tensor g_narrow = empty({t, narrow_cols});
-  MOETRAIN_ASSERT_OK(ops::MlaNarrowHeads(gpu, s, dev({t, wide}, w), g_narrow));
+  ASSERT_OK(ops::MlaNarrowHeads(gpu, s, dev({t, wide}, w), g_narrow));
   EXPECT_TRUE(SameBytes(narrow, test_util::ToHost(gpu, g_narrow))) << "narrow";
   Tensor widened = NaNAct(DType::kF32, {t, wide});
-  MOETRAIN_ASSERT_OK(ops::MlaWidenHeads(Cpu(), s, narrow, widened));
+  ASSERT_OK(ops::MlaWidenHeads(Cpu(), s, narrow, widened));
   Tensor g_wide = empty({t, wide});
-  MOETRAIN_ASSERT_OK(ops::MlaWidenHeads(gpu, s, g_narrow, g_wide));
+  ASSERT_OK(ops::MlaWidenHeads(gpu, s, g_narrow, g_wide));
   EXPECT_TRUE(SameBytes(widened, test_util::ToHost(gpu, g_wide))) << "widen";
 }
 

@@ -139,8 +139,7 @@ TEST(MlaTest, BackwardIsTheForwardsAdjoint) {
     Tensor d_q_full = NaNAct(DType::kF32, {t, wide}),
            d_k_rope = NaNAct(DType::kF32, {t, s.qk_rope});
     Tensor d_kv = NaNAct(DType::kF32, {t, kv_cols});
-    MOETRAIN_ASSERT_OK(
-        ops::MlaQkvBackward(Cpu(), s, theta, d_q, d_k, d_v, d_q_full, d_k_rope, d_kv));
+    ASSERT_OK(ops::MlaQkvBackward(Cpu(), s, theta, d_q, d_k, d_v, d_q_full, d_k_rope, d_kv));
     double lhs = 0, rhs = 0, scale = 0;
     for (int64_t i = 0; i < t * wide; ++i) {
       for (const auto& [o, g] : {std::pair{out.q.data<float>()[i], gq[i]},
@@ -160,9 +159,9 @@ TEST(MlaTest, BackwardIsTheForwardsAdjoint) {
     std::vector<float> w = Uniform(t * wide, -1.0f, 1.0f, rng);
     Tensor wide_t = MakeAct(DType::kF32, {t, wide}, w);
     Tensor narrow = NaNAct(DType::kF32, {t, s.num_heads * s.v_head_dim});
-    MOETRAIN_ASSERT_OK(ops::MlaNarrowHeads(Cpu(), s, wide_t, narrow));
+    ASSERT_OK(ops::MlaNarrowHeads(Cpu(), s, wide_t, narrow));
     Tensor back = NaNAct(DType::kF32, {t, wide});
-    MOETRAIN_ASSERT_OK(ops::MlaWidenHeads(Cpu(), s, narrow, back));
+    ASSERT_OK(ops::MlaWidenHeads(Cpu(), s, narrow, back));
     for (int64_t i = 0; i < t * wide; ++i) {
       const int64_t f = i % s.qk_head_dim();
       ASSERT_EQ(back.data<float>()[i], f < s.v_head_dim ? w[i] : 0.0f) << i;

@@ -139,16 +139,16 @@ TEST_P(BuildPermutationCudaTest, SameMapsAsTheCpu) {
   const Case& c = GetParam();
   const Routing r = MakeRouting(c, 101);
   const Built want = Build(Cpu(), r, r.experts, r.offsets);
-  MOETRAIN_ASSERT_OK(want.status);
+  ASSERT_OK(want.status);
   const Built got = Build(gpu, r, r.experts, r.offsets);
-  MOETRAIN_ASSERT_OK(got.status);
+  ASSERT_OK(got.status);
   EXPECT_TRUE(SameBytes(got.expert_offsets, want.expert_offsets));
   EXPECT_TRUE(SameBytes(got.pair_row, want.pair_row));
   if (!want.row_token.empty()) {
     EXPECT_TRUE(SameBytes(got.row_token, want.row_token));
   }
   const Built again = Build(gpu, r, r.experts, r.offsets);
-  MOETRAIN_ASSERT_OK(again.status);
+  ASSERT_OK(again.status);
   EXPECT_TRUE(SameBytes(again.pair_row, got.pair_row));
   if (!want.row_token.empty()) {
     EXPECT_TRUE(SameBytes(again.row_token, got.row_token));
@@ -249,11 +249,11 @@ TEST_P(GatherRowsCudaTest, SameBytesAsTheCpu) {
   std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(c.tokens - 1));
   for (int64_t r = 0; r < c.rows; ++r) index.data<int32_t>()[r] = pick(rng);
   Tensor want = Tensor::Empty(c.dtype, {c.rows, c.cols});
-  MOETRAIN_ASSERT_OK(ops::GatherRows(Cpu(), src, index, want));
+  ASSERT_OK(ops::GatherRows(Cpu(), src, index, want));
 
   const Tensor d_src = ToDevice(gpu, src), d_index = ToDevice(gpu, index);
   const Tensor d_dst = ToDevice(gpu, Tensor::Zeros(c.dtype, {c.rows, c.cols}));
-  MOETRAIN_ASSERT_OK(ops::GatherRows(gpu, d_src, d_index, d_dst));
+  ASSERT_OK(ops::GatherRows(gpu, d_src, d_index, d_dst));
   EXPECT_TRUE(SameBytes(ToHost(gpu, d_dst), want));
 }
 
@@ -287,7 +287,7 @@ TEST(GatherRowsCudaLargeTest, PastTwoToTheThirtyOneElements) {
   std::uniform_int_distribution<int32_t> pick(0, kTokens - 1);
   for (int64_t r = 0; r < kRows; ++r) index.data<int32_t>()[r] = pick(rng);
   const Tensor d_src = ToDevice(gpu, src), d_index = ToDevice(gpu, index);
-  MOETRAIN_ASSERT_OK(ops::GatherRows(gpu, d_src, d_index, *dst));
+  ASSERT_OK(ops::GatherRows(gpu, d_src, d_index, *dst));
   std::vector<int64_t> sample = {0, 1, kMark / 2, kMark - 1, kMark, kMark + 1, kRows - 1};
   std::uniform_int_distribution<int64_t> any(0, kRows - 1);
   for (int i = 0; i < 8; ++i) sample.push_back(any(rng));
@@ -365,15 +365,15 @@ TEST_P(CombineCudaTest, CombineRowsMatchesTheCpu) {
       const std::string what =
           std::string(with_extra ? "extra " : "") + std::string(DTypeName(dtype));
       Tensor want = Tensor::Empty(dtype, {c.tokens, c.d});
-      MOETRAIN_ASSERT_OK(ops::CombineRows(Cpu(), rows, c.pair_row, c.weights,
-                                          with_extra ? TensorView(extra) : TensorView(), want));
+      ASSERT_OK(ops::CombineRows(Cpu(), rows, c.pair_row, c.weights,
+                                 with_extra ? TensorView(extra) : TensorView(), want));
       const Tensor out = ToDevice(gpu, Tensor::Zeros(dtype, {c.tokens, c.d}));
-      MOETRAIN_ASSERT_OK(ops::CombineRows(gpu, d_rows, d_pair_row, d_weights,
-                                          with_extra ? TensorView(d_extra) : TensorView(), out));
+      ASSERT_OK(ops::CombineRows(gpu, d_rows, d_pair_row, d_weights,
+                                 with_extra ? TensorView(d_extra) : TensorView(), out));
       const Tensor got = ToHost(gpu, out);
       ExpectClose(got, want, c.k + 1.0, what);
-      MOETRAIN_ASSERT_OK(ops::CombineRows(gpu, d_rows, d_pair_row, d_weights,
-                                          with_extra ? TensorView(d_extra) : TensorView(), out));
+      ASSERT_OK(ops::CombineRows(gpu, d_rows, d_pair_row, d_weights,
+                                 with_extra ? TensorView(d_extra) : TensorView(), out));
       EXPECT_TRUE(SameBytes(ToHost(gpu, out), got)) << what << ": run to run";
     }
   }
@@ -397,15 +397,15 @@ TEST_P(CombineCudaTest, CombineRowsBackwardMatchesTheCpu) {
     const Tensor d_out = MakeTensor(dtype, {c.tokens, c.d}, Uniform(c.tokens * c.d, -1, 1, rng));
     Tensor want_rows = Tensor::Zeros(rows_dtype, {c.rows, c.d});
     Tensor want_weights = Tensor::Empty(DType::kF32, {c.tokens, c.k});
-    MOETRAIN_ASSERT_OK(ops::CombineRowsBackward(Cpu(), d_out, rows, c.pair_row, c.weights,
-                                                want_rows, want_weights));
+    ASSERT_OK(ops::CombineRowsBackward(Cpu(), d_out, rows, c.pair_row, c.weights, want_rows,
+                                       want_weights));
     const Tensor g = ToDevice(gpu, d_out);
     const Tensor got_rows_d = ToDevice(gpu, Tensor::Zeros(rows_dtype, {c.rows, c.d}));
     // NaN first: every d_weights element must be written (dropped pairs get 0).
     const Tensor got_weights_d = ToDevice(
         gpu, MakeTensor(DType::kF32, {c.tokens, c.k}, std::vector<float>(c.tokens * c.k, NAN)));
-    MOETRAIN_ASSERT_OK(ops::CombineRowsBackward(gpu, g, d_rows_in, d_pair_row, d_weights_in,
-                                                got_rows_d, got_weights_d));
+    ASSERT_OK(ops::CombineRowsBackward(gpu, g, d_rows_in, d_pair_row, d_weights_in, got_rows_d,
+                                       got_weights_d));
     const Tensor got_rows = ToHost(gpu, got_rows_d), got_weights = ToHost(gpu, got_weights_d);
     // d_rows = w·g is one rounded product on both backends: the same bits.
     EXPECT_TRUE(SameBytes(got_rows, want_rows)) << what;
@@ -416,8 +416,8 @@ TEST_P(CombineCudaTest, CombineRowsBackwardMatchesTheCpu) {
         EXPECT_EQ(got_weights.data<float>()[p], 0.0f) << what << " dropped pair " << p;
       }
     }
-    MOETRAIN_ASSERT_OK(ops::CombineRowsBackward(gpu, g, d_rows_in, d_pair_row, d_weights_in,
-                                                got_rows_d, got_weights_d));
+    ASSERT_OK(ops::CombineRowsBackward(gpu, g, d_rows_in, d_pair_row, d_weights_in, got_rows_d,
+                                       got_weights_d));
     EXPECT_TRUE(SameBytes(ToHost(gpu, got_rows_d), got_rows)) << what << ": run to run";
     EXPECT_TRUE(SameBytes(ToHost(gpu, got_weights_d), got_weights)) << what << ": run to run";
   }
@@ -441,12 +441,12 @@ TEST_P(CombineCudaTest, SumPairRowsMatchesTheCpu) {
       std::vector<TensorView> host_views(addends.begin(), addends.begin() + count);
       std::vector<TensorView> device_views(d_addends.begin(), d_addends.begin() + count);
       Tensor want = Tensor::Empty(dtype, {c.tokens, c.d});
-      MOETRAIN_ASSERT_OK(ops::SumPairRows(Cpu(), rows, c.pair_row, host_views, want));
+      ASSERT_OK(ops::SumPairRows(Cpu(), rows, c.pair_row, host_views, want));
       const Tensor out = ToDevice(gpu, Tensor::Zeros(dtype, {c.tokens, c.d}));
-      MOETRAIN_ASSERT_OK(ops::SumPairRows(gpu, d_rows, d_pair_row, device_views, out));
+      ASSERT_OK(ops::SumPairRows(gpu, d_rows, d_pair_row, device_views, out));
       const Tensor got = ToHost(gpu, out);
       ExpectClose(got, want, c.k + 2.0, what);
-      MOETRAIN_ASSERT_OK(ops::SumPairRows(gpu, d_rows, d_pair_row, device_views, out));
+      ASSERT_OK(ops::SumPairRows(gpu, d_rows, d_pair_row, device_views, out));
       EXPECT_TRUE(SameBytes(ToHost(gpu, out), got)) << what << ": run to run";
     }
   }

@@ -20,15 +20,10 @@
 #include "engine/core/tensor.h"
 #include "engine/moe/moe_config.h"
 #include "gtest/gtest.h"
+#include "tests/testing/testing.h"
 
 namespace moetrain {
 namespace {
-
-#define MOETRAIN_ASSERT_OK(expr)          \
-  do {                                    \
-    const absl::Status status_ = (expr);  \
-    ASSERT_TRUE(status_.ok()) << status_; \
-  } while (0)
 
 // The permutation as the host reads it: the op's tensors, its offsets as numbers, and the rows
 // it kept (R) and dropped.
@@ -236,7 +231,7 @@ TEST_P(DroplessPermutationTest, RoutesEveryPairExactlyOnce) {
   const MoeConfig config = Config(s.num_experts, s.top_k);
   const Routing r = RandomRouting(s.tokens, s.top_k, s.used_experts, 7);
   Permutation perm;
-  MOETRAIN_ASSERT_OK(BuildPermutation(config, r.experts, r.weights, &perm));
+  ASSERT_OK(BuildPermutation(config, r.experts, r.weights, &perm));
   EXPECT_EQ(perm.num_rows, s.tokens * s.top_k);
   EXPECT_EQ(perm.dropped, 0);
   CheckInvariants(config, r, perm);
@@ -251,7 +246,7 @@ TEST_P(DroplessPermutationTest, UnpermuteOfPermuteIsIdentity) {
   const MoeConfig config = Config(s.num_experts, s.top_k);
   const Routing r = RandomRouting(s.tokens, s.top_k, s.used_experts, 8);
   Permutation perm;
-  MOETRAIN_ASSERT_OK(BuildPermutation(config, r.experts, r.weights, &perm));
+  ASSERT_OK(BuildPermutation(config, r.experts, r.weights, &perm));
   constexpr int64_t kWidth = 13;
   std::mt19937 rng(9);
   std::normal_distribution<float> normal;
@@ -292,7 +287,7 @@ TEST(CapacityPermutationTest, ByProbabilityKeepsTheLargestWeights) {
   const MoeConfig config = Config(8, 2, 0.5f, DropPolicy::kProbability);
   const Routing r = RandomRouting(37, 2, 8, 11);
   Permutation perm;
-  MOETRAIN_ASSERT_OK(BuildPermutation(config, r.experts, r.weights, &perm));
+  ASSERT_OK(BuildPermutation(config, r.experts, r.weights, &perm));
   EXPECT_GT(perm.dropped, 0);
   for (int64_t e = 0; e < 8; ++e) {
     EXPECT_LE(perm.expert_offsets[e + 1] - perm.expert_offsets[e], 5) << "expert " << e;
@@ -306,14 +301,14 @@ TEST(CapacityPermutationTest, ByProbabilityTiesGoToTheEarlierToken) {
   Routing r = RandomRouting(37, 2, 8, 12);
   std::fill_n(r.weights.data<float>(), r.weights.numel(), 0.25f);
   Permutation perm;
-  MOETRAIN_ASSERT_OK(BuildPermutation(config, r.experts, r.weights, &perm));
+  ASSERT_OK(BuildPermutation(config, r.experts, r.weights, &perm));
   EXPECT_GT(perm.dropped, 0);
   CheckInvariants(config, r, perm);
   CheckExpected(config, r, perm);
   // All equal: the same pairs as by position.
   Permutation by_position;
-  MOETRAIN_ASSERT_OK(BuildPermutation(Config(8, 2, 0.5f, DropPolicy::kPosition), r.experts,
-                                      r.weights, &by_position));
+  ASSERT_OK(BuildPermutation(Config(8, 2, 0.5f, DropPolicy::kPosition), r.experts, r.weights,
+                             &by_position));
   EXPECT_EQ(std::vector<int32_t>(perm.pair_row.data<int32_t>(),
                                  perm.pair_row.data<int32_t>() + perm.pair_row.numel()),
             std::vector<int32_t>(by_position.pair_row.data<int32_t>(),
@@ -324,7 +319,7 @@ TEST(CapacityPermutationTest, ByPositionKeepsTheFirstPairs) {
   const MoeConfig config = Config(8, 2, 0.5f, DropPolicy::kPosition);
   const Routing r = RandomRouting(37, 2, 8, 13);
   Permutation perm;
-  MOETRAIN_ASSERT_OK(BuildPermutation(config, r.experts, r.weights, &perm));
+  ASSERT_OK(BuildPermutation(config, r.experts, r.weights, &perm));
   EXPECT_GT(perm.dropped, 0);
   CheckInvariants(config, r, perm);
   CheckExpected(config, r, perm);
@@ -336,7 +331,7 @@ TEST(CapacityPermutationTest, LargeCapacityDropsNothing) {
     const MoeConfig config = Config(8, 2, 4.0f, policy);
     const Routing r = RandomRouting(37, 2, 3, 14);
     Permutation perm;
-    MOETRAIN_ASSERT_OK(BuildPermutation(config, r.experts, r.weights, &perm));
+    ASSERT_OK(BuildPermutation(config, r.experts, r.weights, &perm));
     EXPECT_EQ(perm.dropped, 0);
     EXPECT_EQ(perm.num_rows, 74);
     CheckInvariants(config, r, perm);
@@ -348,13 +343,13 @@ TEST(PermutationTest, ReusesTheOutputAcrossBatchSizes) {
   const MoeConfig config = Config(8, 2);
   Permutation perm;
   const Routing big = RandomRouting(64, 2, 8, 15);
-  MOETRAIN_ASSERT_OK(BuildPermutation(config, big.experts, big.weights, &perm));
+  ASSERT_OK(BuildPermutation(config, big.experts, big.weights, &perm));
   const Routing small = RandomRouting(5, 2, 8, 16);
-  MOETRAIN_ASSERT_OK(BuildPermutation(config, small.experts, small.weights, &perm));
+  ASSERT_OK(BuildPermutation(config, small.experts, small.weights, &perm));
   CheckInvariants(config, small, perm);
   CheckExpected(config, small, perm);
   const MoeConfig capped = Config(8, 2, 0.5f, DropPolicy::kProbability);
-  MOETRAIN_ASSERT_OK(BuildPermutation(capped, big.experts, big.weights, &perm));
+  ASSERT_OK(BuildPermutation(capped, big.experts, big.weights, &perm));
   CheckInvariants(capped, big, perm);
   CheckExpected(capped, big, perm);
 }
@@ -379,7 +374,7 @@ TEST(PermutationTest, OffsetsThatDisagreeWithThePairsAreRefused) {
   for (int64_t i = 0; i < r.experts.numel(); ++i) ++counts[r.experts.data<int32_t>()[i]];
   const std::vector<int64_t> planned = ops::PermutedExpertOffsets(config, r.tokens, counts);
   ops::Permutation perm;
-  MOETRAIN_ASSERT_OK(ops::BuildPermutation(
+  ASSERT_OK(ops::BuildPermutation(
       ExecContext::Cpu(), config,
       {.topk_experts = r.experts, .topk_weights = r.weights, .expert_offsets = planned}, &perm));
   EXPECT_EQ(std::vector<int64_t>(perm.expert_offsets.data<int64_t>(),
@@ -415,8 +410,8 @@ TEST(PermutationTest, AnExpertOrderReordersTheBlocks) {
     Tensor order_t = Tensor::Empty(DType::kI32, {6});
     std::copy(order.begin(), order.end(), order_t.data<int32_t>());
     Permutation by_expert, reordered;
-    MOETRAIN_ASSERT_OK(BuildPermutation(config, r.experts, r.weights, &by_expert));
-    MOETRAIN_ASSERT_OK(BuildPermutation(config, r.experts, r.weights, &reordered, order_t));
+    ASSERT_OK(BuildPermutation(config, r.experts, r.weights, &by_expert));
+    ASSERT_OK(BuildPermutation(config, r.experts, r.weights, &reordered, order_t));
     ASSERT_EQ(reordered.num_rows, by_expert.num_rows);
     for (int64_t e = 0; e < 6; ++e) {
       const int64_t slot = order[e];

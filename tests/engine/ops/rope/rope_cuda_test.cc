@@ -46,9 +46,9 @@ void ExpectSameAsCpu(const ExecContext& gpu, const RopeCase& c, std::mt19937& rn
   for (bool inverse : {false, true}) {
     SCOPED_TRACE(inverse ? "inverse" : "forward");
     Tensor want = MakeAct(DType::kF32, {rows, cols}, values);
-    MOETRAIN_ASSERT_OK(ops::ApplyRope(Cpu(), c.shape, c.theta, inverse, want));
+    ASSERT_OK(ops::ApplyRope(Cpu(), c.shape, c.theta, inverse, want));
     const Tensor x_gpu = test_util::ToDevice(gpu, MakeAct(DType::kF32, {rows, cols}, values));
-    MOETRAIN_ASSERT_OK(ops::ApplyRope(gpu, c.shape, c.theta, inverse, x_gpu));
+    ASSERT_OK(ops::ApplyRope(gpu, c.shape, c.theta, inverse, x_gpu));
     const Tensor got = test_util::ToHost(gpu, x_gpu);
     // An element's partner is Dh/2 columns away within its head.
     const int64_t dh = c.shape.head_dim, half = dh / 2;
@@ -68,7 +68,7 @@ void ExpectSameAsCpu(const ExecContext& gpu, const RopeCase& c, std::mt19937& rn
                           << (first >= 0 ? got.data<float>()[first] : 0.0f);
 
     const Tensor again_gpu = test_util::ToDevice(gpu, MakeAct(DType::kF32, {rows, cols}, values));
-    MOETRAIN_ASSERT_OK(ops::ApplyRope(gpu, c.shape, c.theta, inverse, again_gpu));
+    ASSERT_OK(ops::ApplyRope(gpu, c.shape, c.theta, inverse, again_gpu));
     EXPECT_TRUE(SameBytes(got, test_util::ToHost(gpu, again_gpu)));
   }
 }

@@ -66,11 +66,11 @@ TEST(SwigluCudaTest, ForwardMatchesTheCpuAndRepeats) {
       std::vector<float> values = Inputs(rows, f, rng);
       const Tensor gate_up = MakeAct(DType::kF32, {rows, 2 * f}, values);
       Tensor want = NaNAct(dtype, {rows, f});
-      MOETRAIN_ASSERT_OK(ops::SwigluForward(Cpu(), gate_up, want));
+      ASSERT_OK(ops::SwigluForward(Cpu(), gate_up, want));
 
       const Tensor gate_up_gpu = test_util::ToDevice(gpu, gate_up);
       const Tensor out_gpu = test_util::ToDevice(gpu, NaNAct(dtype, {rows, f}));
-      MOETRAIN_ASSERT_OK(ops::SwigluForward(gpu, gate_up_gpu, out_gpu));
+      ASSERT_OK(ops::SwigluForward(gpu, gate_up_gpu, out_gpu));
       const Tensor got = test_util::ToHost(gpu, out_gpu);
       for (int64_t i = 0; i < rows * f; ++i) {
         const double w = At(want, i);
@@ -78,7 +78,7 @@ TEST(SwigluCudaTest, ForwardMatchesTheCpuAndRepeats) {
       }
 
       const Tensor again_gpu = test_util::ToDevice(gpu, NaNAct(dtype, {rows, f}));
-      MOETRAIN_ASSERT_OK(ops::SwigluForward(gpu, gate_up_gpu, again_gpu));
+      ASSERT_OK(ops::SwigluForward(gpu, gate_up_gpu, again_gpu));
       EXPECT_TRUE(test_util::SameBytes(got, test_util::ToHost(gpu, again_gpu)));
     }
   }
@@ -96,12 +96,12 @@ TEST(SwigluCudaTest, BackwardMatchesTheCpuAndRepeats) {
       const Tensor gate_up = MakeAct(DType::kF32, {rows, 2 * f}, values);
       const Tensor d_out = MakeAct(DType::kF32, {rows, f}, d_values);
       Tensor want = NaNAct(dtype, {rows, 2 * f});
-      MOETRAIN_ASSERT_OK(ops::SwigluBackward(Cpu(), gate_up, d_out, want));
+      ASSERT_OK(ops::SwigluBackward(Cpu(), gate_up, d_out, want));
 
       const Tensor gate_up_gpu = test_util::ToDevice(gpu, gate_up);
       const Tensor d_out_gpu = test_util::ToDevice(gpu, d_out);
       const Tensor d_gate_up_gpu = test_util::ToDevice(gpu, NaNAct(dtype, {rows, 2 * f}));
-      MOETRAIN_ASSERT_OK(ops::SwigluBackward(gpu, gate_up_gpu, d_out_gpu, d_gate_up_gpu));
+      ASSERT_OK(ops::SwigluBackward(gpu, gate_up_gpu, d_out_gpu, d_gate_up_gpu));
       const Tensor got = test_util::ToHost(gpu, d_gate_up_gpu);
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t c = 0; c < f; ++c) {
@@ -118,7 +118,7 @@ TEST(SwigluCudaTest, BackwardMatchesTheCpuAndRepeats) {
       }
 
       const Tensor again_gpu = test_util::ToDevice(gpu, NaNAct(dtype, {rows, 2 * f}));
-      MOETRAIN_ASSERT_OK(ops::SwigluBackward(gpu, gate_up_gpu, d_out_gpu, again_gpu));
+      ASSERT_OK(ops::SwigluBackward(gpu, gate_up_gpu, d_out_gpu, again_gpu));
       EXPECT_TRUE(test_util::SameBytes(got, test_util::ToHost(gpu, again_gpu)));
     }
   }
