@@ -9,6 +9,7 @@ packages=(
   libprotobuf-dev protobuf-compiler libyaml-cpp-dev libcli11-dev libsqlite3-dev
   libgrpc++-dev protobuf-compiler-grpc  # proto/ moetrain_grpc: the coordinator and worker services
   libcpp-httplib-dev  # server/http moetrain_http: /metrics, /healthz, /readyz
+  prometheus-cpp-dev  # server/http metrics: the registry and text exposition (prometheus-cpp::core)
   prometheus  # promtool and the Prometheus server the metrics and service tests run
   openssl  # the TLS test certificates of tests/server/coordinator_server
   libgloo-dev  # engine/comm GlooCommunicator: collectives between CPU ranks over TCP

@@ -85,6 +85,8 @@ class CoordinatorServer {
   // A channel into this server without a socket (no TLS; the bearer token still applies).
   std::shared_ptr<grpc::Channel> InProcessChannel();
   Readiness& readiness() { return readiness_; }
+  // Every family the coordinator registered (what /metrics writes from).
+  const MetricsRegistry& metrics_registry() const { return registry_; }
 
  private:
   CoordinatorServer() = default;

@@ -1,37 +1,28 @@
 #include "server/http/metrics.h"
 
-#include <charconv>
-#include <cmath>
+#include <prometheus/check_names.h>
+#include <prometheus/text_serializer.h>
+
+#include <cstdint>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 namespace moetrain::server {
 namespace {
 
 constexpr absl::string_view kNamePrefix = "moetrain_";
 
-bool IsNameStart(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
-bool IsDigit(char c) { return c >= '0' && c <= '9'; }
-
-bool IsValidMetricName(absl::string_view name) {
-  if (name.empty() || !(IsNameStart(name[0]) || name[0] == ':')) return false;
-  for (char c : name) {
-    if (!(IsNameStart(c) || IsDigit(c) || c == ':')) return false;
-  }
-  return true;
-}
-
-bool IsValidLabelName(absl::string_view name) {
-  if (name.empty() || !IsNameStart(name[0])) return false;
-  for (char c : name) {
-    if (!(IsNameStart(c) || IsDigit(c))) return false;
-  }
-  return true;
-}
+// Name parts that are not base units (the base unit: seconds, bytes, ratio).
+constexpr absl::string_view kNonBaseUnits[] = {
+    "ms",    "milliseconds", "us",        "microseconds", "ns",   "nanoseconds", "minutes",
+    "hours", "days",         "kb",        "kilobytes",    "kib",  "mb",          "megabytes",
+    "mib",   "gb",           "gigabytes", "gib",          "bits", "percent",     "percentage"};
 
 // Prometheus rejects a whole scrape over one label value that is not UTF-8 (a job name from a
 // user, say), so values are checked once, when their child is made.
@@ -70,143 +61,80 @@ bool IsValidUtf8(absl::string_view s) {
   return true;
 }
 
-// HELP text escapes backslash and newline; label values also escape the double quote.
-void AppendEscaped(absl::string_view s, bool escape_quote, std::string* out) {
-  for (char c : s) {
+// prometheus-cpp 1.0.1's TextSerializer escapes label values but writes help text as it is, so
+// the help's backslashes and newlines are escaped here, once, at registration.
+std::string EscapeHelp(absl::string_view help) {
+  std::string out;
+  for (char c : help) {
     if (c == '\\') {
-      out->append("\\\\");
+      out.append("\\\\");
     } else if (c == '\n') {
-      out->append("\\n");
-    } else if (c == '"' && escape_quote) {
-      out->append("\\\"");
+      out.append("\\n");
     } else {
-      out->push_back(c);
+      out.push_back(c);
     }
   }
+  return out;
 }
 
-// The shortest text that parses back to `value`. Plain decimals where those read best (0.0003,
-// 100000), exponents beyond; to_chars alone takes whichever is shorter, "3e-04" and "1e+05".
-void AppendNumber(double value, std::string* out) {
-  if (std::isnan(value)) {
-    out->append("NaN");
-    return;
+absl::Status CheckName(absl::string_view name, prometheus::MetricType type) {
+  if (!prometheus::CheckMetricName(std::string(name))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metric name \"", name, "\" is not a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)"));
   }
-  if (std::isinf(value)) {
-    out->append(value > 0 ? "+Inf" : "-Inf");
-    return;
+  if (!absl::StartsWith(name, kNamePrefix)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metric name \"", name, "\" does not start with \"", kNamePrefix, "\""));
   }
-  char buffer[64];
-  const double magnitude = std::fabs(value);
-  const std::to_chars_result result =
-      magnitude == 0.0 || (magnitude >= 1e-4 && magnitude < 1e15)
-          ? std::to_chars(buffer, buffer + sizeof(buffer), value, std::chars_format::fixed)
-          : std::to_chars(buffer, buffer + sizeof(buffer), value);
-  out->append(buffer, result.ptr);
-}
-
-void AppendCount(uint64_t count, std::string* out) {
-  char buffer[24];
-  const std::to_chars_result result = std::to_chars(buffer, buffer + sizeof(buffer), count);
-  out->append(buffer, result.ptr);
-}
-
-// One sample line: `<name><suffix>{<labels>[,<extra>]} <value>`.
-void AppendSampleStart(absl::string_view name, absl::string_view suffix,
-                       absl::string_view label_text, absl::string_view extra_label,
-                       std::string* out) {
-  absl::StrAppend(out, name, suffix);
-  if (!label_text.empty() || !extra_label.empty()) {
-    out->push_back('{');
-    out->append(label_text.data(), label_text.size());
-    if (!label_text.empty() && !extra_label.empty()) out->push_back(',');
-    out->append(extra_label.data(), extra_label.size());
-    out->push_back('}');
+  const bool ends_in_total = absl::EndsWith(name, "_total");
+  if (type == prometheus::MetricType::Counter && !ends_in_total) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("counter name \"", name, "\" does not end in \"_total\""));
   }
-  out->push_back(' ');
-}
-
-void AppendSample(absl::string_view name, absl::string_view label_text, double value,
-                  std::string* out) {
-  AppendSampleStart(name, "", label_text, "", out);
-  AppendNumber(value, out);
-  out->push_back('\n');
-}
-
-void AppendHistogramSamples(absl::string_view name, absl::string_view label_text,
-                            const Histogram& histogram, std::string* out) {
-  // _count is the +Inf bucket, so the two agree even while observations land.
-  const std::vector<uint64_t> counts = histogram.BucketCounts();
-  const absl::Span<const double> upper_bounds = histogram.upper_bounds();
-  uint64_t cumulative = 0;
-  std::string le;
-  for (size_t i = 0; i < counts.size(); ++i) {
-    cumulative += counts[i];
-    le = "le=\"";
-    if (i < upper_bounds.size()) {
-      AppendNumber(upper_bounds[i], &le);
-    } else {
-      le.append("+Inf");
+  if (type != prometheus::MetricType::Counter && ends_in_total) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metric name \"", name, "\" ends in \"_total\", kept for counters"));
+  }
+  for (absl::string_view suffix : {"_bucket", "_count", "_sum"}) {
+    if (absl::EndsWith(name, suffix)) {
+      return absl::InvalidArgumentError(absl::StrCat("metric name \"", name, "\" ends in \"",
+                                                     suffix, "\", kept for histogram series"));
     }
-    le.push_back('"');
-    AppendSampleStart(name, "_bucket", label_text, le, out);
-    AppendCount(cumulative, out);
-    out->push_back('\n');
   }
-  AppendSampleStart(name, "_sum", label_text, "", out);
-  AppendNumber(histogram.Sum(), out);
-  out->push_back('\n');
-  AppendSampleStart(name, "_count", label_text, "", out);
-  AppendCount(cumulative, out);
-  out->push_back('\n');
+  for (absl::string_view part : absl::StrSplit(name, absl::ByAnyChar("_:"))) {
+    for (absl::string_view unit : kNonBaseUnits) {
+      if (absl::EqualsIgnoreCase(part, unit)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("metric name \"", name, "\" has the unit \"", part,
+                         "\": use base units (seconds, bytes, a 0-1 ratio)"));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
-template <typename T>
-std::unique_ptr<T> NewMetric(absl::Span<const double> upper_bounds) {
-  if constexpr (std::is_same_v<T, Histogram>) {
-    return std::make_unique<Histogram>(upper_bounds);
-  } else {
-    return std::make_unique<T>();
+absl::Status CheckLabelNames(absl::string_view name, prometheus::MetricType type,
+                             const std::vector<std::string>& label_names) {
+  for (size_t i = 0; i < label_names.size(); ++i) {
+    const std::string& label = label_names[i];
+    if (!prometheus::CheckLabelName(label)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "label name \"", label, "\" of metric ", name,
+          " is not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*, not starting with \"__\")"));
+    }
+    if (type == prometheus::MetricType::Histogram && label == "le") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("histogram ", name, " may not have the label \"le\": it names buckets"));
+    }
+    if (std::find(label_names.begin(), label_names.begin() + i, label) != label_names.begin() + i) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("label name \"", label, "\" of metric ", name, " appears twice"));
+    }
   }
+  return absl::OkStatus();
 }
 
 }  // namespace
-
-const char* MetricTypeName(MetricType type) {
-  switch (type) {
-    case MetricType::kCounter:
-      return "counter";
-    case MetricType::kGauge:
-      return "gauge";
-    case MetricType::kHistogram:
-      return "histogram";
-  }
-  return "untyped";
-}
-
-// ---- Histogram ---------------------------------------------------------------------------
-
-Histogram::Histogram(absl::Span<const double> upper_bounds)
-    : upper_bounds_(upper_bounds),
-      bucket_counts_(std::make_unique<std::atomic<uint64_t>[]>(upper_bounds.size() + 1)) {}
-
-void Histogram::Observe(double value) {
-  // The first bound >= value: a value equal to a bound counts in that bound's bucket.
-  const size_t bucket = std::isnan(value)
-                            ? upper_bounds_.size()
-                            : std::lower_bound(upper_bounds_.begin(), upper_bounds_.end(), value) -
-                                  upper_bounds_.begin();
-  bucket_counts_[bucket].fetch_add(1, std::memory_order_relaxed);
-  sum_.fetch_add(value, std::memory_order_relaxed);
-}
-
-std::vector<uint64_t> Histogram::BucketCounts() const {
-  std::vector<uint64_t> counts(upper_bounds_.size() + 1);
-  for (size_t i = 0; i < counts.size(); ++i) {
-    counts[i] = bucket_counts_[i].load(std::memory_order_relaxed);
-  }
-  return counts;
-}
 
 std::vector<double> ExponentialBuckets(double start, double factor, int count) {
   std::vector<double> bounds;
@@ -223,41 +151,31 @@ std::vector<double> LinearBuckets(double start, double width, int count) {
 
 // ---- Families ----------------------------------------------------------------------------
 
-FamilyBase::FamilyBase(std::string name, std::string help, MetricType type,
+FamilyBase::FamilyBase(std::string name, std::string help, prometheus::MetricType type,
                        std::vector<std::string> label_names)
-    : name_(std::move(name)),
-      help_(std::move(help)),
-      type_(type),
-      label_names_(std::move(label_names)) {}
+    : label_names_(std::move(label_names)) {
+  family_.name = std::move(name);
+  family_.help = EscapeHelp(help);
+  family_.type = type;
+}
 
-absl::StatusOr<std::string> FamilyBase::LabelText(
-    absl::Span<const absl::string_view> label_values) const {
+absl::Status FamilyBase::CheckLabelValues(absl::Span<const absl::string_view> label_values) const {
   if (label_values.size() != label_names_.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        name_, " has ", label_names_.size(), " labels (", absl::StrJoin(label_names_, ", "),
+        name(), " has ", label_names_.size(), " labels (", absl::StrJoin(label_names_, ", "),
         "), got ", label_values.size(), " values (", absl::StrJoin(label_values, ", "), ")"));
   }
-  std::string text;
   for (size_t i = 0; i < label_values.size(); ++i) {
     if (!IsValidUtf8(label_values[i])) {
       return absl::InvalidArgumentError(
-          absl::StrCat(name_, " label ", label_names_[i], ": value is not valid UTF-8"));
+          absl::StrCat(name(), " label ", label_names_[i], ": value is not valid UTF-8"));
     }
-    absl::StrAppend(&text, i == 0 ? "" : ",", label_names_[i], "=\"");
-    AppendEscaped(label_values[i], /*escape_quote=*/true, &text);
-    text.push_back('"');
   }
-  return text;
-}
-
-void FamilyBase::AppendHeader(std::string* out) const {
-  absl::StrAppend(out, "# HELP ", name_, " ");
-  AppendEscaped(help_, /*escape_quote=*/false, out);
-  absl::StrAppend(out, "\n# TYPE ", name_, " ", MetricTypeName(type_), "\n");
+  return absl::OkStatus();
 }
 
 template <typename T>
-Family<T>::Family(std::string name, std::string help, MetricType type,
+Family<T>::Family(std::string name, std::string help, prometheus::MetricType type,
                   std::vector<std::string> label_names, std::vector<double> upper_bounds)
     : FamilyBase(std::move(name), std::move(help), type, std::move(label_names)),
       upper_bounds_(std::move(upper_bounds)) {}
@@ -267,20 +185,24 @@ absl::StatusOr<T*> Family<T>::WithLabels(absl::Span<const absl::string_view> lab
   {
     std::shared_lock lock(mu_);
     auto it = children_.find(label_values);
-    if (it != children_.end()) return it->second.metric.get();
+    if (it != children_.end()) return &it->second;
   }
-  absl::StatusOr<std::string> label_text = LabelText(label_values);
-  if (!label_text.ok()) return label_text.status();
+  if (absl::Status status = CheckLabelValues(label_values); !status.ok()) return status;
   std::unique_lock lock(mu_);
   // Another thread may have made it since the shared lock was let go; then its child is kept.
   auto it = children_.find(label_values);
   if (it == children_.end()) {
-    it = children_
-             .emplace(std::vector<std::string>(label_values.begin(), label_values.end()),
-                      Child{*std::move(label_text), NewMetric<T>(upper_bounds_)})
-             .first;
+    std::vector<std::string> key(label_values.begin(), label_values.end());
+    if constexpr (std::is_same_v<T, Histogram>) {
+      it = children_
+               .emplace(std::piecewise_construct, std::forward_as_tuple(std::move(key)),
+                        std::forward_as_tuple(upper_bounds_))
+               .first;
+    } else {
+      it = children_.try_emplace(std::move(key)).first;
+    }
   }
-  return it->second.metric.get();
+  return &it->second;
 }
 
 template <typename T>
@@ -323,17 +245,18 @@ int Family<T>::RemoveWhere(absl::string_view label_name, absl::string_view value
 }
 
 template <typename T>
-void Family<T>::AppendText(std::string* out) const {
+std::vector<prometheus::MetricFamily> Family<T>::Collect() const {
   std::shared_lock lock(mu_);
-  if (children_.empty()) return;
-  AppendHeader(out);
+  if (children_.empty()) return {};
+  prometheus::MetricFamily family = header();
+  family.metric.reserve(children_.size());
   for (const auto& [values, child] : children_) {
-    if constexpr (std::is_same_v<T, Histogram>) {
-      AppendHistogramSamples(name(), child.label_text, *child.metric, out);
-    } else {
-      AppendSample(name(), child.label_text, child.metric->Value(), out);
-    }
+    prometheus::ClientMetric& metric = family.metric.emplace_back(child.Collect());
+    metric.label.reserve(values.size());
+    for (size_t i = 0; i < values.size(); ++i)
+      metric.label.push_back({label_names()[i], values[i]});
   }
+  return {std::move(family)};
 }
 
 template class Family<Counter>;
@@ -342,32 +265,12 @@ template class Family<Histogram>;
 
 // ---- Registry ----------------------------------------------------------------------------
 
-absl::Status MetricsRegistry::CheckNewFamily(absl::string_view name, absl::string_view help,
-                                             MetricType type,
-                                             const std::vector<std::string>& label_names) const {
-  if (!IsValidMetricName(name)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metric name \"", name, "\" does not match [a-zA-Z_:][a-zA-Z0-9_:]*"));
-  }
-  if (!absl::StartsWith(name, kNamePrefix)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metric name \"", name, "\" does not start with \"", kNamePrefix, "\""));
-  }
-  const bool ends_in_total = absl::EndsWith(name, "_total");
-  if (type == MetricType::kCounter && !ends_in_total) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("counter name \"", name, "\" does not end in \"_total\""));
-  }
-  if (type != MetricType::kCounter && ends_in_total) {
-    return absl::InvalidArgumentError(absl::StrCat(MetricTypeName(type), " name \"", name,
-                                                   "\" ends in \"_total\", kept for counters"));
-  }
-  for (absl::string_view suffix : {"_bucket", "_count", "_sum"}) {
-    if (absl::EndsWith(name, suffix)) {
-      return absl::InvalidArgumentError(absl::StrCat("metric name \"", name, "\" ends in \"",
-                                                     suffix, "\", kept for histogram series"));
-    }
-  }
+template <typename T>
+absl::StatusOr<Family<T>*> MetricsRegistry::Add(absl::string_view name, absl::string_view help,
+                                                prometheus::MetricType type,
+                                                std::vector<std::string> label_names,
+                                                std::vector<double> upper_bounds) {
+  if (absl::Status status = CheckName(name, type); !status.ok()) return status;
   if (help.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("metric ", name, " has no help text"));
   }
@@ -375,39 +278,10 @@ absl::Status MetricsRegistry::CheckNewFamily(absl::string_view name, absl::strin
     return absl::InvalidArgumentError(
         absl::StrCat("help text of metric ", name, " is not valid UTF-8"));
   }
-  for (size_t i = 0; i < label_names.size(); ++i) {
-    const std::string& label = label_names[i];
-    if (!IsValidLabelName(label)) {
-      return absl::InvalidArgumentError(absl::StrCat("label name \"", label, "\" of metric ", name,
-                                                     " does not match [a-zA-Z_][a-zA-Z0-9_]*"));
-    }
-    if (absl::StartsWith(label, "__")) {
-      return absl::InvalidArgumentError(absl::StrCat("label name \"", label, "\" of metric ", name,
-                                                     " starts with \"__\", kept for Prometheus"));
-    }
-    if (type == MetricType::kHistogram && label == "le") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("histogram ", name, " may not have the label \"le\": it names buckets"));
-    }
-    if (std::find(label_names.begin(), label_names.begin() + i, label) != label_names.begin() + i) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("label name \"", label, "\" of metric ", name, " appears twice"));
-    }
-  }
+  if (absl::Status status = CheckLabelNames(name, type, label_names); !status.ok()) return status;
+  std::lock_guard lock(mu_);
   if (families_.find(name) != families_.end()) {
     return absl::AlreadyExistsError(absl::StrCat("metric ", name, " is already registered"));
-  }
-  return absl::OkStatus();
-}
-
-template <typename T>
-absl::StatusOr<Family<T>*> MetricsRegistry::Add(absl::string_view name, absl::string_view help,
-                                                MetricType type,
-                                                std::vector<std::string> label_names,
-                                                std::vector<double> upper_bounds) {
-  std::lock_guard lock(mu_);
-  if (absl::Status status = CheckNewFamily(name, help, type, label_names); !status.ok()) {
-    return status;
   }
   const bool unlabelled = label_names.empty();
   // The constructor is private to the registry, so no make_unique.
@@ -425,13 +299,13 @@ absl::StatusOr<Family<T>*> MetricsRegistry::Add(absl::string_view name, absl::st
 absl::StatusOr<Family<Counter>*> MetricsRegistry::AddCounter(absl::string_view name,
                                                              absl::string_view help,
                                                              std::vector<std::string> label_names) {
-  return Add<Counter>(name, help, MetricType::kCounter, std::move(label_names), {});
+  return Add<Counter>(name, help, prometheus::MetricType::Counter, std::move(label_names), {});
 }
 
 absl::StatusOr<Family<Gauge>*> MetricsRegistry::AddGauge(absl::string_view name,
                                                          absl::string_view help,
                                                          std::vector<std::string> label_names) {
-  return Add<Gauge>(name, help, MetricType::kGauge, std::move(label_names), {});
+  return Add<Gauge>(name, help, prometheus::MetricType::Gauge, std::move(label_names), {});
 }
 
 absl::StatusOr<Family<Histogram>*> MetricsRegistry::AddHistogram(
@@ -440,21 +314,17 @@ absl::StatusOr<Family<Histogram>*> MetricsRegistry::AddHistogram(
   if (!upper_bounds.empty() && upper_bounds.back() == INFINITY) upper_bounds.pop_back();
   for (size_t i = 0; i < upper_bounds.size(); ++i) {
     if (!std::isfinite(upper_bounds[i])) {
-      std::string bound;
-      AppendNumber(upper_bounds[i], &bound);
-      return absl::InvalidArgumentError(
-          absl::StrCat("histogram ", name, " bucket bound ", i, " = ", bound, " is not finite"));
-    }
-    if (i > 0 && !(upper_bounds[i] > upper_bounds[i - 1])) {
-      std::string bound, previous;
-      AppendNumber(upper_bounds[i], &bound);
-      AppendNumber(upper_bounds[i - 1], &previous);
       return absl::InvalidArgumentError(absl::StrCat("histogram ", name, " bucket bound ", i, " = ",
-                                                     bound, " is not above bound ", i - 1, " = ",
-                                                     previous));
+                                                     upper_bounds[i], " is not finite"));
+    }
+    // prometheus::Histogram throws on bounds out of order; they are refused here instead.
+    if (i > 0 && !(upper_bounds[i] > upper_bounds[i - 1])) {
+      return absl::InvalidArgumentError(absl::StrCat("histogram ", name, " bucket bound ", i, " = ",
+                                                     upper_bounds[i], " is not above bound ", i - 1,
+                                                     " = ", upper_bounds[i - 1]));
     }
   }
-  return Add<Histogram>(name, help, MetricType::kHistogram, std::move(label_names),
+  return Add<Histogram>(name, help, prometheus::MetricType::Histogram, std::move(label_names),
                         std::move(upper_bounds));
 }
 
@@ -463,14 +333,28 @@ void MetricsRegistry::AddCollector(std::function<void()> collect) {
   collectors_.push_back(std::move(collect));
 }
 
+std::vector<const FamilyBase*> MetricsRegistry::Families() const {
+  std::lock_guard lock(mu_);
+  std::vector<const FamilyBase*> families;
+  families.reserve(families_.size());
+  for (const auto& [name, family] : families_) families.push_back(family.get());
+  return families;
+}
+
+std::vector<prometheus::MetricFamily> MetricsRegistry::Collect() const {
+  std::vector<prometheus::MetricFamily> collected;
+  std::lock_guard lock(mu_);
+  for (const auto& [name, family] : families_) {
+    for (prometheus::MetricFamily& one : family->Collect()) collected.push_back(std::move(one));
+  }
+  return collected;
+}
+
 std::string MetricsRegistry::Serialize() const {
   std::lock_guard collect_lock(collect_mu_);
   // Not under mu_: a collector may register a family or make children as it goes.
   for (const std::function<void()>& collect : collectors_) collect();
-  std::string out;
-  std::lock_guard lock(mu_);
-  for (const auto& [name, family] : families_) family->AppendText(&out);
-  return out;
+  return prometheus::TextSerializer().Serialize(Collect());
 }
 
 }  // namespace moetrain::server

@@ -1,6 +1,7 @@
-// Prometheus metrics for the coordinator: a registry of metric families (counters, gauges,
-// histograms) with fixed label names, written out in the text exposition format 0.0.4 for
-// `/metrics`.
+// Prometheus metrics for the coordinator: a thin facade over prometheus-cpp. The metrics are
+// prometheus-cpp's (Counter, Gauge, Histogram), the text is its TextSerializer's (exposition
+// format 0.0.4); the facade adds what the library lacks: removing a finished job's series by
+// label value, UTF-8 checks on label values, errors as absl::Status, and the naming policy.
 //
 //   MetricsRegistry registry;
 //   MOETRAIN_ASSIGN_OR_RETURN(Family<Counter>* rpcs,
@@ -9,16 +10,25 @@
 //   get_ok->Increment();                 // lock-free; keep the pointer for hot paths
 //   std::string text = registry.Serialize();
 //
-// Every metric and family is thread-safe. A child returned by WithLabels lives at the same
-// address until it is removed (Family::Remove, RemoveWhere), else as long as the registry; whoever
-// removes children makes sure that nobody still uses pointers to them. Errors name the metric,
-// label or value at fault.
+// Families are ours rather than prometheus::Family: its Remove (1.0.1) finds the child by a scan
+// over all of them, so that removing 40,000 children (one job's per-expert series of a large
+// model) took 12.7 s under the family's lock, stalling updates and scrapes. Every metric and family
+// is thread-safe. A child returned by WithLabels lives at the same address until it is removed
+// (Family::Remove, RemoveWhere), else as long as the registry; whoever removes children makes sure
+// that nobody still uses pointers to them. Errors name the metric, label or value at fault.
 #ifndef MOETRAIN_SERVER_HTTP_METRICS_H_
 #define MOETRAIN_SERVER_HTTP_METRICS_H_
 
+#include <prometheus/client_metric.h>
+#include <prometheus/collectable.h>
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/metric_family.h>
+#include <prometheus/metric_type.h>
+
 #include <algorithm>
-#include <atomic>
-#include <cstdint>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <memory>
@@ -35,65 +45,48 @@
 
 namespace moetrain::server {
 
-enum class MetricType { kCounter, kGauge, kHistogram };
-
-// "counter", "gauge" or "histogram", as on a `# TYPE` line.
-const char* MetricTypeName(MetricType type);
-
-// A monotonic total. Increment by a negative amount or NaN is ignored: a counter never goes down,
-// and a bad sample must not take the daemon down either.
+// A monotonic total. An increment by a negative amount or NaN is ignored: a counter never goes
+// down, and a bad sample must not take the daemon down either (prometheus-cpp ignores negative
+// amounts, not NaN).
 class Counter {
  public:
-  Counter() = default;
-  Counter(const Counter&) = delete;
-  Counter& operator=(const Counter&) = delete;
-
   void Increment(double amount = 1.0) {
-    if (!(amount >= 0.0)) return;
-    value_.fetch_add(amount, std::memory_order_relaxed);
+    if (!std::isnan(amount)) metric_.Increment(amount);
   }
-  double Value() const { return value_.load(std::memory_order_relaxed); }
+  double Value() const { return metric_.Value(); }
+  prometheus::ClientMetric Collect() const { return metric_.Collect(); }
 
  private:
-  std::atomic<double> value_{0.0};
+  prometheus::Counter metric_;
 };
 
 // A value that goes up and down.
 class Gauge {
  public:
-  Gauge() = default;
-  Gauge(const Gauge&) = delete;
-  Gauge& operator=(const Gauge&) = delete;
-
-  void Set(double value) { value_.store(value, std::memory_order_relaxed); }
-  void Add(double amount) { value_.fetch_add(amount, std::memory_order_relaxed); }
-  double Value() const { return value_.load(std::memory_order_relaxed); }
+  void Set(double value) { metric_.Set(value); }
+  void Add(double amount) { metric_.Increment(amount); }
+  double Value() const { return metric_.Value(); }
+  prometheus::ClientMetric Collect() const { return metric_.Collect(); }
 
  private:
-  std::atomic<double> value_{0.0};
+  prometheus::Gauge metric_;
 };
 
 // Counts observations into buckets with fixed upper bounds (a value equal to a bound falls in
-// that bucket) plus an implicit +Inf bucket, and sums them. NaN counts only in +Inf.
+// that bucket) plus the +Inf bucket, and sums them. NaN is ignored: prometheus-cpp would count it
+// in the lowest bucket, and it would make the sum NaN for good.
 class Histogram {
  public:
-  // `upper_bounds` are strictly increasing and finite, and outlive the histogram (the family
-  // owns them).
-  explicit Histogram(absl::Span<const double> upper_bounds);
-  Histogram(const Histogram&) = delete;
-  Histogram& operator=(const Histogram&) = delete;
+  // `upper_bounds` strictly increasing and finite (the registry checks them).
+  explicit Histogram(const std::vector<double>& upper_bounds) : metric_(upper_bounds) {}
 
-  void Observe(double value);
-
-  absl::Span<const double> upper_bounds() const { return upper_bounds_; }
-  // Observations per bucket, not cumulative; the last entry is the +Inf bucket.
-  std::vector<uint64_t> BucketCounts() const;
-  double Sum() const { return sum_.load(std::memory_order_relaxed); }
+  void Observe(double value) {
+    if (!std::isnan(value)) metric_.Observe(value);
+  }
+  prometheus::ClientMetric Collect() const { return metric_.Collect(); }
 
  private:
-  absl::Span<const double> upper_bounds_;
-  std::unique_ptr<std::atomic<uint64_t>[]> bucket_counts_;  // (upper_bounds_.size() + 1)
-  std::atomic<double> sum_{0.0};
+  prometheus::Histogram metric_;
 };
 
 // `count` bounds start, start·factor, start·factor², … (start > 0, factor > 1).
@@ -116,21 +109,15 @@ struct LabelValuesLess {
 
 }  // namespace metrics_internal
 
-// What a family of any type has: its name, help, type and label names, and its text.
-class FamilyBase {
+// What a family of any type has: its name, type and label names, and its samples.
+class FamilyBase : public prometheus::Collectable {
  public:
-  virtual ~FamilyBase() = default;
   FamilyBase(const FamilyBase&) = delete;
   FamilyBase& operator=(const FamilyBase&) = delete;
 
-  const std::string& name() const { return name_; }
-  const std::string& help() const { return help_; }
-  MetricType type() const { return type_; }
+  const std::string& name() const { return family_.name; }
+  prometheus::MetricType type() const { return family_.type; }
   const std::vector<std::string>& label_names() const { return label_names_; }
-
-  // Appends `# HELP`, `# TYPE` and the samples of every child, in label-value order; nothing
-  // when the family has no child yet.
-  virtual void AppendText(std::string* out) const = 0;
 
   // Removes every child whose label `label_name` has `value` (a job's series once the job is
   // gone) and returns how many; 0 when the family has no such label. Pointers to the removed
@@ -138,18 +125,16 @@ class FamilyBase {
   virtual int RemoveWhere(absl::string_view label_name, absl::string_view value) = 0;
 
  protected:
-  FamilyBase(std::string name, std::string help, MetricType type,
+  FamilyBase(std::string name, std::string help, prometheus::MetricType type,
              std::vector<std::string> label_names);
 
-  // Checks the values against the label names and escapes them into `a="x",b="y"`.
-  absl::StatusOr<std::string> LabelText(absl::Span<const absl::string_view> label_values) const;
-  // Appends the two comment lines.
-  void AppendHeader(std::string* out) const;
+  // InvalidArgument unless there is one value per label name, each valid UTF-8.
+  absl::Status CheckLabelValues(absl::Span<const absl::string_view> label_values) const;
+  // The family without samples (name, escaped help, type), to fill in Collect.
+  const prometheus::MetricFamily& header() const { return family_; }
 
  private:
-  std::string name_;
-  std::string help_;
-  MetricType type_;
+  prometheus::MetricFamily family_;
   std::vector<std::string> label_names_;
 };
 
@@ -169,22 +154,22 @@ class Family final : public FamilyBase {
   // dangles from here on.
   bool Remove(absl::Span<const absl::string_view> label_values);
 
-  void AppendText(std::string* out) const override;
   int RemoveWhere(absl::string_view label_name, absl::string_view value) override;
+
+  // The children in label-value order, labels in label-name order as declared; nothing when the
+  // family has no child.
+  std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
   friend class MetricsRegistry;
-  struct Child {
-    std::string label_text;  // `a="x",b="y"`, escaped; empty without labels
-    std::unique_ptr<T> metric;
-  };
 
-  Family(std::string name, std::string help, MetricType type, std::vector<std::string> label_names,
-         std::vector<double> upper_bounds);
+  Family(std::string name, std::string help, prometheus::MetricType type,
+         std::vector<std::string> label_names, std::vector<double> upper_bounds);
 
   const std::vector<double> upper_bounds_;  // histograms only
   mutable std::shared_mutex mu_;
-  std::map<std::vector<std::string>, Child, metrics_internal::LabelValuesLess> children_
+  // Map nodes do not move, so a child's address is stable until it is erased.
+  std::map<std::vector<std::string>, T, metrics_internal::LabelValuesLess> children_
       ABSL_GUARDED_BY(mu_);
 };
 
@@ -192,12 +177,13 @@ extern template class Family<Counter>;
 extern template class Family<Gauge>;
 extern template class Family<Histogram>;
 
-// Owns the families of one process and writes them out. Names must match
-// [a-zA-Z_:][a-zA-Z0-9_:]*, start with `moetrain_`, and be unique; a counter's name ends in
-// `_total` and no other's does; `_bucket`, `_count` and `_sum` endings are left to histogram
-// series. Label names match [a-zA-Z_][a-zA-Z0-9_]*, do not start with `__`, and are distinct;
-// a histogram may not have the label `le`. Help text is non-empty UTF-8.
-class MetricsRegistry {
+// Owns the families of one process and writes them out. The naming policy, checked at
+// registration: names are valid Prometheus names that start with `moetrain_` and are unique; a
+// counter's name ends in `_total` and no other's does; `_bucket`, `_count` and `_sum` endings are
+// left to histogram series; units are base units (no `_ms`, `_minutes`, `_kilobytes`,
+// `_percent`, ...). Label names are valid Prometheus label names (not starting with `__`) and
+// distinct; a histogram may not have the label `le`. Help text is non-empty UTF-8.
+class MetricsRegistry : public prometheus::Collectable {
  public:
   MetricsRegistry() = default;
   MetricsRegistry(const MetricsRegistry&) = delete;
@@ -220,17 +206,21 @@ class MetricsRegistry {
   // one must not call Serialize or AddCollector.
   void AddCollector(std::function<void()> collect);
 
-  // The text exposition format 0.0.4: families by name, children by label values, numbers in
-  // the shortest form that parses back to the same double (+Inf, -Inf, NaN spelled so).
+  // Every registered family, by name, children or not (to check the names of a whole process).
+  std::vector<const FamilyBase*> Families() const;
+
+  // The families with children, by name; does not run the collectors.
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+  // Runs the collectors, then prometheus-cpp's TextSerializer over Collect(): the text
+  // exposition format 0.0.4. Numbers have up to 16 significant digits (integers up to 2^53 are
+  // exact), NaN is written "Nan".
   std::string Serialize() const;
 
  private:
-  absl::Status CheckNewFamily(absl::string_view name, absl::string_view help, MetricType type,
-                              const std::vector<std::string>& label_names) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   template <typename T>
-  absl::StatusOr<Family<T>*> Add(absl::string_view name, absl::string_view help, MetricType type,
-                                 std::vector<std::string> label_names,
+  absl::StatusOr<Family<T>*> Add(absl::string_view name, absl::string_view help,
+                                 prometheus::MetricType type, std::vector<std::string> label_names,
                                  std::vector<double> upper_bounds);
 
   mutable std::mutex mu_;

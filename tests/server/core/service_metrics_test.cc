@@ -2,37 +2,36 @@
 // (deploy/prometheus, deploy/grafana) are built on, read back from the registry's text.
 #include "server/core/service_metrics.h"
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <cmath>
-#include <cstdio>
-#include <fstream>
+#include <map>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/exposition.h"
+#include "tests/testing/testing.h"
 
 namespace moetrain::server {
 namespace {
 
-// The value of the sample written exactly as `series` (name and label text), if there is one.
+using testutil::Exposition;
+using testutil::ExpositionSample;
+using testutil::MustParseExposition;
+using testutil::PromtoolCheckMetrics;
+using testutil::PromtoolResult;
+using testutil::SeriesValue;
+
+// The value of the sample `series` (`name{label="value",...}`, labels in any order) in the
+// exposition `text`, if it is there.
 std::optional<double> Sample(const std::string& text, absl::string_view series) {
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (!absl::ConsumePrefix(&line, series) || !absl::ConsumePrefix(&line, " ")) continue;
-    double value = 0;
-    if (absl::SimpleAtod(line, &value)) return value;
-  }
-  return std::nullopt;
+  return SeriesValue(MustParseExposition(text), series);
 }
 
 double UnixSeconds(absl::Time time) { return absl::ToDoubleSeconds(time - absl::UnixEpoch()); }
@@ -158,15 +157,9 @@ void ReportEverything(ServiceMetrics& metrics, const std::string& job_id) {
   metrics.OnJobState(job_id, JobState::kFailed);
 }
 
-// The sample lines of `text` that carry the label job_id="<job_id>".
-std::vector<std::string> LinesOfJob(const std::string& text, const std::string& job_id) {
-  std::vector<std::string> lines;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (absl::StrContains(line, absl::StrCat("job_id=\"", job_id, "\""))) {
-      lines.emplace_back(line);
-    }
-  }
-  return lines;
+// The samples of `text` that carry the label job_id="<job_id>".
+std::vector<ExpositionSample> SamplesOfJob(const std::string& text, const std::string& job_id) {
+  return MustParseExposition(text).WithLabel("job_id", job_id);
 }
 
 TEST_F(ServiceMetricsTest, RetireJobRemovesEverySeriesOfThatJobOnly) {
@@ -175,23 +168,23 @@ TEST_F(ServiceMetricsTest, RetireJobRemovesEverySeriesOfThatJobOnly) {
   metrics_->OnWorkerLost();
   metrics_->SetJobsByState({{JobState::kFailed, 2}});
   const std::string before = registry_.Serialize();
-  const std::vector<std::string> series_of_b = LinesOfJob(before, "job-b");
+  const std::vector<ExpositionSample> series_of_b = SamplesOfJob(before, "job-b");
   // 14 plain gauges, 3 counters, the info, 2 expert-load layers, 3 states, and two histograms
   // of 16 and 14 bounds (a bucket per bound, +Inf, _sum and _count).
   EXPECT_EQ(series_of_b.size(), 14u + 3 + 1 + 2 + 3 + (16 + 3) + (14 + 3)) << before;
-  EXPECT_EQ(LinesOfJob(before, "job-a").size(), series_of_b.size());
+  EXPECT_EQ(SamplesOfJob(before, "job-a").size(), series_of_b.size());
 
   metrics_->RetireJob("job-a");
   const std::string after = registry_.Serialize();
-  EXPECT_EQ(LinesOfJob(after, "job-a"), std::vector<std::string>()) << after;
-  EXPECT_EQ(LinesOfJob(after, "job-b"), series_of_b);
+  EXPECT_EQ(SamplesOfJob(after, "job-a"), std::vector<ExpositionSample>()) << after;
+  EXPECT_EQ(SamplesOfJob(after, "job-b"), series_of_b);
   EXPECT_EQ(Sample(after, "moetrain_workers_lost_total"), 1);
   EXPECT_EQ(Sample(after, R"(moetrain_jobs{state="FAILED"})"), 2);
 
   // Retiring it again, or a job never seen, changes nothing.
   metrics_->RetireJob("job-a");
   metrics_->RetireJob("job-never-seen");
-  EXPECT_EQ(registry_.Serialize(), after);
+  EXPECT_EQ(MustParseExposition(registry_.Serialize()).samples, MustParseExposition(after).samples);
 }
 
 TEST_F(ServiceMetricsTest, AJobReportedAgainAfterRetirementStartsOver) {
@@ -236,7 +229,7 @@ TEST_F(ServiceMetricsTest, RetirementsRaceReportsSafely) {
   scraper.join();
   metrics_->RetireJob("job-churn");
   const std::string text = registry_.Serialize();
-  EXPECT_EQ(LinesOfJob(text, "job-churn"), std::vector<std::string>());
+  EXPECT_EQ(SamplesOfJob(text, "job-churn"), std::vector<ExpositionSample>());
   EXPECT_EQ(Sample(text, R"(moetrain_train_tokens_total{job_id="job-kept"})"), 10 * kIterations);
   EXPECT_EQ(Sample(text, R"(moetrain_job_restarts_total{job_id="job-kept"})"), kIterations);
   EXPECT_EQ(Sample(text, R"(moetrain_train_step{job_id="job-kept"})"), kIterations);
@@ -261,20 +254,22 @@ TEST_F(ServiceMetricsTest, DeviceMemoryIsTheLastReportedStepsAndZeroOnTheCpu) {
   // it).
   EXPECT_EQ(Sample(text, R"(moetrain_job_device_memory_bytes{job_id="job-cpu"})"), 0);
   EXPECT_EQ(Sample(text, R"(moetrain_job_device_memory_peak_bytes{job_id="job-cpu"})"), 0);
-  EXPECT_NE(text.find("# TYPE moetrain_job_device_memory_bytes gauge"), std::string::npos);
-  EXPECT_NE(text.find("# TYPE moetrain_job_device_memory_peak_bytes gauge"), std::string::npos);
+  const Exposition parsed = MustParseExposition(text);
+  EXPECT_EQ(parsed.TypeOf("moetrain_job_device_memory_bytes"), "gauge");
+  EXPECT_EQ(parsed.TypeOf("moetrain_job_device_memory_peak_bytes"), "gauge");
 }
 
 TEST_F(ServiceMetricsTest, TheNewFamiliesHaveTheirTypes) {
   metrics_->OnJobState("job-a", JobState::kRunning);
   metrics_->OnAttemptStart("job-a", 10, 0);
-  const std::string text = registry_.Serialize();
-  for (const char* line : {"# TYPE moetrain_job_state gauge",
-                           "# TYPE moetrain_job_last_progress_timestamp_seconds gauge",
-                           "# TYPE moetrain_checkpoint_last_step gauge",
-                           "# TYPE moetrain_checkpoint_interval_steps gauge",
-                           "# TYPE moetrain_workers_lost_total counter"}) {
-    EXPECT_NE(text.find(line), std::string::npos) << line << " in\n" << text;
+  const Exposition parsed = MustParseExposition(registry_.Serialize());
+  for (const auto& [name, type] :
+       std::map<std::string, std::string>{{"moetrain_job_state", "gauge"},
+                                          {"moetrain_job_last_progress_timestamp_seconds", "gauge"},
+                                          {"moetrain_checkpoint_last_step", "gauge"},
+                                          {"moetrain_checkpoint_interval_steps", "gauge"},
+                                          {"moetrain_workers_lost_total", "counter"}}) {
+    EXPECT_EQ(parsed.TypeOf(name), type) << name;
   }
 }
 
@@ -318,8 +313,10 @@ TEST_F(ServiceMetricsTest, Fp8StatisticsPerLayerAndRole) {
   EXPECT_EQ(Sample(text, R"(moetrain_job_fp8_amax{job_id="job-a",layer="0",role="input"})"), 3.5)
       << text;
   EXPECT_EQ(Sample(text, R"(moetrain_job_fp8_amax{job_id="job-a",layer="1",role="input"})"), 4.5);
-  EXPECT_EQ(Sample(text, R"(moetrain_job_fp8_amax{job_id="job-a",layer="1",role="grad"})"),
-            static_cast<double>(1e-3f));
+  // The text keeps 16 significant digits; 1e-3f as a double needs 17.
+  EXPECT_DOUBLE_EQ(
+      Sample(text, R"(moetrain_job_fp8_amax{job_id="job-a",layer="1",role="grad"})").value_or(0),
+      static_cast<double>(1e-3f));
   // The smallest of the layer's scales.
   EXPECT_EQ(Sample(text, R"(moetrain_job_fp8_scale{job_id="job-a",layer="0",role="input"})"), 128);
   EXPECT_EQ(Sample(text, R"(moetrain_job_fp8_scale{job_id="job-a",layer="0",role="weight"})"),
@@ -336,17 +333,20 @@ TEST_F(ServiceMetricsTest, Fp8StatisticsPerLayerAndRole) {
       Sample(text,
              R"(moetrain_job_fp8_saturated_values_total{job_id="job-a",layer="0",role="weight"})"),
       0);
-  EXPECT_NE(text.find("# TYPE moetrain_job_fp8_amax gauge"), std::string::npos);
-  EXPECT_NE(text.find("# TYPE moetrain_job_fp8_saturated_values_total counter"), std::string::npos);
+  const Exposition parsed = MustParseExposition(text);
+  EXPECT_EQ(parsed.TypeOf("moetrain_job_fp8_amax"), "gauge");
+  EXPECT_EQ(parsed.TypeOf("moetrain_job_fp8_saturated_values_total"), "counter");
   // A job that is not in FP8 has no FP8 series; nothing per expert without the option.
-  EXPECT_FALSE(LinesOfJob(text, "job-bf16").empty());
-  for (const std::string& line : LinesOfJob(text, "job-bf16")) {
-    EXPECT_EQ(line.find("fp8"), std::string::npos) << line;
+  EXPECT_FALSE(SamplesOfJob(text, "job-bf16").empty());
+  for (const ExpositionSample& sample : SamplesOfJob(text, "job-bf16")) {
+    EXPECT_EQ(sample.name.find("fp8"), std::string::npos) << sample.name;
   }
-  EXPECT_EQ(text.find("moetrain_job_fp8_expert"), std::string::npos) << text;
+  for (const auto& [name, type] : parsed.type) {
+    EXPECT_EQ(name.find("moetrain_job_fp8_expert"), std::string::npos) << name;
+  }
 
   metrics_->RetireJob("job-a");
-  EXPECT_EQ(LinesOfJob(registry_.Serialize(), "job-a"), std::vector<std::string>());
+  EXPECT_EQ(SamplesOfJob(registry_.Serialize(), "job-a"), std::vector<ExpositionSample>());
 }
 
 // The same with the per-expert FP8 series on.
@@ -384,30 +384,20 @@ TEST_F(ServiceMetricsPerExpertTest, ExpertSeriesOnlyWithTheOption) {
   // The per-layer series are there as without the option.
   EXPECT_EQ(Sample(text, R"(moetrain_job_fp8_amax{job_id="job-a",layer="0",role="input"})"), 3.5);
   metrics_->RetireJob("job-a");
-  EXPECT_EQ(LinesOfJob(registry_.Serialize(), "job-a"), std::vector<std::string>());
+  EXPECT_EQ(SamplesOfJob(registry_.Serialize(), "job-a"), std::vector<ExpositionSample>());
 }
 
 // `promtool check metrics` over the FP8 families, per-expert ones included.
 TEST_F(ServiceMetricsPerExpertTest, PromtoolAcceptsTheFp8Series) {
-  if (access("/usr/bin/promtool", X_OK) != 0) {
-    GTEST_SKIP() << "/usr/bin/promtool not found: install Debian's prometheus package "
-                    "(scripts/setup.sh does)";
-  }
   v1::StepMetrics step = Fp8Step(3);
   step.mutable_fp8_layers(0)->mutable_input()->set_amax(std::nanf(""));  // a NaN step
   metrics_->OnStep("job-a", step, 10);
   const std::string text = registry_.Serialize();
-  const std::string output_path = ::testing::TempDir() + "/service_metrics_promtool_output.txt";
-  const std::string command = "/usr/bin/promtool check metrics >'" + output_path + "' 2>&1";
-  FILE* pipe = popen(command.c_str(), "w");
-  ASSERT_NE(pipe, nullptr);
-  std::fwrite(text.data(), 1, text.size(), pipe);
-  const int status = pclose(pipe);
-  std::ifstream file(output_path);
-  std::stringstream output;
-  output << file.rdbuf();
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output.str() << "\nfor:\n" << text;
-  EXPECT_EQ(output.str(), "") << "for:\n" << text;
+  const absl::StatusOr<PromtoolResult> promtool = PromtoolCheckMetrics(text);
+  if (absl::IsNotFound(promtool.status())) GTEST_SKIP() << promtool.status();
+  ASSERT_OK(promtool);
+  EXPECT_EQ(promtool->exit_code, 0) << promtool->output << "\nfor:\n" << text;
+  EXPECT_EQ(promtool->output, "") << "for:\n" << text;
 }
 
 }  // namespace

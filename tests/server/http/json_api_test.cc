@@ -3,10 +3,8 @@
 #include "server/http/json_api.h"
 
 #include <httplib.h>
-#include <stdlib.h>
 
 #include <cmath>
-#include <filesystem>
 #include <memory>
 #include <optional>
 #include <regex>
@@ -23,11 +21,11 @@
 #include "server/http/dashboard_page.h"
 #include "server/http/http_server.h"
 #include "server/http/metrics.h"
+#include "tests/testing/testing.h"
 
 namespace moetrain::server {
 namespace {
 
-namespace fs = std::filesystem;
 using Json = nlohmann::json;
 using ::testing::HasSubstr;
 
@@ -69,33 +67,23 @@ class JsonApiTest : public ::testing::Test {
   // The whole stack with `token` ("" = none).
   void Build(const std::string& token) {
     TearDown();
-    std::string pattern = (fs::temp_directory_path() / "json_api_test.XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-    absl::StatusOr<std::unique_ptr<Store>> store =
-        Store::Open((fs::path(dir_) / "coordinator.db").string());
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = *std::move(store);
+    dir_ = std::make_unique<testutil::TempDir>("json_api_test");
+    ASSERT_OK_AND_ASSIGN(store_, Store::Open((dir_->path() / "coordinator.db").string()));
     coordinator_ = std::make_unique<Coordinator>(store_.get());
     FleetOptions fleet_options;
-    fleet_options.checkpoint_dir = (fs::path(dir_) / "checkpoints").string();
-    absl::StatusOr<std::unique_ptr<Fleet>> fleet =
-        Fleet::Create(store_.get(), coordinator_.get(), nullptr, fleet_options);
-    ASSERT_TRUE(fleet.ok()) << fleet.status();
-    fleet_ = *std::move(fleet);
+    fleet_options.checkpoint_dir = (dir_->path() / "checkpoints").string();
+    ASSERT_OK_AND_ASSIGN(fleet_,
+                         Fleet::Create(store_.get(), coordinator_.get(), nullptr, fleet_options));
     registry_ = std::make_unique<MetricsRegistry>();
     readiness_ = std::make_unique<Readiness>();
     api_ = std::make_unique<JsonApi>(coordinator_.get(), fleet_.get(), token);
     page_ = std::make_unique<DashboardPage>(!token.empty());
-    absl::StatusOr<std::unique_ptr<HttpServer>> http =
-        HttpServer::Create({.host = kHost,
-                            .port = 0,
-                            .handlers = {page_.get(), api_.get()},
-                            .registry = registry_.get(),
-                            .readiness = readiness_.get()});
-    ASSERT_TRUE(http.ok()) << http.status();
-    http_ = *std::move(http);
-    ASSERT_TRUE(http_->Start().ok());
+    ASSERT_OK_AND_ASSIGN(http_, HttpServer::Create({.host = kHost,
+                                                    .port = 0,
+                                                    .handlers = {page_.get(), api_.get()},
+                                                    .registry = registry_.get(),
+                                                    .readiness = readiness_.get()}));
+    ASSERT_OK(http_->Start());
   }
 
   void TearDown() override {
@@ -107,8 +95,7 @@ class JsonApiTest : public ::testing::Test {
     fleet_.reset();
     coordinator_.reset();
     store_.reset();
-    if (!dir_.empty()) fs::remove_all(dir_);
-    dir_.clear();
+    dir_.reset();  // after the store has closed its database there
   }
 
   httplib::Result Get(const std::string& path, const std::string& authorization) {
@@ -140,10 +127,10 @@ class JsonApiTest : public ::testing::Test {
   }
 
   void Record(const std::string& job_id, const v1::StepMetrics& metrics) {
-    ASSERT_TRUE(coordinator_->RecordStepMetrics(job_id, 1, metrics).ok());
+    ASSERT_OK(coordinator_->RecordStepMetrics(job_id, 1, metrics));
   }
 
-  std::string dir_;
+  std::unique_ptr<testutil::TempDir> dir_;  // a fresh one for each Build
   std::unique_ptr<Store> store_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<Fleet> fleet_;
@@ -228,7 +215,7 @@ TEST_F(JsonApiTest, OneJobCarriesItsSpecAndNewestReport) {
 TEST_F(JsonApiTest, MetricsAreReadIncrementally) {
   const std::string id = MustSubmit("curves", 100);
   Record(id, Report(1));
-  ASSERT_TRUE(coordinator_->AppendEvent(id, kLogEventKind, "a log line is not a point").ok());
+  ASSERT_OK(coordinator_->AppendEvent(id, kLogEventKind, "a log line is not a point"));
   Record(id, Report(2, 2.8));
   Record(id, Report(3));
 
@@ -294,7 +281,7 @@ TEST_F(JsonApiTest, LongLogsAreReadWholeAndTheirNewestEvaluationFound) {
         {id, kStepMetricsEventKind,
          Report(step, step == 7 ? std::optional<double>(2.25) : std::nullopt).SerializeAsString()});
   }
-  ASSERT_TRUE(coordinator_->AppendEvents(events).ok());
+  ASSERT_OK(coordinator_->AppendEvents(events));
 
   Json job = GetJson("/api/v1/jobs")["jobs"][0];
   EXPECT_DOUBLE_EQ(job["eval_loss"].get<double>(), 2.25);
@@ -338,13 +325,12 @@ TEST_F(JsonApiTest, ListsWorkers) {
   registration.set_version("1.2.3");
   registration.mutable_resources()->set_device_count(1);
   registration.mutable_resources()->set_threads(6);
-  absl::StatusOr<v1::RegisterWorkerResponse> registered = fleet_->Register(registration);
-  ASSERT_TRUE(registered.ok()) << registered.status();
+  ASSERT_OK_AND_ASSIGN(const v1::RegisterWorkerResponse registered, fleet_->Register(registration));
 
   const Json body = GetJson("/api/v1/workers");
   ASSERT_EQ(body["workers"].size(), 1u);
   const Json& worker = body["workers"][0];
-  EXPECT_EQ(worker["id"], registered->worker_id());
+  EXPECT_EQ(worker["id"], registered.worker_id());
   EXPECT_EQ(worker["name"], "node-a");
   EXPECT_EQ(worker["state"], "IDLE");
   EXPECT_EQ(worker["device"], "CPU");

@@ -1,33 +1,34 @@
 #include "server/http/http_server.h"
 
 #include <httplib.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <cstdio>
-#include <fstream>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "server/core/readiness.h"
 #include "server/http/metrics.h"
+#include "tests/testing/exposition.h"
+#include "tests/testing/testing.h"
 
 namespace moetrain::server {
 namespace {
 
-constexpr char kHost[] = "127.0.0.1";
+using testutil::Exposition;
+using testutil::ExpositionSample;
+using testutil::Must;
+using testutil::MustParseExposition;
+using testutil::PromtoolCheckMetrics;
+using testutil::PromtoolResult;
+using testutil::SeriesValue;
 
-template <typename T>
-T Must(absl::StatusOr<T> value) {
-  EXPECT_TRUE(value.ok()) << value.status();
-  return *std::move(value);
-}
+constexpr char kHost[] = "127.0.0.1";
 
 // A registry, a readiness and a started server on 127.0.0.1 at a free port.
 class HttpServerTest : public ::testing::Test {
@@ -47,38 +48,19 @@ class HttpServerTest : public ::testing::Test {
     return client.Get(path);
   }
 
-  // The value of one sample line `<series> <value>` in a /metrics body, or -1 when it is absent.
+  // The value of `series` (`name{label="value",...}`) in a /metrics body, or -1 when it is
+  // absent.
   double Sample(const std::string& series) {
     httplib::Result result = Get("/metrics");
     EXPECT_TRUE(result) << httplib::to_string(result.error());
     if (!result) return -1;
-    std::istringstream lines(result->body);
-    std::string line;
-    while (std::getline(lines, line)) {
-      if (absl::StartsWith(line, series + " ")) return std::stod(line.substr(series.size() + 1));
-    }
-    return -1;
+    return SeriesValue(MustParseExposition(result->body), series).value_or(-1);
   }
 
   MetricsRegistry registry_;
   Readiness readiness_;
   std::unique_ptr<HttpServer> server_;
 };
-
-// Runs `promtool check metrics` with `text` on its stdin; its stdout and stderr go to `output`.
-int RunPromtool(const std::string& text, std::string* output) {
-  const std::string output_path = ::testing::TempDir() + "/http_server_promtool_output.txt";
-  const std::string command = "/usr/bin/promtool check metrics >'" + output_path + "' 2>&1";
-  FILE* pipe = popen(command.c_str(), "w");
-  if (pipe == nullptr) return -1;
-  std::fwrite(text.data(), 1, text.size(), pipe);
-  const int status = pclose(pipe);
-  std::ifstream file(output_path);
-  std::stringstream contents;
-  contents << file.rdbuf();
-  *output = contents.str();
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 TEST_F(HttpServerTest, MetricsServesTheRegistryText) {
   Family<Counter>* jobs = Must(registry_.AddCounter("moetrain_jobs_submitted_total",
@@ -89,26 +71,20 @@ TEST_F(HttpServerTest, MetricsServesTheRegistryText) {
   ASSERT_TRUE(result) << httplib::to_string(result.error());
   EXPECT_EQ(result->status, 200);
   EXPECT_EQ(result->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
-  EXPECT_TRUE(absl::StrContains(result->body, "moetrain_jobs_submitted_total{code=\"OK\"} 3\n"))
-      << result->body;
-  EXPECT_TRUE(absl::StrContains(result->body, "moetrain_up 1\n")) << result->body;
-  EXPECT_TRUE(absl::StrContains(result->body, "moetrain_readiness_state{state=\"STARTING\"} 1\n"))
-      << result->body;
-  EXPECT_TRUE(absl::StrContains(result->body, "moetrain_readiness_state{state=\"SERVING\"} 0\n"))
-      << result->body;
+  const Exposition scraped = MustParseExposition(result->body);
+  EXPECT_EQ(scraped.Value("moetrain_jobs_submitted_total", {{"code", "OK"}}), 3);
+  EXPECT_EQ(scraped.Value("moetrain_up"), 1);
+  EXPECT_EQ(scraped.Value("moetrain_readiness_state", {{"state", "STARTING"}}), 1);
+  EXPECT_EQ(scraped.Value("moetrain_readiness_state", {{"state", "SERVING"}}), 0);
   // The scrape counts itself before the text is made, and the registry then writes the same
-  // text (the counter does not move between the two without another request).
-  EXPECT_TRUE(absl::StrContains(result->body,
-                                "moetrain_http_requests_total{path=\"/metrics\",code=\"200\"} 1\n"))
-      << result->body;
-  EXPECT_EQ(result->body, registry_.Serialize());
+  // samples (the counter does not move between the two without another request).
+  EXPECT_EQ(scraped.Value("moetrain_http_requests_total", {{"path", "/metrics"}, {"code", "200"}}),
+            1);
+  EXPECT_EQ(scraped.samples, MustParseExposition(registry_.Serialize()).samples);
+  EXPECT_EQ(scraped.TypeOf("moetrain_jobs_submitted_total"), "counter");
 }
 
 TEST_F(HttpServerTest, MetricsPassPromtool) {
-  if (access("/usr/bin/promtool", X_OK) != 0) {
-    GTEST_SKIP() << "/usr/bin/promtool not found: install Debian's prometheus package "
-                    "(scripts/setup.sh does)";
-  }
   Must(registry_.AddHistogram("moetrain_train_step_duration_seconds", "Wall time of a step.",
                               {"job"}, ExponentialBuckets(0.001, 4, 6)));
   ASSERT_TRUE(Get("/nowhere"));
@@ -116,9 +92,11 @@ TEST_F(HttpServerTest, MetricsPassPromtool) {
   ASSERT_TRUE(Get("/readyz"));
   httplib::Result result = Get("/metrics");
   ASSERT_TRUE(result) << httplib::to_string(result.error());
-  std::string output;
-  EXPECT_EQ(RunPromtool(result->body, &output), 0) << output << "\nfor:\n" << result->body;
-  EXPECT_EQ(output, "") << "for:\n" << result->body;
+  const absl::StatusOr<PromtoolResult> promtool = PromtoolCheckMetrics(result->body);
+  if (absl::IsNotFound(promtool.status())) GTEST_SKIP() << promtool.status();
+  ASSERT_OK(promtool);
+  EXPECT_EQ(promtool->exit_code, 0) << promtool->output << "\nfor:\n" << result->body;
+  EXPECT_EQ(promtool->output, "") << "for:\n" << result->body;
 }
 
 TEST_F(HttpServerTest, ReadyzFollowsTheReadinessState) {
@@ -319,23 +297,18 @@ TEST(HttpServerStandaloneTest, HandlersAnswerThePathsTheyClaim) {
   EXPECT_EQ(result->status, 404);
   result = client.Get("/metrics");
   ASSERT_TRUE(result);
-  EXPECT_TRUE(absl::StrContains(result->body, "# TYPE moetrain_up gauge")) << result->body;
+  EXPECT_EQ(MustParseExposition(result->body).TypeOf("moetrain_up"), "gauge") << result->body;
   result = client.Get("/b");
   ASSERT_TRUE(result);
   EXPECT_EQ(result->status, 404);
   server->Stop();
 
-  const std::string scraped = registry.Serialize();
-  EXPECT_TRUE(
-      absl::StrContains(scraped, "moetrain_http_requests_total{path=\"/a*\",code=\"200\"} 2"))
-      << scraped;
-  EXPECT_TRUE(
-      absl::StrContains(scraped, "moetrain_http_requests_total{path=\"/a*\",code=\"404\"} 1"))
-      << scraped;
-  EXPECT_TRUE(
-      absl::StrContains(scraped, "moetrain_http_requests_total{path=\"other\",code=\"404\"} 1"))
-      << scraped;
-  EXPECT_FALSE(absl::StrContains(scraped, "/ab*")) << scraped;
+  const Exposition scraped = MustParseExposition(registry.Serialize());
+  const std::string requests = "moetrain_http_requests_total";
+  EXPECT_EQ(scraped.Value(requests, {{"path", "/a*"}, {"code", "200"}}), 2);
+  EXPECT_EQ(scraped.Value(requests, {{"path", "/a*"}, {"code", "404"}}), 1);
+  EXPECT_EQ(scraped.Value(requests, {{"path", "other"}, {"code", "404"}}), 1);
+  EXPECT_EQ(scraped.WithLabel("path", "/ab*"), std::vector<ExpositionSample>());
 }
 
 TEST(HttpServerStandaloneTest, ANullHandlerIsRefused) {
