@@ -5,6 +5,7 @@
 #include <random>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -26,19 +27,17 @@ constexpr int32_t kListPageSize = 1000;
 // A version 4 (random) UUID, the default submission id.
 std::string RandomUuid() {
   std::random_device random;
-  uint8_t bytes[16];
+  std::string bytes(16, '\0');
   for (int i = 0; i < 16; i += 4) {
     const uint32_t word = random();
-    for (int j = 0; j < 4; ++j) bytes[i + j] = static_cast<uint8_t>(word >> (8 * j));
+    for (int j = 0; j < 4; ++j) bytes[i + j] = static_cast<char>(word >> (8 * j));
   }
-  bytes[6] = (bytes[6] & 0x0f) | 0x40;  // version 4
-  bytes[8] = (bytes[8] & 0x3f) | 0x80;  // RFC 4122 variant
-  std::string uuid;
-  for (int i = 0; i < 16; ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) uuid.push_back('-');
-    absl::StrAppendFormat(&uuid, "%02x", bytes[i]);
-  }
-  return uuid;
+  bytes[6] = static_cast<char>((bytes[6] & 0x0f) | 0x40);  // version 4
+  bytes[8] = static_cast<char>((bytes[8] & 0x3f) | 0x80);  // RFC 4122 variant
+  const std::string hex = absl::BytesToHexString(bytes);
+  const absl::string_view digits = hex;
+  return absl::StrCat(digits.substr(0, 8), "-", digits.substr(8, 4), "-", digits.substr(12, 4), "-",
+                      digits.substr(16, 4), "-", digits.substr(20));
 }
 
 // The JobService calls of the commands, each with the per-call deadline. A failed call keeps the

@@ -1,12 +1,12 @@
 #include "client/job_follower.h"
 
-#include <algorithm>
 #include <memory>
 #include <optional>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "moetrain/v1/backoff.h"
 #include "moetrain/v1/coordinator.grpc.pb.h"
 
 namespace moetrain {
@@ -56,7 +56,7 @@ absl::StatusOr<FollowResult> FollowJob(const Connection& connection, const Follo
   const std::unique_ptr<v1::JobService::Stub> stub = v1::JobService::NewStub(connection.channel);
   FollowResult result;
   result.next_sequence = options.from_sequence;
-  absl::Duration backoff = options.initial_backoff;
+  Backoff backoff({.initial = options.initial_backoff, .max = options.max_backoff});
   // Since when the channel has not been connected; unset while it is.
   std::optional<absl::Time> unreachable_since;
   for (;;) {
@@ -72,7 +72,7 @@ absl::StatusOr<FollowResult> FollowJob(const Connection& connection, const Follo
     int64_t delivered = 0;
     v1::JobEvent event;
     while (reader->Read(&event)) {
-      backoff = options.initial_backoff;
+      backoff.Reset();
       // The coordinator resumes exactly where asked; this only guards the promise to the caller.
       if (event.sequence() < result.next_sequence) continue;
       result.next_sequence = event.sequence() + 1;
@@ -112,8 +112,7 @@ absl::StatusOr<FollowResult> FollowJob(const Connection& connection, const Follo
       if (!state.ok()) last_error = state.status();
     }
 
-    absl::SleepFor(backoff);
-    backoff = std::min(2 * backoff, options.max_backoff);
+    absl::SleepFor(backoff.Next());
     // WaitForConnected asks the channel to connect, and gRPC retries with its own short backoff
     // (moetrain::Connect caps it at 2 s), so a restarted coordinator is found within seconds.
     if (connection.channel->GetState(/*try_to_connect=*/true) != GRPC_CHANNEL_READY) {

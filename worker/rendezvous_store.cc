@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "moetrain/v1/backoff.h"
 #include "moetrain/v1/proto_time.h"
 
 namespace moetrain {
@@ -51,27 +52,26 @@ absl::Status CoordinatorKeyValueStore::Set(const std::string& key, const std::st
   request.set_attempt(attempt_);
   request.set_key(key);
   request.set_value(value);
-  const absl::Time deadline = absl::Now() + set_timeout;
-  absl::Duration backoff = kInitialBackoff;
+  Backoff backoff(
+      {.initial = kInitialBackoff, .max = kMaxBackoff, .deadline = absl::Now() + set_timeout});
   while (true) {
     grpc::ClientContext context;
     connection_.Prepare(&context, kCallSlack);
     v1::KvSetResponse response;
     const absl::Status status = FromGrpcStatus(stub_->KvSet(&context, request, &response));
     if (status.ok()) return status;
-    if (!Retryable(status) || absl::Now() + backoff > deadline) {
+    if (!Retryable(status) || backoff.Expired()) {
       return absl::Status(status.code(),
                           absl::StrCat("setting ", Describe(key), ": ", status.message()));
     }
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, kMaxBackoff);
+    absl::SleepFor(backoff.Next());
   }
 }
 
 absl::StatusOr<std::string> CoordinatorKeyValueStore::Get(const std::string& key,
                                                           absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  absl::Duration backoff = kInitialBackoff;
+  Backoff backoff({.initial = kInitialBackoff, .max = kMaxBackoff, .deadline = deadline});
   // The first round asks even when no time is left: a key already set is returned, as
   // KeyValueStore promises (GlooStoreAdapter::wait hands later keys what is left of one deadline).
   for (bool first = true;; first = false) {
@@ -97,8 +97,7 @@ absl::StatusOr<std::string> CoordinatorKeyValueStore::Get(const std::string& key
       return absl::Status(status.code(),
                           absl::StrCat("reading ", Describe(key), ": ", status.message()));
     }
-    absl::SleepFor(std::min(backoff, std::max(deadline - absl::Now(), absl::ZeroDuration())));
-    backoff = std::min(backoff * 2, kMaxBackoff);
+    absl::SleepFor(backoff.Next());
   }
 }
 

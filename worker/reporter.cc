@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/core/log.h"
+#include "moetrain/v1/backoff.h"
 
 namespace moetrain {
 namespace {
@@ -137,7 +138,7 @@ void Reporter::DropQueued(const std::function<bool(const Report&)>& drop) {
 }
 
 void Reporter::SendLoop() {
-  absl::Duration backoff = options_.initial_backoff;
+  Backoff backoff({.initial = options_.initial_backoff, .max = options_.max_backoff});
   for (;;) {
     Report front;
     {
@@ -158,11 +159,10 @@ void Reporter::SendLoop() {
       sending_ = false;
       if (Retryable(status.error_code())) {
         // The coordinator is away: wait (or stop), then try the same report again.
-        changed_.WaitWithDeadline(&mu_, absl::Now() + backoff);
-        backoff = std::min(backoff * 2, options_.max_backoff);
+        changed_.WaitWithDeadline(&mu_, absl::Now() + backoff.Next());
         continue;
       }
-      backoff = options_.initial_backoff;
+      backoff.Reset();
       auto collect_ends = [&](auto&& matches) {
         for (const Report& queued : queue_) {
           if (matches(queued) && IsEnd(queued)) {

@@ -1,7 +1,6 @@
 #include "engine/train/safetensors.h"
 
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,7 +12,9 @@
 #include <new>
 #include <set>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "engine/core/sha256.h"
 #include "engine/core/status.h"
 #include "nlohmann/json.hpp"
 
@@ -33,16 +34,6 @@ constexpr size_t kMaxIoBytes = size_t{1} << 30;
 
 // Debian's Abseil is built with its own string_view, which StrCat needs.
 absl::string_view ToAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
-
-std::string Hex(const unsigned char* bytes, size_t n) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out(2 * n, '0');
-  for (size_t i = 0; i < n; ++i) {
-    out[2 * i] = kDigits[bytes[i] >> 4];
-    out[2 * i + 1] = kDigits[bytes[i] & 15];
-  }
-  return out;
-}
 
 // Reads exactly `bytes` at `offset`; a short read means the file shrank underneath us.
 absl::Status ReadAt(int fd, const std::string& path, void* data, size_t bytes, uint64_t offset) {
@@ -69,48 +60,17 @@ struct FdCloser {
   }
 };
 
-// SHA-256 through OpenSSL's EVP interface.
-class Sha256 {
- public:
-  Sha256() : ctx_(EVP_MD_CTX_new()) {
-    ok_ = ctx_ != nullptr && EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) == 1;
-  }
-  ~Sha256() { EVP_MD_CTX_free(ctx_); }
-  Sha256(const Sha256&) = delete;
-  Sha256& operator=(const Sha256&) = delete;
-
-  absl::Status Update(const void* data, size_t n) {
-    if (!ok_ || EVP_DigestUpdate(ctx_, data, n) != 1) {
-      return absl::InternalError("OpenSSL SHA-256 failed");
-    }
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::string> FinalHex() {
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int n = 0;
-    if (!ok_ || EVP_DigestFinal_ex(ctx_, md, &n) != 1) {
-      return absl::InternalError("OpenSSL SHA-256 failed");
-    }
-    ok_ = false;
-    return Hex(md, n);
-  }
-
- private:
-  EVP_MD_CTX* ctx_;
-  bool ok_;
-};
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Hashed, synced files.
 
 struct HashingFileWriter::HashState {
-  Sha256 sha256;
+  Sha256Hasher sha256;
 };
 
 absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
-  Sha256 hash;
+  Sha256Hasher hash;
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return IoError(errno, absl::StrCat("open ", path));
   FdCloser closer{fd};
@@ -124,7 +84,8 @@ absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
     MOETRAIN_RETURN_IF_ERROR(hash.Update(buffer.data(), static_cast<size_t>(n)));
     digest.bytes += n;
   }
-  MOETRAIN_ASSIGN_OR_RETURN(digest.sha256, hash.FinalHex());
+  MOETRAIN_ASSIGN_OR_RETURN(const std::string sha256, hash.Finish());
+  digest.sha256 = absl::BytesToHexString(sha256);
   return digest;
 }
 
@@ -185,7 +146,8 @@ absl::StatusOr<FileDigest> HashingFileWriter::Close() {
   if (close(fd) != 0) return IoError(errno, absl::StrCat("close ", path_));
   FileDigest digest;
   digest.bytes = bytes_;
-  MOETRAIN_ASSIGN_OR_RETURN(digest.sha256, hash_->sha256.FinalHex());
+  MOETRAIN_ASSIGN_OR_RETURN(const std::string sha256, hash_->sha256.Finish());
+  digest.sha256 = absl::BytesToHexString(sha256);
   return digest;
 }
 

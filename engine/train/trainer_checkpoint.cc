@@ -21,10 +21,12 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/core/allocator.h"
 #include "engine/core/log.h"
+#include "engine/core/sha256.h"
 #include "engine/core/status.h"
 #include "engine/ops/elementwise/elementwise.h"
 #include "engine/train/checkpoint.h"
@@ -42,28 +44,18 @@ constexpr char kFp8StateTensor[] = "fp8_state";
 
 // A written file as integers for AllGather: [bytes, the sha256's 32 bytes as 4 words].
 constexpr int kFileWords = 5;
+static_assert(kFileWords == 1 + kSha256Bytes / sizeof(int64_t));
 // What each rank tells the others after writing: [ok, number of files, 2 files × kFileWords].
 constexpr int kShardWords = 2 + 2 * kFileWords;
 
 void PackFile(const CheckpointFile& file, int64_t* out) {
   out[0] = file.bytes;
-  for (int w = 0; w < 4; ++w) {
-    uint64_t word = 0;
-    for (int c = 0; c < 16; ++c) {
-      const char h = file.sha256[w * 16 + c];
-      word = word << 4 | static_cast<uint64_t>(h <= '9' ? h - '0' : h - 'a' + 10);
-    }
-    out[1 + w] = static_cast<int64_t>(word);
-  }
+  absl::HexStringToBytes(file.sha256).copy(reinterpret_cast<char*>(out + 1), kSha256Bytes);
 }
 
 CheckpointFile UnpackFile(const int64_t* in, std::string name) {
-  CheckpointFile file{std::move(name), in[0], ""};
-  for (int w = 0; w < 4; ++w) {
-    const uint64_t word = static_cast<uint64_t>(in[1 + w]);
-    for (int c = 15; c >= 0; --c) file.sha256 += "0123456789abcdef"[(word >> (4 * c)) & 0xf];
-  }
-  return file;
+  const absl::string_view digest(reinterpret_cast<const char*>(in + 1), kSha256Bytes);
+  return CheckpointFile{std::move(name), in[0], absl::BytesToHexString(digest)};
 }
 
 // A tensor read from a checkpoint (host) into its place `dst` on ctx's device.

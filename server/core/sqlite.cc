@@ -80,12 +80,18 @@ absl::StatusOr<bool> Statement::Step() {
   return StatementError(stmt_, code, path_);
 }
 
-absl::Status Statement::Run() {
+absl::Status Statement::ForEachRow(absl::FunctionRef<absl::Status(const Statement&)> row) {
   for (;;) {
-    absl::StatusOr<bool> row = Step();
-    if (!row.ok()) return row.status();
-    if (!*row) return absl::OkStatus();
+    absl::StatusOr<bool> ready = Step();
+    if (!ready.ok()) return ready.status();
+    if (!*ready) return absl::OkStatus();
+    absl::Status status = row(*this);
+    if (!status.ok()) return status;
   }
+}
+
+absl::Status Statement::Run() {
+  return ForEachRow([](const Statement&) { return absl::OkStatus(); });
 }
 
 bool Statement::IsNull(int column) const {

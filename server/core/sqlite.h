@@ -70,6 +70,9 @@ class Statement {
 
   // True when a row is ready, false when the statement is done.
   absl::StatusOr<bool> Step();
+  // Steps to completion, calling `row` on each row (this statement, positioned on it); stops at
+  // the first error, SQLite's or the callback's.
+  absl::Status ForEachRow(absl::FunctionRef<absl::Status(const Statement&)> row);
   // Steps to completion, expecting no rows (INSERT, UPDATE, DDL).
   absl::Status Run();
 

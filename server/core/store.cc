@@ -2,15 +2,15 @@
 // live in store_attempts.cc, deletion in store_delete.cc, Open and the schema in store_schema.cc.
 #include "server/core/store.h"
 
-#include <openssl/evp.h>
-
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "engine/core/sha256.h"
 #include "engine/core/status.h"
 #include "server/core/limits.h"
 #include "server/core/sqlite.h"
@@ -33,19 +33,6 @@ constexpr char kJobColumns[] =
 
 int64_t Micros(absl::Time time) { return absl::ToUnixMicros(time); }
 absl::Time FromMicros(int64_t micros) { return absl::FromUnixMicros(micros); }
-
-std::string Sha256Hex(absl::string_view bytes) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int size = 0;
-  EVP_Digest(bytes.data(), bytes.size(), digest, &size, EVP_sha256(), nullptr);
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string hex;
-  for (unsigned int i = 0; i < size; ++i) {
-    hex.push_back(kHex[digest[i] >> 4]);
-    hex.push_back(kHex[digest[i] & 15]);
-  }
-  return hex;
-}
 
 // A row of kJobColumns. An unreadable state means the file holds what no build wrote.
 absl::StatusOr<JobRecord> JobFromRow(const sqlite::Statement& row, absl::string_view path) {
@@ -147,7 +134,8 @@ absl::StatusOr<JobRecord> Store::CreateJob(const NewJob& job) {
     return absl::InvalidArgumentError(absl::StrCat("submission_id is ", job.submission_id.size(),
                                                    " bytes, more than ", kMaxSubmissionIdBytes));
   }
-  const std::string spec_sha256 = Sha256Hex(job.spec);
+  MOETRAIN_ASSIGN_OR_RETURN(const std::string spec_digest, Sha256Digest(job.spec));
+  const std::string spec_sha256 = absl::BytesToHexString(spec_digest);
   JobRecord result;
   MOETRAIN_RETURN_IF_ERROR(Write([&]() -> absl::Status {
     if (!job.submission_id.empty()) {
@@ -209,9 +197,7 @@ absl::StatusOr<JobRecord> Store::CreateJob(const NewJob& job) {
 
 absl::StatusOr<JobRecord> Store::GetJob(absl::string_view job_id) {
   MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
-  absl::MutexLock lock(&read_mu_);
-  sqlite::Database& db = *reader_;
-  return ReadJob(db, job_id);
+  return Read([&](sqlite::Database& db) { return ReadJob(db, job_id); });
 }
 
 absl::StatusOr<JobPage> Store::ListJobs(const ListJobsOptions& options) {
@@ -234,38 +220,39 @@ absl::StatusOr<JobPage> Store::ListJobs(const ListJobsOptions& options) {
     absl::StrAppend(&filter, filter.empty() ? " AND state IN ('" : ", '", JobStateName(state), "'");
   }
   if (!filter.empty()) filter += ")";
-  absl::MutexLock lock(&read_mu_);
-  sqlite::Database& db = *reader_;
-  absl::StatusOr<sqlite::Statement> stmt =
-      db.Query(absl::StrCat("SELECT ", kJobColumns, " FROM jobs WHERE created_seq > ?1", filter,
-                            " ORDER BY created_seq LIMIT ?2"),
-               after, page_size + 1);
-  if (!stmt.ok()) return stmt.status();
-  JobPage page;
-  int64_t last_seq = 0;
-  size_t page_bytes = 0;
-  for (;;) {
-    MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt->Step());
-    if (!row) break;
-    if (static_cast<int>(page.jobs.size()) == page_size) {
-      page.next_page_token = absl::StrCat(last_seq);
-      break;
+  return Read([&](sqlite::Database& db) -> absl::StatusOr<JobPage> {
+    MOETRAIN_ASSIGN_OR_RETURN(
+        sqlite::Statement stmt,
+        db.Query(absl::StrCat("SELECT ", kJobColumns, " FROM jobs WHERE created_seq > ?1", filter,
+                              " ORDER BY created_seq LIMIT ?2"),
+                 after, page_size + 1));
+    JobPage page;
+    int64_t last_seq = 0;
+    size_t page_bytes = 0;
+    // Step() rather than ForEachRow: the page may fill before the rows run out.
+    for (;;) {
+      MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
+      if (!row) break;
+      if (static_cast<int>(page.jobs.size()) == page_size) {
+        page.next_page_token = absl::StrCat(last_seq);
+        break;
+      }
+      MOETRAIN_ASSIGN_OR_RETURN(JobRecord job, JobFromRow(stmt, path_));
+      // Rows stored before the caps may hold longer strings than any write now can.
+      job.state_reason = TruncateWithMarker(job.state_reason, kMaxReasonBytes);
+      job.name = TruncateWithMarker(job.name, kMaxListedNameBytes);
+      // A page holds at least one job, so that every job can be listed.
+      const size_t bytes = ListedBytes(job);
+      if (!page.jobs.empty() && page_bytes + bytes > max_bytes) {
+        page.next_page_token = absl::StrCat(last_seq);
+        break;
+      }
+      page_bytes += bytes;
+      page.jobs.push_back(std::move(job));
+      last_seq = stmt.Int(13);
     }
-    MOETRAIN_ASSIGN_OR_RETURN(JobRecord job, JobFromRow(*stmt, path_));
-    // Rows stored before the caps may hold longer strings than any write now can.
-    job.state_reason = TruncateWithMarker(job.state_reason, kMaxReasonBytes);
-    job.name = TruncateWithMarker(job.name, kMaxListedNameBytes);
-    // A page holds at least one job, so that every job can be listed.
-    const size_t bytes = ListedBytes(job);
-    if (!page.jobs.empty() && page_bytes + bytes > max_bytes) {
-      page.next_page_token = absl::StrCat(last_seq);
-      break;
-    }
-    page_bytes += bytes;
-    page.jobs.push_back(std::move(job));
-    last_seq = stmt->Int(13);
-  }
-  return page;
+    return page;
+  });
 }
 
 absl::StatusOr<JobRecord> Store::TransitionJob(absl::string_view job_id, JobState from, JobState to,
@@ -321,19 +308,18 @@ absl::Status Store::SetWaitingReasons(
 absl::StatusOr<std::map<JobState, int64_t>> Store::CountJobsByState() {
   std::map<JobState, int64_t> counts;
   for (JobState state : kAllJobStates) counts[state] = 0;
-  absl::MutexLock lock(&read_mu_);
-  sqlite::Database& db = *reader_;
-  MOETRAIN_ASSIGN_OR_RETURN(sqlite::Statement stmt,
-                            db.Prepare("SELECT state, count(*) FROM jobs GROUP BY state"));
-  for (;;) {
-    MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
-    if (!row) break;
-    absl::StatusOr<JobState> state = ParseJobState(stmt.Text(0));
-    if (!state.ok()) {
-      return absl::DataLossError(absl::StrCat("store ", path_, ": ", state.status().message()));
-    }
-    counts[*state] = stmt.Int(1);
-  }
+  MOETRAIN_RETURN_IF_ERROR(Read([&](sqlite::Database& db) -> absl::Status {
+    MOETRAIN_ASSIGN_OR_RETURN(sqlite::Statement stmt,
+                              db.Prepare("SELECT state, count(*) FROM jobs GROUP BY state"));
+    return stmt.ForEachRow([&](const sqlite::Statement& row) -> absl::Status {
+      absl::StatusOr<JobState> state = ParseJobState(row.Text(0));
+      if (!state.ok()) {
+        return absl::DataLossError(absl::StrCat("store ", path_, ": ", state.status().message()));
+      }
+      counts[*state] = row.Int(1);
+      return absl::OkStatus();
+    });
+  }));
   return counts;
 }
 
@@ -384,18 +370,18 @@ absl::Status Store::AppendEvents(const std::vector<NewEvent>& events) {
 
 absl::StatusOr<std::optional<EventRecord>> Store::LastEvent(absl::string_view job_id) {
   MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
-  absl::MutexLock lock(&read_mu_);
-  sqlite::Database& db = *reader_;
-  MOETRAIN_RETURN_IF_ERROR(RequireJob(db, job_id));
-  MOETRAIN_ASSIGN_OR_RETURN(
-      sqlite::Statement stmt,
-      db.Query("SELECT sequence, kind, payload, time_us FROM events WHERE job_id = ?1 "
-               "ORDER BY sequence DESC LIMIT 1",
-               job_id));
-  MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
-  if (!row) return std::optional<EventRecord>();
-  return std::optional<EventRecord>(
-      EventRecord{stmt.Int(0), stmt.Text(1), stmt.Text(2), FromMicros(stmt.Int(3))});
+  return Read([&](sqlite::Database& db) -> absl::StatusOr<std::optional<EventRecord>> {
+    MOETRAIN_RETURN_IF_ERROR(RequireJob(db, job_id));
+    MOETRAIN_ASSIGN_OR_RETURN(
+        sqlite::Statement stmt,
+        db.Query("SELECT sequence, kind, payload, time_us FROM events WHERE job_id = ?1 "
+                 "ORDER BY sequence DESC LIMIT 1",
+                 job_id));
+    MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
+    if (!row) return std::optional<EventRecord>();
+    return std::optional<EventRecord>(
+        EventRecord{stmt.Int(0), stmt.Text(1), stmt.Text(2), FromMicros(stmt.Int(3))});
+  });
 }
 
 absl::StatusOr<int64_t> Store::RecordStepMetrics(absl::string_view job_id, int32_t attempt,
@@ -423,20 +409,19 @@ absl::StatusOr<std::vector<EventRecord>> Store::ReadEvents(absl::string_view job
                                                    " must be >= 0 and limit = ", limit,
                                                    " within 1..", kMaxEventsPerRead));
   }
-  absl::MutexLock lock(&read_mu_);
-  sqlite::Database& db = *reader_;
-  MOETRAIN_RETURN_IF_ERROR(RequireJob(db, job_id));
-  MOETRAIN_ASSIGN_OR_RETURN(
-      sqlite::Statement stmt,
-      db.Query("SELECT sequence, kind, payload, time_us FROM events WHERE job_id = ?1 AND "
-               "sequence >= ?2 ORDER BY sequence LIMIT ?3",
-               job_id, from_sequence, limit));
   std::vector<EventRecord> events;
-  for (;;) {
-    MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
-    if (!row) break;
-    events.push_back({stmt.Int(0), stmt.Text(1), stmt.Text(2), FromMicros(stmt.Int(3))});
-  }
+  MOETRAIN_RETURN_IF_ERROR(Read([&](sqlite::Database& db) -> absl::Status {
+    MOETRAIN_RETURN_IF_ERROR(RequireJob(db, job_id));
+    MOETRAIN_ASSIGN_OR_RETURN(
+        sqlite::Statement stmt,
+        db.Query("SELECT sequence, kind, payload, time_us FROM events WHERE job_id = ?1 AND "
+                 "sequence >= ?2 ORDER BY sequence LIMIT ?3",
+                 job_id, from_sequence, limit));
+    return stmt.ForEachRow([&](const sqlite::Statement& row) {
+      events.push_back({row.Int(0), row.Text(1), row.Text(2), FromMicros(row.Int(3))});
+      return absl::OkStatus();
+    });
+  }));
   return events;
 }
 

@@ -262,6 +262,12 @@ class Store {
   // Runs `body` (with mu_ held) as one atomic write, in a transaction shared with the writes
   // queued meanwhile; returns the body's status, or the commit's error.
   absl::Status Write(absl::FunctionRef<absl::Status()> body) ABSL_LOCKS_EXCLUDED(mu_, queue_mu_);
+  // Runs `body` on the read-only connection, its lock held; returns what `body` returns.
+  template <typename Body>
+  auto Read(Body body) ABSL_LOCKS_EXCLUDED(read_mu_) {
+    absl::MutexLock lock(&read_mu_);
+    return body(*reader_);
+  }
 
   const std::string path_;
   StoreEnv* const env_;

@@ -72,46 +72,44 @@ absl::Status Store::EndAttempt(absl::string_view job_id, int32_t attempt,
 
 absl::StatusOr<std::vector<AttemptRecord>> Store::ListAttempts(absl::string_view job_id) {
   MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
-  absl::MutexLock lock(&read_mu_);
-  sqlite::Database& db = *reader_;
-  MOETRAIN_RETURN_IF_ERROR(RequireJob(db, job_id));
-  MOETRAIN_ASSIGN_OR_RETURN(
-      sqlite::Statement stmt,
-      db.Query("SELECT attempt, workers, started_us, ended_us, outcome FROM attempts "
-               "WHERE job_id = ? ORDER BY attempt",
-               job_id));
   std::vector<AttemptRecord> attempts;
-  for (;;) {
-    MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
-    if (!row) break;
-    AttemptRecord& attempt = attempts.emplace_back();
-    attempt.attempt = static_cast<int32_t>(stmt.Int(0));
-    attempt.workers = absl::StrSplit(stmt.Text(1), ',', absl::SkipEmpty());
-    attempt.started_at = FromMicros(stmt.Int(2));
-    if (!stmt.IsNull(3)) attempt.ended_at = FromMicros(stmt.Int(3));
-    attempt.outcome = stmt.Text(4);
-  }
+  MOETRAIN_RETURN_IF_ERROR(Read([&](sqlite::Database& db) -> absl::Status {
+    MOETRAIN_RETURN_IF_ERROR(RequireJob(db, job_id));
+    MOETRAIN_ASSIGN_OR_RETURN(
+        sqlite::Statement stmt,
+        db.Query("SELECT attempt, workers, started_us, ended_us, outcome FROM attempts "
+                 "WHERE job_id = ? ORDER BY attempt",
+                 job_id));
+    return stmt.ForEachRow([&](const sqlite::Statement& row) {
+      AttemptRecord& attempt = attempts.emplace_back();
+      attempt.attempt = static_cast<int32_t>(row.Int(0));
+      attempt.workers = absl::StrSplit(row.Text(1), ',', absl::SkipEmpty());
+      attempt.started_at = FromMicros(row.Int(2));
+      if (!row.IsNull(3)) attempt.ended_at = FromMicros(row.Int(3));
+      attempt.outcome = row.Text(4);
+      return absl::OkStatus();
+    });
+  }));
   return attempts;
 }
 
 absl::StatusOr<std::vector<std::pair<std::string, AttemptRecord>>> Store::ListOpenAttempts() {
-  absl::MutexLock lock(&read_mu_);
-  sqlite::Database& db = *reader_;
-  MOETRAIN_ASSIGN_OR_RETURN(
-      sqlite::Statement stmt,
-      db.Prepare("SELECT a.job_id, a.attempt, a.workers, a.started_us FROM attempts a "
-                 "JOIN jobs j ON j.id = a.job_id WHERE a.ended_us IS NULL "
-                 "ORDER BY j.created_seq, a.attempt"));
   std::vector<std::pair<std::string, AttemptRecord>> open;
-  for (;;) {
-    MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
-    if (!row) break;
-    AttemptRecord attempt;
-    attempt.attempt = static_cast<int32_t>(stmt.Int(1));
-    attempt.workers = absl::StrSplit(stmt.Text(2), ',', absl::SkipEmpty());
-    attempt.started_at = FromMicros(stmt.Int(3));
-    open.emplace_back(stmt.Text(0), std::move(attempt));
-  }
+  MOETRAIN_RETURN_IF_ERROR(Read([&](sqlite::Database& db) -> absl::Status {
+    MOETRAIN_ASSIGN_OR_RETURN(
+        sqlite::Statement stmt,
+        db.Prepare("SELECT a.job_id, a.attempt, a.workers, a.started_us FROM attempts a "
+                   "JOIN jobs j ON j.id = a.job_id WHERE a.ended_us IS NULL "
+                   "ORDER BY j.created_seq, a.attempt"));
+    return stmt.ForEachRow([&](const sqlite::Statement& row) {
+      AttemptRecord attempt;
+      attempt.attempt = static_cast<int32_t>(row.Int(1));
+      attempt.workers = absl::StrSplit(row.Text(2), ',', absl::SkipEmpty());
+      attempt.started_at = FromMicros(row.Int(3));
+      open.emplace_back(row.Text(0), std::move(attempt));
+      return absl::OkStatus();
+    });
+  }));
   return open;
 }
 
@@ -144,21 +142,20 @@ absl::Status Store::RecordCheckpoint(absl::string_view job_id, const CheckpointR
 
 absl::StatusOr<std::vector<CheckpointRecord>> Store::ListCheckpoints(absl::string_view job_id) {
   MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
-  absl::MutexLock lock(&read_mu_);
-  sqlite::Database& db = *reader_;
-  MOETRAIN_RETURN_IF_ERROR(RequireJob(db, job_id));
-  MOETRAIN_ASSIGN_OR_RETURN(
-      sqlite::Statement stmt,
-      db.Query("SELECT step, path, tokens_seen, time_us, attempt FROM checkpoints "
-               "WHERE job_id = ? ORDER BY step",
-               job_id));
   std::vector<CheckpointRecord> checkpoints;
-  for (;;) {
-    MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
-    if (!row) break;
-    checkpoints.push_back({stmt.Int(0), stmt.Text(1), stmt.Int(2), FromMicros(stmt.Int(3)),
-                           static_cast<int32_t>(stmt.Int(4))});
-  }
+  MOETRAIN_RETURN_IF_ERROR(Read([&](sqlite::Database& db) -> absl::Status {
+    MOETRAIN_RETURN_IF_ERROR(RequireJob(db, job_id));
+    MOETRAIN_ASSIGN_OR_RETURN(
+        sqlite::Statement stmt,
+        db.Query("SELECT step, path, tokens_seen, time_us, attempt FROM checkpoints "
+                 "WHERE job_id = ? ORDER BY step",
+                 job_id));
+    return stmt.ForEachRow([&](const sqlite::Statement& row) {
+      checkpoints.push_back({row.Int(0), row.Text(1), row.Int(2), FromMicros(row.Int(3)),
+                             static_cast<int32_t>(row.Int(4))});
+      return absl::OkStatus();
+    });
+  }));
   return checkpoints;
 }
 
@@ -182,27 +179,27 @@ absl::Status Store::UpsertWorker(const WorkerRecord& worker) {
 }
 
 absl::StatusOr<std::vector<WorkerRecord>> Store::ListWorkers() {
-  absl::MutexLock lock(&read_mu_);
-  sqlite::Database& db = *reader_;
-  MOETRAIN_ASSIGN_OR_RETURN(
-      sqlite::Statement stmt,
-      db.Prepare("SELECT id, name, resources, state, last_heartbeat_us FROM workers ORDER BY id"));
   std::vector<WorkerRecord> workers;
-  for (;;) {
-    MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
-    if (!row) break;
-    WorkerRecord& worker = workers.emplace_back();
-    worker.id = stmt.Text(0);
-    worker.name = stmt.Text(1);
-    worker.resources = stmt.Text(2);
-    absl::StatusOr<WorkerState> state = ParseWorkerState(stmt.Text(3));
-    if (!state.ok()) {
-      return absl::DataLossError(
-          absl::StrCat("store ", path_, ": worker ", worker.id, ": ", state.status().message()));
-    }
-    worker.state = *state;
-    worker.last_heartbeat = FromMicros(stmt.Int(4));
-  }
+  MOETRAIN_RETURN_IF_ERROR(Read([&](sqlite::Database& db) -> absl::Status {
+    MOETRAIN_ASSIGN_OR_RETURN(
+        sqlite::Statement stmt,
+        db.Prepare(
+            "SELECT id, name, resources, state, last_heartbeat_us FROM workers ORDER BY id"));
+    return stmt.ForEachRow([&](const sqlite::Statement& row) -> absl::Status {
+      WorkerRecord& worker = workers.emplace_back();
+      worker.id = row.Text(0);
+      worker.name = row.Text(1);
+      worker.resources = row.Text(2);
+      absl::StatusOr<WorkerState> state = ParseWorkerState(row.Text(3));
+      if (!state.ok()) {
+        return absl::DataLossError(
+            absl::StrCat("store ", path_, ": worker ", worker.id, ": ", state.status().message()));
+      }
+      worker.state = *state;
+      worker.last_heartbeat = FromMicros(row.Int(4));
+      return absl::OkStatus();
+    });
+  }));
   return workers;
 }
 

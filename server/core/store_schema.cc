@@ -128,12 +128,11 @@ absl::StatusOr<int64_t> ReadSchemaVersion(sqlite::Database& db) {
 absl::Status CheckIntegrity(sqlite::Database& db) {
   MOETRAIN_ASSIGN_OR_RETURN(sqlite::Statement stmt, db.Prepare("PRAGMA quick_check(10)"));
   std::vector<std::string> problems;
-  for (;;) {
-    MOETRAIN_ASSIGN_OR_RETURN(bool row, stmt.Step());
-    if (!row) break;
-    std::string line = stmt.Text(0);
+  MOETRAIN_RETURN_IF_ERROR(stmt.ForEachRow([&](const sqlite::Statement& row) {
+    std::string line = row.Text(0);
     if (line != "ok") problems.push_back(std::move(line));
-  }
+    return absl::OkStatus();
+  }));
   if (problems.empty()) return absl::OkStatus();
   return absl::DataLossError(absl::StrCat(
       "store ", db.path(), ": integrity check failed: ", absl::StrJoin(problems, "; ")));

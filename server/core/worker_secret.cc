@@ -1,10 +1,10 @@
 #include "server/core/worker_secret.h"
 
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
 #include <openssl/rand.h>
 
 #include "absl/strings/escaping.h"
+#include "engine/core/sha256.h"
 
 namespace moetrain::server {
 
@@ -18,16 +18,15 @@ absl::StatusOr<std::string> NewWorkerSecret() {
 }
 
 std::string WorkerSecretDigest(absl::string_view secret) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int size = 0;
-  EVP_Digest(secret.data(), secret.size(), digest, &size, EVP_sha256(), nullptr);
-  return std::string(reinterpret_cast<const char*>(digest), size);
+  absl::StatusOr<std::string> digest = Sha256Digest(secret);
+  return digest.ok() ? *std::move(digest) : std::string();
 }
 
 bool WorkerSecretMatches(absl::string_view digest, absl::string_view secret) {
   const std::string presented = WorkerSecretDigest(secret);
-  // Both are SHA-256 digests of 32 bytes unless `digest` is damaged: then nothing matches.
-  return digest.size() == presented.size() &&
+  // Both are SHA-256 digests of 32 bytes unless `digest` is damaged or OpenSSL failed (an empty
+  // digest): then nothing matches.
+  return presented.size() == kSha256Bytes && digest.size() == presented.size() &&
          CRYPTO_memcmp(digest.data(), presented.data(), presented.size()) == 0;
 }
 

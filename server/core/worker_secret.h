@@ -14,7 +14,8 @@ namespace moetrain::server {
 // when the generator fails.
 absl::StatusOr<std::string> NewWorkerSecret();
 
-// The 32-byte SHA-256 digest of `secret`, as stored.
+// The 32-byte SHA-256 digest of `secret`, as stored; empty when OpenSSL fails (no secret matches
+// an empty digest).
 std::string WorkerSecretDigest(absl::string_view secret);
 
 // Whether `secret` hashes to `digest`; the comparison takes the same time wherever they differ.
