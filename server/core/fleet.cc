@@ -47,7 +47,12 @@ std::string StepDirName(int64_t step) {
 }  // namespace
 
 Fleet::Fleet(Store* store, Coordinator* coordinator, ServiceMetrics* metrics, FleetOptions options)
-    : store_(store), coordinator_(coordinator), metrics_(metrics), options_(std::move(options)) {}
+    : store_(store),
+      coordinator_(coordinator),
+      options_(std::move(options)),
+      kv_(RendezvousLimits{options_.kv_max_keys_per_attempt, options_.kv_max_bytes_per_attempt,
+                           options_.kv_max_bytes_total}),
+      metrics_(metrics, options_.metrics_retention) {}
 
 absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(Store* store, Coordinator* coordinator,
                                                      ServiceMetrics* metrics,
@@ -75,6 +80,7 @@ void Fleet::Stop() {
     stopping_ = true;
     changed_.SignalAll();
   }
+  kv_.Shutdown();  // KvWait calls wait on the rendezvous, not on changed_
   if (control_thread_.joinable()) control_thread_.join();
 }
 
@@ -341,7 +347,7 @@ absl::Status Fleet::ReportStep(const v1::ReportStepRequest& request) {
   const int64_t new_tokens =
       std::max<int64_t>(0, metrics.tokens_seen() - attempt->last_tokens_seen);
   attempt->last_tokens_seen = std::max(attempt->last_tokens_seen, metrics.tokens_seen());
-  if (metrics_ != nullptr) metrics_->OnStep(request.job_id(), metrics, new_tokens);
+  metrics_.OnStep(request.job_id(), metrics, new_tokens);
   return absl::OkStatus();
 }
 
@@ -382,9 +388,7 @@ absl::Status Fleet::ReportCheckpoint(const v1::ReportCheckpointRequest& request)
                                                    request.path(), "': expected a step >= 1 at '",
                                                    expected, "'"));
   }
-  if (metrics_ != nullptr) {
-    metrics_->OnCheckpointWritten(request.job_id(), FromProtoDuration(request.write_duration()));
-  }
+  metrics_.OnCheckpointWritten(request.job_id(), FromProtoDuration(request.write_duration()));
   std::set<int32_t>& members = attempt->checkpoint_members[request.step()];
   members.insert(member);
   if (members.size() < attempt->workers.size()) return absl::OkStatus();
@@ -396,7 +400,7 @@ absl::Status Fleet::ReportCheckpoint(const v1::ReportCheckpointRequest& request)
   record.tokens_seen = request.tokens_seen();
   record.attempt = attempt->attempt;
   MOETRAIN_RETURN_IF_ERROR(store_->RecordCheckpoint(request.job_id(), record));
-  if (metrics_ != nullptr) metrics_->OnCheckpointGood(request.job_id(), record.step, absl::Now());
+  metrics_.OnCheckpointGood(request.job_id(), record.step, absl::Now());
   v1::CheckpointSaved saved;
   saved.set_step(request.step());
   saved.set_path(request.path());
@@ -482,19 +486,21 @@ void Fleet::OrderStop(const AttemptEntry& attempt) {
   changed_.SignalAll();
 }
 
+void Fleet::ForgetAttempt(absl::string_view job_id) {
+  auto it = attempts_.find(job_id);
+  if (it != attempts_.end()) attempts_.erase(it);
+  kv_.Close(job_id);
+}
+
 absl::StatusOr<JobRecord> Fleet::Cancel(absl::string_view job_id, absl::string_view reason) {
   absl::MutexLock lock(&mu_);
   MOETRAIN_ASSIGN_OR_RETURN(JobRecord job, coordinator_->Cancel(job_id, reason));
-  if (metrics_ != nullptr) {
-    metrics_->OnJob(job.id, job.name);
-    metrics_->OnJobState(job.id, job.state);
-  }
-  ScheduleRetirement(job.id);
+  metrics_.OnCancel(job);
   auto it = attempts_.find(job_id);
   if (it != attempts_.end()) {
     MOETRAIN_RETURN_IF_ERROR(store_->EndAttempt(job_id, it->second->attempt, "cancelled"));
     OrderStop(*it->second);
-    attempts_.erase(it);
+    ForgetAttempt(job_id);
   }
   waiting_reasons_.erase(std::string(job_id));
   stored_waiting_.erase(std::string(job_id));
@@ -541,22 +547,11 @@ absl::StatusOr<JobRecord> Fleet::TransitionJob(absl::string_view job_id, JobStat
                                                absl::string_view reason,
                                                const TransitionOptions& options) {
   absl::StatusOr<JobRecord> moved = coordinator_->Transition(job_id, from, to, reason, options);
-  if (moved.ok()) stored_waiting_.erase(std::string(job_id));  // the transition emptied it
-  if (moved.ok() && metrics_ != nullptr) metrics_->OnJobState(job_id, to);
-  if (moved.ok() && IsFinal(to)) ScheduleRetirement(job_id);
+  if (!moved.ok()) return moved;
+  stored_waiting_.erase(std::string(job_id));  // the transition emptied it
+  metrics_.OnJobState(job_id, to);
+  if (to == JobState::kRestarting && options.count_restart) metrics_.OnRestart(job_id);
   return moved;
-}
-
-void Fleet::ScheduleRetirement(absl::string_view job_id) {
-  if (metrics_ != nullptr) ended_jobs_.emplace_back(absl::Now(), std::string(job_id));
-}
-
-void Fleet::RetireEndedJobs(absl::Time now) {
-  // Oldest first, so that a pass with nothing due looks at one entry.
-  while (!ended_jobs_.empty() && now - ended_jobs_.front().first >= options_.metrics_retention) {
-    metrics_->RetireJob(ended_jobs_.front().second);
-    ended_jobs_.pop_front();
-  }
 }
 
 }  // namespace moetrain::server

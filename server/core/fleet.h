@@ -34,7 +34,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -53,6 +52,8 @@
 #include "absl/time/time.h"
 #include "moetrain/v1/worker.pb.h"
 #include "server/core/coordinator.h"
+#include "server/core/fleet_metrics.h"
+#include "server/core/fleet_rendezvous.h"
 #include "server/core/job_state.h"
 #include "server/core/service_metrics.h"
 #include "server/core/store.h"
@@ -89,8 +90,8 @@ struct FleetOptions {
   // up to restart_backoff_max. Kept in the store, so a coordinator restart does not cut it short.
   absl::Duration restart_backoff_initial = absl::Seconds(1);
   absl::Duration restart_backoff_max = absl::Minutes(5);
-  // Bounds of the rendezvous: keys of one attempt, bytes (keys and values) of one attempt, and
-  // bytes of all attempts together. KvSet past any is ResourceExhausted.
+  // Bounds of the rendezvous (FleetRendezvous): keys of one attempt, bytes (keys and values) of
+  // one attempt, and bytes of all attempts together. KvSet past any is ResourceExhausted.
   int64_t kv_max_keys_per_attempt = 1024;
   int64_t kv_max_bytes_per_attempt = int64_t{64} << 20;
   int64_t kv_max_bytes_total = int64_t{256} << 20;
@@ -193,10 +194,18 @@ class Fleet {
                                           std::optional<std::filesystem::path>* aside)
       ABSL_LOCKS_EXCLUDED(mu_);
   void ControlLoop();
-  // One pass of the control loop: lost workers, stuck ranks, the end of the grace period, then a
-  // scheduling pass.
+  // One pass of the control loop: lost workers, then the end of the grace period (while
+  // reconciling) or stuck ranks (after), then a scheduling pass when one is due.
   void ControlPass() ABSL_LOCKS_EXCLUDED(mu_);
   void ControlPassLocked(std::vector<NewEvent>* announcements) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Declares lost the workers silent past their heartbeat timeout (failing their attempts), and
+  // forgets those lost for forget_lost_after.
+  void LostWorkersPass(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a start: ends the grace period early once every worker and reloaded rank is back, and
+  // when it ends restarts the attempts with a rank that did not report.
+  void ReconcilePass(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails the attempts with a rank handed out heartbeat_timeout ago that never started.
+  void StuckRanksPass(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts what can start; appends to `announcements` why each job that cannot start waits (when
   // that changed), for the caller to record once the lock is released.
   absl::Status SchedulePass(std::vector<NewEvent>* announcements)
@@ -221,6 +230,8 @@ class Fleet {
   void ReleaseSlot(WorkerEntry& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells every worker still running a rank of `attempt` to stop.
   void OrderStop(const AttemptEntry& attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the job's live attempt, and its rendezvous with it.
+  void ForgetAttempt(absl::string_view job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PersistWorker(const WorkerEntry& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::StatusOr<WorkerEntry*> FindWorker(absl::string_view worker_id)
@@ -235,20 +246,12 @@ class Fleet {
   // The attempt a rendezvous call is about: the job's current one, with a rank on `worker_id`.
   absl::StatusOr<AttemptEntry*> FindKvAttempt(absl::string_view worker_id, absl::string_view job_id,
                                               int64_t attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int64_t KvBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Hands the heap pages of freed rendezvous values back to the system once enough were freed
-  // (the allocator keeps them otherwise). Run by the control loop.
-  void TrimFreedKvMemory() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   WorkerState StateOf(const WorkerEntry& worker) const;
   std::string CheckpointRoot(const JobRecord& job, const v1::JobSpec& spec) const;
   // Wakes the control loop for a scheduling pass soon.
   void RequestSchedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The job reached a final state now: its series go metrics_retention later.
-  void ScheduleRetirement(absl::string_view job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Removes the series of the jobs that ended metrics_retention ago or earlier.
-  void RetireEndedJobs(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Every state change the fleet makes goes through here: Coordinator::Transition, then the
-  // job's state in the metrics.
+  // Every state change the fleet makes but Cancel goes through here: Coordinator::Transition,
+  // then the job's state (and a counted restart) in the metrics.
   absl::StatusOr<JobRecord> TransitionJob(absl::string_view job_id, JobState from, JobState to,
                                           absl::string_view reason,
                                           const TransitionOptions& options = {})
@@ -256,10 +259,12 @@ class Fleet {
 
   Store* const store_;
   Coordinator* const coordinator_;
-  ServiceMetrics* const metrics_;
   const FleetOptions options_;
+  // The maps of the live attempts in attempts_, opened and closed with them; its own lock.
+  FleetRendezvous kv_;
 
   absl::Mutex mu_;
+  FleetMetrics metrics_ ABSL_GUARDED_BY(mu_);
   // Signalled on every change a long poll or the control loop may wait for.
   absl::CondVar changed_;
   std::map<std::string, std::unique_ptr<WorkerEntry>, std::less<>> workers_ ABSL_GUARDED_BY(mu_);
@@ -274,13 +279,6 @@ class Fleet {
   std::vector<std::pair<std::string, std::string>> unwritten_waiting_ ABSL_GUARDED_BY(mu_);
   // The earliest end of a restart backoff the last scheduling pass saw: a pass is due then.
   absl::Time backoff_ends_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
-  // (when it ended, job id) of the jobs whose metric series are still to be retired, oldest
-  // first. Only jobs that end in this process: after a restart, Reload makes series for live
-  // jobs only. A final job gets no reports (they need its attempt, gone with its end), so
-  // nothing makes its series again once retired.
-  std::deque<std::pair<absl::Time, std::string>> ended_jobs_ ABSL_GUARDED_BY(mu_);
-  // The most rendezvous bytes held since the heap was last trimmed (TrimFreedKvMemory).
-  int64_t kv_bytes_peak_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time grace_until_ ABSL_GUARDED_BY(mu_);
   // Attempts reloaded at start whose ranks must show up before grace_until_.
   bool reconciling_ ABSL_GUARDED_BY(mu_) = false;

@@ -165,14 +165,10 @@ absl::Status Fleet::Reload() {
       slot.delivered = true;
       slot.delivered_at = now;
     }
-    if (metrics_ != nullptr) {
-      metrics_->OnJob(job_id, job.name);
-      metrics_->OnJobState(job_id, job.state);
-      metrics_->OnAttemptStart(job_id, spec.checkpoint().every_steps(),
-                               checkpoint.ok() ? checkpoint->step : 0);
-      if (checkpoint.ok()) metrics_->OnCheckpointGood(job_id, checkpoint->step, checkpoint->time);
-    }
+    metrics_.OnAttemptStart(job, spec, checkpoint.ok() ? &*checkpoint : nullptr);
+    metrics_.OnJobState(job_id, job.state);
     attempts_.emplace(job_id, std::move(attempt));
+    kv_.Open(job_id, record.attempt);
     reconciling_ = true;
   }
   // A job moved on past an ended attempt but not yet to its next state (a crash in between).
@@ -251,13 +247,26 @@ void Fleet::ControlPassLocked(std::vector<NewEvent>* announcements) {
   if (stopping_) return;
   if (wake_.exchange(false)) schedule_requested_ = true;
   const absl::Time now = absl::Now();
-  RetireEndedJobs(now);
-  TrimFreedKvMemory();
+  metrics_.RetireEnded(now);
+  kv_.TrimFreedMemory();
   if (now >= backoff_ends_) {
     backoff_ends_ = absl::InfiniteFuture();
     schedule_requested_ = true;
   }
+  LostWorkersPass(now);
+  // Stuck ranks only once reconciled: a reloaded rank has the grace period to show up.
+  if (reconciling_) {
+    ReconcilePass(now);
+  } else {
+    StuckRanksPass(now);
+  }
+  if (now >= grace_until_ && schedule_requested_) {
+    schedule_requested_ = false;
+    LogIfError(SchedulePass(announcements), "scheduling pass");
+  }
+}
 
+void Fleet::LostWorkersPass(absl::Time now) {
   for (auto it = workers_.begin(); it != workers_.end();) {
     WorkerEntry& worker = *it->second;
     const absl::Duration silence = now - worker.last_heartbeat;
@@ -280,8 +289,10 @@ void Fleet::ControlPassLocked(std::vector<NewEvent>* announcements) {
     }
     ++it;
   }
+}
 
-  if (reconciling_ && now < grace_until_) {
+void Fleet::ReconcilePass(absl::Time now) {
+  if (now < grace_until_) {
     // Everyone known is back and every reloaded rank has reported: no need to wait longer.
     const bool workers_back = std::none_of(
         workers_.begin(), workers_.end(), [](const auto& entry) { return entry.second->reloaded; });
@@ -294,51 +305,48 @@ void Fleet::ControlPassLocked(std::vector<NewEvent>* announcements) {
       grace_until_ = now;
     }
   }
-  if (reconciling_ && now >= grace_until_) {
-    reconciling_ = false;
-    std::vector<std::string> job_ids;
-    for (const auto& [job_id, attempt] : attempts_) job_ids.push_back(job_id);
-    for (const std::string& job_id : job_ids) {
-      AttemptEntry& attempt = *attempts_.at(job_id);
-      auto missing = std::find(attempt.started.begin(), attempt.started.end(), false);
-      if (missing == attempt.started.end()) continue;
-      const size_t member = missing - attempt.started.begin();
-      LogIfError(
-          EndAttemptUnsuccessfully(attempt, "stopped",
-                                   absl::StrCat("the coordinator restarted and rank ",
-                                                member * attempt.devices_per_worker, " (worker ",
-                                                attempt.workers[member], ") did not report within ",
-                                                absl::FormatDuration(options_.reconcile_grace)),
-                                   Failure::kNone),
-          absl::StrCat("restarting job ", job_id));
-    }
-  } else if (!reconciling_) {
-    // A rank that was handed out but never showed up: its worker cannot run it.
-    std::vector<std::pair<std::string, std::string>> stuck;  // (job, why)
-    for (const auto& [id, worker] : workers_) {
-      if (!worker->slot.has_value()) continue;
-      const Slot& slot = *worker->slot;
-      if (slot.started || slot.stopping || now - slot.assigned_at <= options_.heartbeat_timeout) {
-        continue;
-      }
-      stuck.emplace_back(
-          slot.assignment.job_id(),
-          absl::StrCat("rank ", slot.assignment.rank(), " was assigned to worker ", id, " (",
-                       worker->name, ") ",
-                       absl::FormatDuration(absl::Trunc(now - slot.assigned_at, absl::Seconds(1))),
-                       " ago and never started"));
-    }
-    for (const auto& [job_id, why] : stuck) {
-      auto it = attempts_.find(job_id);
-      if (it == attempts_.end()) continue;
-      LogIfError(EndAttemptUnsuccessfully(*it->second, "failed", why, Failure::kTransient),
-                 absl::StrCat("failing job ", job_id));
-    }
+  if (now < grace_until_) return;
+  // The grace period is over: an attempt with a rank that did not report starts again.
+  reconciling_ = false;
+  std::vector<std::string> job_ids;
+  for (const auto& [job_id, attempt] : attempts_) job_ids.push_back(job_id);
+  for (const std::string& job_id : job_ids) {
+    AttemptEntry& attempt = *attempts_.at(job_id);
+    auto missing = std::find(attempt.started.begin(), attempt.started.end(), false);
+    if (missing == attempt.started.end()) continue;
+    const size_t member = missing - attempt.started.begin();
+    LogIfError(
+        EndAttemptUnsuccessfully(
+            attempt, "stopped",
+            absl::StrCat("the coordinator restarted and rank ", member * attempt.devices_per_worker,
+                         " (worker ", attempt.workers[member], ") did not report within ",
+                         absl::FormatDuration(options_.reconcile_grace)),
+            Failure::kNone),
+        absl::StrCat("restarting job ", job_id));
   }
+}
 
-  if (now >= grace_until_ && schedule_requested_) {
-    schedule_requested_ = false;
-    LogIfError(SchedulePass(announcements), "scheduling pass");
+void Fleet::StuckRanksPass(absl::Time now) {
+  // A rank that was handed out but never showed up: its worker cannot run it.
+  std::vector<std::pair<std::string, std::string>> stuck;  // (job, why)
+  for (const auto& [id, worker] : workers_) {
+    if (!worker->slot.has_value()) continue;
+    const Slot& slot = *worker->slot;
+    if (slot.started || slot.stopping || now - slot.assigned_at <= options_.heartbeat_timeout) {
+      continue;
+    }
+    stuck.emplace_back(
+        slot.assignment.job_id(),
+        absl::StrCat("rank ", slot.assignment.rank(), " was assigned to worker ", id, " (",
+                     worker->name, ") ",
+                     absl::FormatDuration(absl::Trunc(now - slot.assigned_at, absl::Seconds(1))),
+                     " ago and never started"));
+  }
+  for (const auto& [job_id, why] : stuck) {
+    auto it = attempts_.find(job_id);
+    if (it == attempts_.end()) continue;
+    LogIfError(EndAttemptUnsuccessfully(*it->second, "failed", why, Failure::kTransient),
+               absl::StrCat("failing job ", job_id));
   }
 }
 
@@ -450,14 +458,10 @@ absl::Status Fleet::StartAttempt(const JobRecord& job, const std::vector<std::st
   Log(absl::StrCat("job ", job.id, " (", job.name, "): attempt ", number, " on ",
                    absl::StrJoin(workers, ", "),
                    checkpoint.ok() ? absl::StrCat(", resuming from ", checkpoint->path) : ""));
-  if (metrics_ != nullptr) {
-    metrics_->OnJob(job.id, job.name);
-    metrics_->OnAttemptStart(job.id, spec.checkpoint().every_steps(),
-                             checkpoint.ok() ? checkpoint->step : 0);
-    if (checkpoint.ok()) metrics_->OnCheckpointGood(job.id, checkpoint->step, checkpoint->time);
-  }
+  metrics_.OnAttemptStart(job, spec, checkpoint.ok() ? &*checkpoint : nullptr);
   waiting_reasons_.erase(job.id);
   attempts_.insert_or_assign(job.id, std::move(attempt));
+  kv_.Open(job.id, number);
   changed_.SignalAll();
   return absl::OkStatus();
 }
@@ -467,7 +471,7 @@ absl::Status Fleet::FinishAttempt(AttemptEntry& attempt, int64_t step) {
   const int32_t number = attempt.attempt;
   MOETRAIN_RETURN_IF_ERROR(store_->EndAttempt(job_id, number, "succeeded"));
   // The attempt has ended on record: forget it whatever happens to the job's state below.
-  attempts_.erase(job_id);
+  ForgetAttempt(job_id);
   MOETRAIN_ASSIGN_OR_RETURN(JobRecord job, store_->GetJob(job_id));
   if (job.state == JobState::kScheduled) {
     MOETRAIN_RETURN_IF_ERROR(
@@ -514,15 +518,12 @@ absl::Status Fleet::EndAttemptUnsuccessfully(AttemptEntry& attempt, absl::string
                       absl::FormatDuration(backoff));
     }
     Log(absl::StrCat("job ", job_id, " restarting: ", why));
-    MOETRAIN_RETURN_IF_ERROR(
-        TransitionJob(job_id, job.state, JobState::kRestarting, why, options).status());
-    if (count_restart && metrics_ != nullptr) metrics_->OnRestart(job_id);
-    return absl::OkStatus();
+    return TransitionJob(job_id, job.state, JobState::kRestarting, why, options).status();
   };
   const absl::Status moved = move_on();
   // The attempt has ended on record: its ranks stop whatever became of the job's state.
   OrderStop(attempt);
-  attempts_.erase(job_id);  // `attempt` is gone from here on
+  ForgetAttempt(job_id);  // `attempt` is gone from here on
   RequestSchedule();
   return moved;
 }
@@ -531,7 +532,7 @@ absl::Status Fleet::MarkLost(WorkerEntry& worker, const std::string& why) {
   MOETRAIN_RETURN_IF_ERROR(store_->SetWorkerState(worker.id, WorkerState::kLost));
   worker.lost = true;
   worker.last_heartbeat = absl::Now();  // from now on: when it was declared lost
-  if (metrics_ != nullptr) metrics_->OnWorkerLost();
+  metrics_.OnWorkerLost();
   Log(absl::StrCat(why, ": declared lost"));
   absl::Status status = absl::OkStatus();
   if (worker.slot.has_value()) {

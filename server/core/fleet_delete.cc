@@ -1,5 +1,4 @@
 // Fleet::Delete: a final job leaves the store, the metrics and (when asked) the checkpoint root.
-#include <algorithm>
 #include <filesystem>
 #include <optional>
 #include <system_error>
@@ -106,12 +105,7 @@ absl::StatusOr<DeletedJob> Fleet::DeleteLocked(absl::string_view job_id, bool de
     }
     return status;
   }
-  if (metrics_ != nullptr) {
-    metrics_->RetireJob(job.id);
-    ended_jobs_.erase(std::remove_if(ended_jobs_.begin(), ended_jobs_.end(),
-                                     [&](const auto& ended) { return ended.second == job.id; }),
-                      ended_jobs_.end());
-  }
+  metrics_.Retire(job.id);
   waiting_reasons_.erase(job.id);
   Log(absl::StrCat("job ", job.id, " deleted; its checkpoint directory ", deleted.checkpoint_dir,
                    aside->has_value()   ? " is being removed"

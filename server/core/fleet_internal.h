@@ -1,5 +1,6 @@
-// The fleet's in-memory records, shared by fleet.cc (the calls of workers and clients) and
-// fleet_control.cc (the control loop and the life of attempts). Internal to server/core.
+// The fleet's in-memory records, shared by fleet.cc (the calls of workers and clients),
+// fleet_control.cc (the control loop and the life of attempts), fleet_delete.cc and fleet_kv.cc.
+// Internal to server/core.
 #ifndef MOETRAIN_SERVER_CORE_FLEET_INTERNAL_H_
 #define MOETRAIN_SERVER_CORE_FLEET_INTERNAL_H_
 
@@ -65,8 +66,6 @@ struct Fleet::AttemptEntry {
   // the cumulative count into increments for moetrain_train_tokens_total.
   int64_t last_tokens_seen = 0;
   std::map<int64_t, std::set<int32_t>> checkpoint_members;  // step → members that reported it
-  std::map<std::string, std::string, std::less<>> kv;       // the rendezvous
-  int64_t kv_bytes = 0;                                     // of its keys and values
 
   int32_t world_size() const { return static_cast<int32_t>(workers.size()) * devices_per_worker; }
   // The member running `rank`, or -1 when the rank is out of range.

@@ -1,5 +1,6 @@
-// What the three parts of the job-spec library share: job_spec.cc (parsing), job_spec_print.cc
-// (printing) and job_spec_validate.cc (defaults and validation). Not for use outside them.
+// What the parts of the job-spec library share: the parsing (job_spec.cc, job_spec_tree.cc,
+// job_spec_convert.cc), printing (job_spec_print.cc), defaults (job_spec_defaults.cc) and
+// validation (job_spec_validate.cc). Not for use outside them.
 #ifndef MOETRAIN_PROTO_MOETRAIN_V1_JOB_SPEC_INTERNAL_H_
 #define MOETRAIN_PROTO_MOETRAIN_V1_JOB_SPEC_INTERNAL_H_
 
