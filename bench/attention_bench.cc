@@ -1,7 +1,7 @@
 // Causal attention benchmark: forward and backward time of CausalAttentionForward/Backward (f32,
 // CPU) for B = 1..4, S = 512, H = 8, Hkv = 8 and 2, Dh = 64.
 //
-//   attention_bench [--reps N]
+//   attention_bench [--reps N (default 20)]
 //
 // Prints one JSON object per configuration: {"config": {...}, "fwd_ms", "bwd_ms", "gflops"}.
 // FLOPs count the causal half of the two products: 2·B·H·S²·Dh forward (QKᵀ and PV, 4·B·H·S²·Dh
@@ -11,11 +11,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "bench/bench_flags.h"
 #include "engine/core/rng.h"
 #include "engine/core/tensor.h"
 #include "engine/ops/attention/attention.h"
@@ -80,14 +81,11 @@ nlohmann::json RunConfig(const ops::AttentionShape& shape, int reps) {
 
 int Main(int argc, char** argv) {
   int reps = 20;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
-      reps = std::max(1, std::atoi(argv[++i]));
-    } else {
-      std::fprintf(stderr, "usage: attention_bench [--reps N]\n");
-      return 2;
-    }
-  }
+  CLI::App app{"attention_bench: causal attention forward and backward (f32, CPU)"};
+  app.add_option("--reps", reps, "timed runs per measurement, after one warm-up; the median counts")
+      ->capture_default_str()
+      ->check(bench::AtLeast(1));
+  if (const std::optional<int> exit_code = bench::ParseFlags(app, argc, argv)) return *exit_code;
   for (int64_t kv_heads : {8, 2}) {
     for (int64_t batch = 1; batch <= 4; ++batch) {
       const ops::AttentionShape shape = {

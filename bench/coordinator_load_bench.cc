@@ -28,6 +28,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -39,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "bench/bench_flags.h"
 #include "engine/core/status.h"
 #include "moetrain/v1/connect.h"
 #include "moetrain/v1/coordinator.grpc.pb.h"
@@ -612,23 +614,21 @@ int Main(int argc, char** argv) {
   bool json = false;
   LoadOptions load;
   std::string coordinator_flag;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--json") {
-      json = true;
-    } else if (arg == "--clients" && i + 1 < argc) {
-      load.clients = std::max(1, std::atoi(argv[++i]));
-    } else if (arg == "--jobs" && i + 1 < argc) {
-      load.jobs = std::max(1, std::atoi(argv[++i]));
-    } else if (arg == "--coordinator" && i + 1 < argc) {
-      coordinator_flag = argv[++i];
-    } else {
-      std::fprintf(stderr,
-                   "usage: coordinator_load_bench [--json] [--clients N] [--jobs N] "
-                   "[--coordinator PATH]\n");
-      return 2;
-    }
-  }
+  CLI::App app{"coordinator_load_bench: many concurrent clients against a real coordinator"};
+  app.add_flag("--json", json, "print one JSON object instead of a table");
+  app.add_option("--clients", load.clients, "concurrent clients, each with its own connection")
+      ->capture_default_str()
+      ->check(bench::AtLeast(1));
+  app.add_option("--jobs", load.jobs, "jobs submitted, shared out among the clients")
+      ->capture_default_str()
+      ->check(bench::AtLeast(1));
+  app.add_option("--coordinator", coordinator_flag,
+                 "the moetrain-coordinator binary (default: the one next to this binary, else the "
+                 "build's)");
+  app.footer(
+      "Exit status: 0 no failed call and no job lost; 1 a failed call, a lost job, or the bench "
+      "could not run; 2 bad usage.");
+  if (const std::optional<int> exit_code = bench::ParseFlags(app, argc, argv)) return *exit_code;
   const absl::StatusOr<nlohmann::json> report = Run(load, coordinator_flag);
   if (!report.ok()) {
     std::fprintf(stderr, "coordinator_load_bench: %s\n", report.status().ToString().c_str());

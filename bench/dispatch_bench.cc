@@ -4,6 +4,7 @@
 // global batch of --tokens split evenly over the ranks, and the ranks forming one expert group.
 //
 //   dispatch_bench [--json] [--ranks N] [--tokens T] [--reps R] [--dtype f32|bf16] [--chunks C]
+//   (--help: each with its default)
 //
 // exchange: dispatch + combine of the routed rows with a planned handle against two plain
 //   all-to-all-v calls moving the same bytes, measured in the same run; efficiency = plain time /
@@ -29,11 +30,14 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "bench/bench_flags.h"
 #include "engine/backend/device_query.h"
 #include "engine/comm/file_kv_store.h"
 #include "engine/comm/gloo_communicator.h"
@@ -437,50 +441,48 @@ int ParentMain(const Flags& flags, char** argv) {
 
 int Main(int argc, char** argv) {
   Flags flags;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&](const char* flag) -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "dispatch_bench: %s needs a value\n", flag);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (arg == "--json") {
-      flags.json = true;
-    } else if (arg == "--ranks") {
-      flags.ranks = std::atoi(value("--ranks").c_str());
-    } else if (arg == "--tokens") {
-      flags.tokens = std::atoll(value("--tokens").c_str());
-    } else if (arg == "--reps") {
-      flags.reps = std::max(1, std::atoi(value("--reps").c_str()));
-    } else if (arg == "--dtype") {
-      absl::StatusOr<DType> dtype = ParseDType(value("--dtype"));
-      if (!dtype.ok() || (*dtype != DType::kF32 && *dtype != DType::kBF16)) {
-        std::fprintf(stderr, "dispatch_bench: --dtype must be f32 or bf16\n");
-        return 2;
-      }
-      flags.dtype = *dtype;
-    } else if (arg == "--chunks") {
-      flags.chunks = std::max(1, std::atoi(value("--chunks").c_str()));
-    } else if (arg == "--rank") {
-      flags.rank = std::atoi(value("--rank").c_str());
-    } else if (arg == "--dir") {
-      flags.dir = value("--dir");
-    } else {
-      std::fprintf(stderr,
-                   "usage: dispatch_bench [--json] [--ranks N (default 2)] [--tokens T (global, "
-                   "default 4096)] [--reps R (default 5)] [--dtype f32|bf16] [--chunks C "
-                   "(default 2)]\n");
-      return 2;
-    }
+  const int64_t experts = DsLike().num_experts;
+  std::vector<int> rank_counts;  // those that divide the experts
+  for (int ranks = 2; ranks <= experts; ++ranks) {
+    if (experts % ranks == 0) rank_counts.push_back(ranks);
   }
-  const MoeConfig moe = DsLike();
-  if (flags.ranks < 2 || moe.num_experts % flags.ranks != 0 || flags.tokens < flags.ranks) {
-    std::fprintf(stderr,
-                 "dispatch_bench: --ranks = %d must be at least 2 and divide the %ld experts, and "
-                 "--tokens = %ld must be at least --ranks\n",
-                 flags.ranks, static_cast<long>(moe.num_experts), static_cast<long>(flags.tokens));
+  std::string dtype_name = "f32";
+  CLI::App app{"dispatch_bench: expert-parallel dispatch/combine and overlap over rank processes"};
+  app.add_flag("--json", flags.json, "print one JSON object instead of a summary");
+  app.add_option("--ranks", flags.ranks,
+                 "rank processes, one expert group: at least 2, and they divide the " +
+                     std::to_string(experts) + " experts")
+      ->capture_default_str()
+      // AtLeast for its message on a non-number; the set alone labels the help.
+      ->check(bench::AtLeast(2).description(""))
+      ->check(CLI::IsMember(rank_counts));
+  app.add_option("--tokens", flags.tokens,
+                 "tokens of the global batch, split evenly over the ranks")
+      ->capture_default_str()
+      ->check(bench::AtLeast(1));
+  app.add_option("--reps", flags.reps, "timed runs per measurement, after one warm-up")
+      ->capture_default_str()
+      ->check(bench::AtLeast(1));
+  app.add_option("--dtype", dtype_name, "compute dtype of the rows and the layer")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
+  app.add_option("--chunks", flags.chunks,
+                 "chunks of the pipelined exchange and of the layer's overlap (at most the "
+                 "experts of a rank; 2 is the layer's default)")
+      ->capture_default_str()
+      ->check(bench::AtLeast(1));
+  // What ParentMain passes to the rank processes, before the parent's own flags.
+  const std::string internal = "Set by dispatch_bench for its rank processes";
+  app.add_option("--rank", flags.rank, "this process's rank (default: none, the parent)")
+      ->group(internal)
+      ->check(CLI::Range(0, std::numeric_limits<int>::max()));
+  app.add_option("--dir", flags.dir, "where the ranks meet and rank 0 writes its report")
+      ->group(internal);
+  if (const std::optional<int> exit_code = bench::ParseFlags(app, argc, argv)) return *exit_code;
+  flags.dtype = dtype_name == "bf16" ? DType::kBF16 : DType::kF32;
+  if (flags.tokens < flags.ranks) {
+    std::fprintf(stderr, "dispatch_bench: --tokens = %ld must be at least --ranks = %d\n",
+                 static_cast<long>(flags.tokens), flags.ranks);
     return 2;
   }
   return flags.rank >= 0 ? RankMain(flags) : ParentMain(flags, argv);

@@ -1,6 +1,6 @@
 // MoE layer benchmark: forward+backward time of the whole layer, of its grouped GEMMs and of its
 // permutation, each against a plain operation of the same work measured in the same run, on the
-// CPU or on one GPU. Usage and the meaning of every field: kUsage below (--help).
+// CPU or on one GPU. The options and the meaning of every field: Main and kHelpFooter (--help).
 //
 // Everything a configuration times is allocated and filled on the device before its first timed
 // call; every time is the median of --reps calls after one warm-up call, each call bracketed by
@@ -18,12 +18,10 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "bench/bench_device.h"
+#include "bench/bench_flags.h"
 #include "engine/backend/device_query.h"
 #include "engine/backend/exec_context.h"
 #include "engine/core/rng.h"
@@ -44,20 +42,9 @@
 namespace moetrain {
 namespace {
 
-constexpr char kUsage[] = R"(usage: moe_layer_bench [--device cpu|cuda|cuda:N] [--json]
-                       [--config NAME[,NAME...]] [--dtype DTYPE[,DTYPE...]] [--reps N]
-
-  --device   where everything runs (default cpu). cuda = cuda:0.
-  --config   configurations to run (default: those of the device, below).
-  --dtype    f32, bf16, or the expert GEMMs in FP8 by a recipe (docs/fp8.md): fp8-delayed,
-             fp8-current, fp8-blockwise, fp8-mxfp8 (bf16 compute, HYBRID formats, the recipe's
-             defaults; blockwise with power-of-two scales). Default: f32 and bf16 on the CPU,
-             bf16 on a GPU. An FP8 dtype brings the bf16 run of the same configuration along,
-             for its ratios.
-  --reps     timed calls per measurement, after one warm-up; the median is reported (default 5).
-  --json     one JSON object on stdout instead of a table.
-
-Configurations (T tokens, d hidden, F expert FFN width, E experts, k experts per token):
+// The end of --help, after the options.
+constexpr char kHelpFooter[] =
+    R"(Configurations (T tokens, d hidden, F expert FFN width, E experts, k experts per token):
   name         T      d     F     E   k  routing                                        default on
   tiny         512    256   256   8   2  softmax                                        (smoke runs)
   small        4096   512   1024  8   2  softmax                                        cpu
@@ -641,55 +628,42 @@ int Main(int argc, char** argv) {
   std::vector<std::string> only_dtypes;
   std::vector<std::string> only_configs;
   int reps = 5;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const bool has_value = i + 1 < argc;
-    if (arg == "--json") {
-      json = true;
-    } else if (arg == "--help" || arg == "-h") {
-      std::printf("%s", kUsage);
-      return 0;
-    } else if (arg == "--device" && has_value) {
-      device_name = argv[++i];
-    } else if (arg == "--config" && has_value) {
-      std::vector<std::string> names = absl::StrSplit(argv[++i], ',');
-      only_configs = std::move(names);
-    } else if (arg == "--dtype" && has_value) {
-      std::vector<std::string> names = absl::StrSplit(argv[++i], ',');
-      only_dtypes = std::move(names);
-    } else if (arg == "--reps" && has_value && absl::SimpleAtoi(argv[i + 1], &reps) && reps >= 1) {
-      ++i;
-    } else {
-      std::fprintf(stderr, "moe_layer_bench: bad argument %s\n%s", arg.c_str(), kUsage);
-      return 2;
-    }
-  }
   const std::vector<BenchDType> dtypes = BenchDTypes();
+  const std::vector<BenchConfig> configs = Configs();
+  std::vector<std::string> dtype_names, config_names;
+  for (const BenchDType& bench : dtypes) dtype_names.push_back(bench.name);
+  for (const BenchConfig& bc : configs) config_names.push_back(bc.name);
+  CLI::App app{
+      "moe_layer_bench: forward+backward of an MoE layer, its grouped GEMMs and its permutation, "
+      "each against a plain operation of the same work"};
+  app.add_option("--device", device_name, "where everything runs; cuda = cuda:0")
+      ->capture_default_str()
+      ->check(bench::BenchDeviceCheck());
+  app.add_flag("--json", json, "one JSON object on stdout instead of a table");
+  app.add_option("--config", only_configs,
+                 "configurations to run, comma-separated (default: those of the device, below)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(config_names));
+  app.add_option("--dtype", only_dtypes,
+                 "comma-separated: f32, bf16, or the expert GEMMs in FP8 by a recipe (docs/fp8.md; "
+                 "bf16 compute, HYBRID formats, the recipe's defaults; blockwise with power-of-two "
+                 "scales). An FP8 dtype brings the bf16 run of the same configuration along, for "
+                 "its ratios (default: f32 and bf16 on the CPU, bf16 on a GPU)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(dtype_names));
+  app.add_option("--reps", reps,
+                 "timed calls per measurement, after one warm-up; the median is reported")
+      ->capture_default_str()
+      ->check(bench::AtLeast(1));
+  app.footer(kHelpFooter);
+  if (const std::optional<int> exit_code = bench::ParseFlags(app, argc, argv)) return *exit_code;
   const auto dtype_listed = [&](const std::string& name) {
     return std::find(only_dtypes.begin(), only_dtypes.end(), name) != only_dtypes.end();
   };
-  for (const std::string& name : only_dtypes) {
-    if (std::none_of(dtypes.begin(), dtypes.end(),
-                     [&](const BenchDType& bench) { return bench.name == name; })) {
-      std::fprintf(stderr,
-                   "moe_layer_bench: --dtype %s: expected f32, bf16, fp8-delayed, fp8-current, "
-                   "fp8-blockwise or fp8-mxfp8\n",
-                   name.c_str());
-      return 2;
-    }
-  }
   // An FP8 dtype brings bf16 along: its ratios are against the bf16 run of the same shapes.
   const bool any_fp8 = std::any_of(dtypes.begin(), dtypes.end(), [&](const BenchDType& bench) {
     return bench.fp8.has_value() && dtype_listed(bench.name);
   });
-  const std::vector<BenchConfig> configs = Configs();
-  for (const std::string& name : only_configs) {
-    if (std::none_of(configs.begin(), configs.end(),
-                     [&](const BenchConfig& bc) { return bc.name == name; })) {
-      std::fprintf(stderr, "moe_layer_bench: unknown --config %s (see --help)\n", name.c_str());
-      return 2;
-    }
-  }
 
   ExecContext ctx = ExecContext::Cpu();
   if (const int exit_code = bench::OpenBenchDevice("moe_layer_bench", device_name, &ctx);

@@ -3,7 +3,7 @@
 // GEMM rate of the same device measured in the same run (2048³ on the CPU, 8192³ on a GPU).
 //
 //   train_bench [--json] [--steps N (default 4)] [--dtype bf16|f32] [--device cpu|cuda|cuda:N]
-//               [--config default|d2048] [--layers L] [--hidden D] [--batch B]
+//               [--config default|d2048] [--layers L] [--hidden D] [--batch B]   (--help: all)
 //
 // Configs (synthetic data; the first step, a warm-up, is not timed):
 //   default  d=512, 8 layers (the first dense, ffn 2048), 8 heads, seq 512, E=16, k=2,
@@ -24,12 +24,12 @@
 // <reason>" on stderr).
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "bench/bench_device.h"
+#include "bench/bench_flags.h"
 #include "engine/backend/device_query.h"
 #include "engine/model/transformer.h"
 #include "engine/ops/gemm/gemm.h"
@@ -83,13 +83,6 @@ TrainerConfig D2048Config() {
   return c;
 }
 
-int Usage() {
-  std::fprintf(stderr,
-               "usage: train_bench [--json] [--steps N] [--dtype bf16|f32] [--device cpu|cuda|"
-               "cuda:N] [--config default|d2048] [--layers L] [--hidden D] [--batch B]\n");
-  return 2;
-}
-
 // The config as the JSON states it.
 nlohmann::json Describe(const std::string& name, const TrainerConfig& c) {
   const ModelConfig& m = c.model;
@@ -114,35 +107,35 @@ nlohmann::json Describe(const std::string& name, const TrainerConfig& c) {
 int Main(int argc, char** argv) {
   bool json = false;
   int64_t steps = 4;
-  DType dtype = DType::kBF16;
-  std::string device_name = "cpu", config_name = "default";
-  int64_t layers = 0, hidden = 0, batch = 0;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const auto number = [&](int64_t* out) {
-      return i + 1 < argc && absl::SimpleAtoi(argv[++i], out) && *out > 0;
-    };
-    if (arg == "--json") {
-      json = true;
-    } else if (arg == "--steps" && i + 1 < argc) {
-      steps = std::max(2, std::atoi(argv[++i]));
-    } else if (arg == "--dtype" && i + 1 < argc) {
-      dtype = std::string(argv[++i]) == "f32" ? DType::kF32 : DType::kBF16;
-    } else if (arg == "--device" && i + 1 < argc) {
-      device_name = argv[++i];
-    } else if (arg == "--config" && i + 1 < argc) {
-      config_name = argv[++i];
-      if (config_name != "default" && config_name != "d2048") return Usage();
-    } else if (arg == "--layers") {
-      if (!number(&layers)) return Usage();
-    } else if (arg == "--hidden") {
-      if (!number(&hidden)) return Usage();
-    } else if (arg == "--batch") {
-      if (!number(&batch)) return Usage();
-    } else {
-      return Usage();
-    }
-  }
+  std::string dtype_name = "bf16", device_name = "cpu", config_name = "default";
+  int64_t layers = 0, hidden = 0, batch = 0;  // 0 = the config's
+  CLI::App app{"train_bench: training throughput and MFU of an MoE transformer"};
+  app.add_flag("--json", json, "print one JSON object instead of a summary");
+  app.add_option("--steps", steps, "training steps; the first, a warm-up, is not timed")
+      ->capture_default_str()
+      ->check(bench::AtLeast(2));
+  app.add_option("--dtype", dtype_name, "compute dtype (the masters stay f32)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"bf16", "f32"}));
+  app.add_option("--device", device_name, "where it trains; cuda = cuda:0")
+      ->capture_default_str()
+      ->check(bench::BenchDeviceCheck());
+  app.add_option("--config", config_name,
+                 "model and batch: default (d 512, 8 layers, E 16, k 2, 4 x 512 tokens a step) or "
+                 "d2048 (d 2048, 8 layers, E 32, k 4, 8 x 2048 tokens; for a GPU)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"default", "d2048"}));
+  app.add_option("--layers", layers, "transformer layers (default: the config's)")
+      ->check(bench::AtLeast(1));
+  app.add_option("--hidden", hidden,
+                 "hidden size; the heads stay, head_dim = hidden / heads (default: the config's)")
+      ->check(bench::AtLeast(1));
+  app.add_option("--batch", batch, "sequences per step (default: the config's)")
+      ->check(bench::AtLeast(1));
+  app.footer(
+      "Exit status: 0 done; 1 an error; 2 bad usage; 77 --device cuda without a usable GPU.");
+  if (const std::optional<int> exit_code = bench::ParseFlags(app, argc, argv)) return *exit_code;
+  const DType dtype = dtype_name == "f32" ? DType::kF32 : DType::kBF16;
 
   ExecContext ctx = ExecContext::Cpu();
   if (const int exit_code = bench::OpenBenchDevice("train_bench", device_name, &ctx);

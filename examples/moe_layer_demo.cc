@@ -3,15 +3,16 @@
 // falling towards zero shows forward and backward working together through the router,
 // permutation, grouped GEMMs, SwiGLU and combine.
 //
-//   moe_layer_demo [--steps N] [--dtype f32|bf16] [--score softmax|sigmoid]
+//   moe_layer_demo [--steps N (default 300)] [--dtype f32|bf16] [--score softmax|sigmoid]
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "bench/bench_flags.h"
 #include "engine/backend/device_query.h"
 #include "engine/core/rng.h"
 #include "engine/core/status.h"
@@ -170,35 +171,24 @@ absl::Status Run(int steps, DType dtype, ScoreFunction score) {
 
 int main(int argc, char** argv) {
   int steps = 300;
-  moetrain::DType dtype = moetrain::DType::kF32;
-  moetrain::ScoreFunction score = moetrain::ScoreFunction::kSoftmax;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (arg == "--steps" && value) {
-      steps = std::atoi(value);
-      if (steps < 1) {
-        std::fprintf(stderr, "moe_layer_demo: --steps must be a positive integer, got '%s'\n",
-                     value);
-        return 2;
-      }
-      ++i;
-    } else if (arg == "--dtype" && value &&
-               (std::strcmp(value, "f32") == 0 || std::strcmp(value, "bf16") == 0)) {
-      dtype = std::strcmp(value, "bf16") == 0 ? moetrain::DType::kBF16 : moetrain::DType::kF32;
-      ++i;
-    } else if (arg == "--score" && value &&
-               (std::strcmp(value, "softmax") == 0 || std::strcmp(value, "sigmoid") == 0)) {
-      score = std::strcmp(value, "sigmoid") == 0 ? moetrain::ScoreFunction::kSigmoid
-                                                 : moetrain::ScoreFunction::kSoftmax;
-      ++i;
-    } else {
-      std::fprintf(
-          stderr,
-          "usage: moe_layer_demo [--steps N] [--dtype f32|bf16] [--score softmax|sigmoid]\n");
-      return 2;
-    }
+  std::string dtype_name = "f32", score_name = "softmax";
+  CLI::App app{"moe_layer_demo: an MoE layer trained with Adam to imitate a random teacher layer"};
+  app.add_option("--steps", steps, "training steps, each on fresh random tokens")
+      ->capture_default_str()
+      ->check(moetrain::bench::AtLeast(1));
+  app.add_option("--dtype", dtype_name, "compute dtype of both layers (the masters stay f32)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
+  app.add_option("--score", score_name, "the router's score function")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"softmax", "sigmoid"}));
+  if (const std::optional<int> exit_code = moetrain::bench::ParseFlags(app, argc, argv)) {
+    return *exit_code;
   }
+  const moetrain::DType dtype =
+      dtype_name == "bf16" ? moetrain::DType::kBF16 : moetrain::DType::kF32;
+  const moetrain::ScoreFunction score = score_name == "sigmoid" ? moetrain::ScoreFunction::kSigmoid
+                                                                : moetrain::ScoreFunction::kSoftmax;
   absl::Status status = moetrain::Run(steps, dtype, score);
   if (!status.ok()) {
     std::fprintf(stderr, "moe_layer_demo: %s\n", status.ToString().c_str());
