@@ -188,7 +188,7 @@ void EventPrinter::EndBarLine() {
   bar_line_open_ = false;
 }
 
-void EventPrinter::Summary() {
+void EventPrinter::Summary(const RunEnd& end) {
   int64_t steps = 0, tokens_seen = 0;
   if (last_step_.has_value()) {
     steps = last_step_->step();
@@ -200,7 +200,14 @@ void EventPrinter::Summary() {
   }
   const absl::Duration elapsed =
       first_time_.has_value() ? *last_time_ - *first_time_ : absl::ZeroDuration();
+  const std::string stopped_at =
+      options_.total_steps > 0
+          ? absl::StrCat("stopped at step ", steps, " of ", options_.total_steps)
+          : absl::StrCat("stopped at step ", steps);
+  const std::string resume = absl::StrCat("continue with: ", end.resume_command);
   if (options_.json) {
+    // The summary stays the last line.
+    if (end.stopped) PrintJson(Dump({{"message", absl::StrCat(stopped_at, "; ", resume)}}));
     const json summary = {
         {"summary", true},
         {"job", options_.job_label},
@@ -212,12 +219,15 @@ void EventPrinter::Summary() {
          NullOr(best_possible_loss_.has_value(), best_possible_loss_.value_or(0))},
         {"checkpoint",
          last_checkpoint_.has_value() ? json(last_checkpoint_->path()) : json(nullptr)},
-        {"elapsed_s", absl::ToDoubleSeconds(elapsed)}};
+        {"elapsed_s", absl::ToDoubleSeconds(elapsed)},
+        {"stopped", end.stopped}};
     PrintJson(Dump(summary));
     return;
   }
   EndBarLine();
-  std::string line = absl::StrFormat("done: %d steps in %s", steps, ClockDuration(elapsed));
+  std::string line = end.stopped
+                         ? absl::StrCat(stopped_at, " in ", ClockDuration(elapsed))
+                         : absl::StrFormat("done: %d steps in %s", steps, ClockDuration(elapsed));
   if (last_step_.has_value()) absl::StrAppendFormat(&line, ", loss %.4f", last_step_->loss());
   if (last_eval_loss_.has_value())
     absl::StrAppendFormat(&line, ", eval loss %.4f", *last_eval_loss_);
@@ -227,6 +237,7 @@ void EventPrinter::Summary() {
   }
   PrintLine(line);
   if (last_checkpoint_.has_value()) PrintLine("last checkpoint: " + last_checkpoint_->path());
+  if (end.stopped) PrintLine(resume);
 }
 
 }  // namespace moetrain

@@ -17,7 +17,8 @@
 //   state change   {"state": "RUNNING", "reason": text} (the state without its JOB_STATE_ prefix;
 //                   reason "" when the coordinator gave none)
 //   Summary()      {"summary": true, "job", "steps", "tokens_seen", "final_loss", "eval_loss",
-//                   "best_possible_loss", "checkpoint", "elapsed_s"} (see Summary below)
+//                   "best_possible_loss", "checkpoint", "elapsed_s", "stopped"} (see Summary
+//                   below), after a {"message"} line on how to continue when stopped
 // A step line is told from the others by its "loss" key, the summary by "summary".
 #ifndef MOETRAIN_CLIENT_EVENT_PRINTER_H_
 #define MOETRAIN_CLIENT_EVENT_PRINTER_H_
@@ -52,6 +53,13 @@ struct EventPrinterOptions {
   ProgressStyle progress = ProgressStyle::kAuto;
 };
 
+// How a `moetrain run` ended, for its summary.
+struct RunEnd {
+  // Before train.steps, with a checkpoint to continue from: by --stop-at-step or a signal.
+  bool stopped = false;
+  std::string resume_command;  // shown when stopped: the command that continues the run
+};
+
 // "RUNNING" for JOB_STATE_RUNNING: the name people and scripts see.
 std::string JobStateLabel(v1::JobState state);
 
@@ -72,8 +80,12 @@ class EventPrinter {
   //   checkpoint   the last checkpoint's path, else null
   //   elapsed_s    from the first event printed to the last, by the coordinator's event times
   //                (the local clock for events without one); 0 before any event
-  // In text mode: "done: N steps in M:SS, loss L, eval loss E (...)" and the last checkpoint.
-  void Summary();
+  //   stopped      end.stopped: the run ended before train.steps and can be continued
+  // In JSON, a stopped run's summary comes after {"message": "stopped at step N of TOTAL;
+  // continue with: <end.resume_command>"}. In text mode: "done: N steps in M:SS, loss L, eval
+  // loss E (...)" ("stopped at step N of TOTAL in M:SS, ..." when stopped), the last checkpoint,
+  // and when stopped "continue with: <end.resume_command>".
+  void Summary(const RunEnd& end = {});
 
  private:
   void PrintStep(const v1::StepMetrics& metrics, absl::Time time);

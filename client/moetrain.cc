@@ -1,8 +1,8 @@
 // The `moetrain` command line.
 //
 // In this process, on the CPU or one GPU:
-//   moetrain run SPEC.yaml [--checkpoint-dir DIR] [--steps N] [--resume] [--json]
-//                [--memory-limit SIZE] [--device cpu|cuda]
+//   moetrain run SPEC.yaml [--checkpoint-dir DIR] [--steps N] [--stop-at-step N] [--resume]
+//                [--json] [--memory-limit SIZE] [--device cpu|cuda]
 //   moetrain eval --checkpoint DIR/step-XXXXXXXX --data-path FILE --data-format llmc|u16|u32|text
 //                 [--batches N] [--json]
 //   moetrain export --checkpoint DIR/step-XXXXXXXX --to-hf DIR [--dtype bf16|f32]
@@ -111,8 +111,17 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--checkpoint-dir", run.checkpoint_dir,
                       "checkpoint root (default: checkpoint.dir of the spec, else ./checkpoints); "
                       "checkpoints go to <dir>/<job name>/step-XXXXXXXX");
-  run_cmd->add_option("--steps", run.steps, "train until this step (overrides train.steps)")
+  run_cmd
+      ->add_option(
+          "--steps", run.steps,
+          "train until this step (overrides train.steps, which also ends the learning-rate "
+          "schedule there)")
       ->check(CLI::PositiveNumber);
+  run_cmd->add_option(
+      "--stop-at-step", run.stop_at_step,
+      "train through this step (1 to train.steps), save a checkpoint there and exit 0; the "
+      "schedule and data order stay those of train.steps, so --resume continues as if never "
+      "stopped (exit 2 for a step out of range, or not beyond the one --resume starts from)");
   run_cmd->add_flag("--resume", run.resume,
                     "continue from the newest good checkpoint of the job, if there is one");
   run_cmd->add_flag("--json", run.json, "print one JSON object per logged step and a summary");

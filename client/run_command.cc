@@ -5,14 +5,18 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
 #include "client/event_printer.h"
 #include "client/job_follower.h"
@@ -36,6 +40,27 @@ int Fail(const absl::Status& status, int exit_code) {
   std::fprintf(stderr, "moetrain: %s\n",
                TerminalSafe(Abbreviate(status.message(), kMaxErrorMessageBytes)).c_str());
   return exit_code;
+}
+
+// `text` as one word of a POSIX shell command: as it is when that is safe, else single-quoted.
+std::string ShellWord(const std::string& text) {
+  constexpr std::string_view kPlain = "@%_+=:,./-";
+  const bool plain = !text.empty() && std::all_of(text.begin(), text.end(), [&](char c) {
+    return absl::ascii_isalnum(c) || kPlain.find(c) != std::string_view::npos;
+  });
+  if (plain) return text;
+  return absl::StrCat("'", absl::StrReplaceAll(text, {{"'", "'\\''"}}), "'");
+}
+
+// The command that continues this run where it stopped: the same job, steps and directory.
+std::string ResumeCommand(const RunOptions& options) {
+  std::string command = absl::StrCat("moetrain run ", ShellWord(options.spec_path), " --resume");
+  if (options.steps > 0) absl::StrAppend(&command, " --steps ", options.steps);
+  if (!options.checkpoint_dir.empty()) {
+    absl::StrAppend(&command, " --checkpoint-dir ", ShellWord(options.checkpoint_dir));
+  }
+  if (!options.device.empty()) absl::StrAppend(&command, " --device ", ShellWord(options.device));
+  return command;
 }
 
 // A temporary directory for the in-process coordinator's store, removed when done.
@@ -110,7 +135,29 @@ int RunJob(const RunOptions& options) {
   // Everything the worker would refuse, refused here before anything starts: a CUDA job on a
   // machine without a usable GPU too (TrainerConfigFromSpec names the field and the CUDA error).
   absl::StatusOr<TrainerConfig> config = TrainerConfigFromSpec(*spec, checkpoint_dir);
-  if (!config.ok()) return Fail(config.status(), 2);
+  if (!config.ok()) {
+    // The spec's validation said what is wrong; when --steps cut the schedule below its warmup,
+    // the likely wish was a short run of the full job, which --stop-at-step gives.
+    const int64_t warmup = spec->train().optimizer().warmup_steps();
+    if (options.steps > 0 && warmup > options.steps) {
+      return Fail(absl::InvalidArgumentError(
+                      absl::StrCat(config.status().message(), " (train.steps set by --steps ",
+                                   options.steps, "): pass --stop-at-step ", options.steps,
+                                   " instead to stop there with the spec's full schedule, or lower "
+                                   "train.optimizer.warmup_steps in the spec")),
+                  2);
+    }
+    return Fail(config.status(), 2);
+  }
+  const int64_t stop_at_step = options.stop_at_step.value_or(0);
+  if (options.stop_at_step.has_value() && (stop_at_step < 1 || stop_at_step > config->steps)) {
+    return Fail(
+        absl::InvalidArgumentError(absl::StrCat("--stop-at-step = ", stop_at_step,
+                                                " is not in [1, train.steps = ", config->steps,
+                                                options.steps > 0 ? " (--steps)]" : "]")),
+        2);
+  }
+  config->stop_after_step = stop_at_step;
   if (spec->resources().devices_per_worker() > 1) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
                     "resources.devices_per_worker = ", spec->resources().devices_per_worker(),
@@ -155,6 +202,17 @@ int RunJob(const RunOptions& options) {
                                  "--checkpoint-dir")),
                 2);
   }
+  if (stop_at_step > 0 && !existing->empty() && stop_at_step <= existing->back()) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--stop-at-step = ", stop_at_step, " is not beyond step ", existing->back(),
+                    ", the newest checkpoint of job ", spec->name(), " in ", root,
+                    ", where --resume continues",
+                    existing->back() < config->steps
+                        ? absl::StrCat(": pass a step in [", existing->back() + 1,
+                                       ", train.steps = ", config->steps, "]")
+                        : absl::StrCat(" (train.steps = ", config->steps, ": the job is done)"))),
+                2);
+  }
 
   EventPrinter printer(
       {.json = options.json, .total_steps = config->steps, .job_label = spec->name()});
@@ -165,10 +223,12 @@ int RunJob(const RunOptions& options) {
     printer.Print(note);
   }
   if (!options.json) {
-    std::printf("job %s: %lld steps of %lld × %lld tokens, checkpoints in %s\n",
-                spec->name().c_str(), static_cast<long long>(config->steps),
-                static_cast<long long>(config->data.batch_size),
-                static_cast<long long>(config->data.seq_len), root.c_str());
+    std::printf(
+        "job %s: %lld steps of %lld × %lld tokens%s, checkpoints in %s\n", spec->name().c_str(),
+        static_cast<long long>(config->steps), static_cast<long long>(config->data.batch_size),
+        static_cast<long long>(config->data.seq_len),
+        stop_at_step > 0 ? absl::StrCat(", stopping after step ", stop_at_step).c_str() : "",
+        root.c_str());
     std::fflush(stdout);
   }
 
@@ -196,6 +256,7 @@ int RunJob(const RunOptions& options) {
   worker_options.version = MOETRAIN_VERSION;
   worker_options.threads = omp_get_max_threads();
   worker_options.memory_limit_bytes = memory_limit;
+  worker_options.stop_after_step = stop_at_step;
   if (cuda) {
     // One rank on the first GPU: the job's gang of one.
     worker_options.device = v1::ResourceConfig::CUDA;
@@ -273,7 +334,9 @@ int RunJob(const RunOptions& options) {
                                                 JobStateLabel(final_state), ": ", final_reason)),
                 1);
   }
-  printer.Summary();
+  // Not SUCCEEDED: the worker stopped the job with a checkpoint (--stop-at-step or a signal).
+  printer.Summary({.stopped = final_state != v1::JOB_STATE_SUCCEEDED,
+                   .resume_command = ResumeCommand(options)});
   return 0;
 }
 

@@ -5,6 +5,7 @@
 #define MOETRAIN_CLIENT_RUN_COMMAND_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace moetrain {
@@ -13,6 +14,10 @@ struct RunOptions {
   std::string spec_path;
   std::string checkpoint_dir;  // overrides spec.checkpoint.dir; default ./checkpoints
   int64_t steps = 0;           // overrides spec.train.steps when > 0
+  // --stop-at-step: train through this step (1-based, as the step lines count), checkpoint it and
+  // exit, the schedule and data order staying those of train.steps (so that --resume continues as
+  // if never stopped). Given: 1 ≤ N ≤ train.steps, and beyond the step --resume starts from.
+  std::optional<int64_t> stop_at_step;
   bool resume = false;
   bool json = false;
   // Host memory the job may use ("8GiB", "512MiB", bytes); empty = the machine's memory (or its
@@ -23,10 +28,10 @@ struct RunOptions {
   std::string device;
 };
 
-// Returns the process exit code: 0 when the job succeeded or was stopped by SIGINT/SIGTERM (after
-// a checkpoint), 1 when it failed, 2 for a bad spec, a refusal to overwrite checkpoints, a model
-// whose memory estimate exceeds the memory limit, or a CUDA job on a machine without a usable GPU.
-// Progress goes to stdout, errors to stderr.
+// Returns the process exit code: 0 when the job succeeded or was stopped (after a checkpoint) by
+// --stop-at-step or SIGINT/SIGTERM, 1 when it failed, 2 for a bad spec or flag, a refusal to
+// overwrite checkpoints, a model whose memory estimate exceeds the memory limit, or a CUDA job on
+// a machine without a usable GPU. Progress goes to stdout, errors to stderr.
 int RunJob(const RunOptions& options);
 
 }  // namespace moetrain

@@ -13,7 +13,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/core/log.h"
 #include "engine/core/status.h"
@@ -23,28 +22,6 @@ namespace moetrain::server {
 namespace {
 
 constexpr auto kShutdownGrace = std::chrono::seconds(5);
-
-struct HostPort {
-  std::string host;
-  int port = 0;
-};
-
-// "host:port", "[v6]:port"; the flag's name goes into the error.
-absl::StatusOr<HostPort> ParseHostPort(absl::string_view flag, const std::string& address) {
-  const size_t colon = address.rfind(':');
-  HostPort parsed;
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(address.substr(colon + 1), &parsed.port) || parsed.port < 0 ||
-      parsed.port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, " = '", address, "' is not host:port with a port in [0, 65535]"));
-  }
-  parsed.host = address.substr(0, colon);
-  if (parsed.host.size() > 2 && parsed.host.front() == '[' && parsed.host.back() == ']') {
-    parsed.host = parsed.host.substr(1, parsed.host.size() - 2);
-  }
-  return parsed;
-}
 
 absl::StatusOr<std::string> ReadPem(absl::string_view flag, const std::string& path) {
   std::ifstream in(path, std::ios::binary);

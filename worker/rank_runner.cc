@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/comm/create_communicator.h"
+#include "engine/comm/metered_communicator.h"
 #include "engine/core/log.h"
 #include "engine/core/status.h"
 #include "engine/model/transformer.h"
@@ -72,13 +73,18 @@ class ReportingObserver : public TrainObserver {
  public:
   ReportingObserver(const v1::Assignment& assignment, const RankEnvironment& environment,
                     RankControl* control, double flops_per_token, double peak_flops,
-                    std::optional<double> best_possible_loss)
+                    std::optional<double> best_possible_loss, RankMetrics* metrics)
       : assignment_(assignment),
         environment_(environment),
         control_(control),
         flops_per_token_(flops_per_token),
         peak_flops_(peak_flops),
-        best_possible_loss_(best_possible_loss) {}
+        best_possible_loss_(best_possible_loss),
+        metrics_(metrics) {}
+
+  void OnStepPhases(const StepPhaseSeconds& phases) override {
+    if (metrics_ != nullptr) metrics_->ObservePhases(phases);
+  }
 
   void OnStep(const StepReport& report) override {
     control_->step.store(report.step);
@@ -157,6 +163,7 @@ class ReportingObserver : public TrainObserver {
   const double flops_per_token_;
   const double peak_flops_;
   const std::optional<double> best_possible_loss_;
+  RankMetrics* const metrics_;  // null = no metrics
 };
 
 void ReportEnd(const v1::Assignment& assignment, const RankEnvironment& environment,
@@ -209,10 +216,12 @@ absl::Status CheckMemory(const v1::Assignment& assignment, const RankEnvironment
 // The gang's world: the ranks meet through the coordinator's rendezvous of this attempt, so a
 // restarted gang never meets the ranks of an earlier attempt.
 // On a GPU (`device`) it is NCCL, on the device's communication stream, its collectives ordered
-// after the compute stream's ops by events (a world of one included, without a store).
+// after the compute stream's ops by events (a world of one included, without a store). With a
+// `meter`, it and its subgroups account their traffic there.
 absl::StatusOr<std::shared_ptr<Communicator>> WorldCommunicator(const v1::Assignment& assignment,
                                                                 const RankEnvironment& environment,
-                                                                Device device) {
+                                                                Device device,
+                                                                std::shared_ptr<CommMeter> meter) {
   CommOptions options;
   options.group.rank = assignment.rank();
   options.group.size = assignment.world_size();
@@ -230,6 +239,9 @@ absl::StatusOr<std::shared_ptr<Communicator>> WorldCommunicator(const v1::Assign
     options.order_after_stream = ctx.runtime()->compute_stream_handle();
   }
   MOETRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, CreateCommunicator(options));
+  if (meter != nullptr) {
+    return std::make_shared<MeteredCommunicator>(std::move(world), std::move(meter));
+  }
   return std::shared_ptr<Communicator>(std::move(world));
 }
 
@@ -247,6 +259,7 @@ absl::StatusOr<v1::AttemptOutcome> Train(const v1::Assignment& assignment,
       TrainerConfigFromSpec(assignment.spec(), parent.string(),
                             environment.device.is_cpu() ? 0 : environment.device.index));
   config.job_id = root.filename().string();
+  config.stop_after_step = environment.stop_after_step;
   // Before anything is read or written: the spec's paths stay where the operator allows.
   MOETRAIN_RETURN_IF_ERROR(
       CheckJobPaths(assignment.spec(), assignment.checkpoint_dir(),
@@ -259,9 +272,22 @@ absl::StatusOr<v1::AttemptOutcome> Train(const v1::Assignment& assignment,
   }
   MOETRAIN_RETURN_IF_ERROR(CheckMemory(assignment, environment, config));
   // A GPU this rank cannot use is said as such, not as a gang that could not meet.
-  MOETRAIN_RETURN_IF_ERROR(ExecContext::ForDevice(config.device).status());
+  MOETRAIN_ASSIGN_OR_RETURN(const ExecContext device_ctx, ExecContext::ForDevice(config.device));
+  std::shared_ptr<RankMetrics> metrics;
+  if (environment.metrics != nullptr) {
+    absl::StatusOr<std::shared_ptr<RankMetrics>> started =
+        environment.metrics->StartRank(assignment.job_id(), assignment.rank());
+    // Metrics are for the operator: a rank trains without them rather than fail.
+    if (started.ok()) {
+      metrics = *std::move(started);
+    } else {
+      Log(absl::StrCat("job ", assignment.job_id(), " rank ", assignment.rank(),
+                       ": no metrics: ", started.status().message()));
+    }
+    if (device_ctx.runtime() != nullptr) environment.metrics->WatchDevice(device_ctx.runtime());
+  }
   absl::StatusOr<std::shared_ptr<Communicator>> world =
-      WorldCommunicator(assignment, environment, config.device);
+      WorldCommunicator(assignment, environment, config.device, metrics);
   if (!world.ok()) {
     // The gang could not meet (a peer that never came, a fenced rendezvous, this worker's network
     // setup): another attempt, on other workers maybe, may well meet.
@@ -270,7 +296,6 @@ absl::StatusOr<v1::AttemptOutcome> Train(const v1::Assignment& assignment,
   }
   // Measured on the rank's device before the trainer exists, so that the measurement's matrices
   // are not in the peak device memory the trainer reports.
-  MOETRAIN_ASSIGN_OR_RETURN(const ExecContext device_ctx, ExecContext::ForDevice(config.device));
   // A GPU's MFU is against its dense bf16 rate (cuBLASLt), whatever the job's precision; the CPU
   // measures the job's own dtype.
   const double peak_flops =
@@ -278,7 +303,7 @@ absl::StatusOr<v1::AttemptOutcome> Train(const v1::Assignment& assignment,
   MOETRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(config, *world));
   ReportingObserver observer(assignment, environment, control,
                              TrainingFlopsPerToken(config.model, config.data.seq_len), peak_flops,
-                             trainer->best_possible_loss());
+                             trainer->best_possible_loss(), metrics.get());
   const absl::Status resumed = trainer->Resume(&observer);
   if (absl::IsNotFound(resumed)) {
     if (!assignment.resume_checkpoint().empty()) {
@@ -306,6 +331,12 @@ absl::StatusOr<v1::AttemptOutcome> Train(const v1::Assignment& assignment,
   *step = trainer->step();
   if (!ran.ok()) return ran;
   if (trainer->step() >= config.steps) return v1::ATTEMPT_OUTCOME_SUCCEEDED;
+  if (config.stop_after_step > 0 && trainer->step() >= config.stop_after_step) {
+    // The worker winds down after this attempt (WorkerOptions::stop_after_step): the coordinator
+    // must not give the job back to it.
+    control->worker_draining.store(true);
+    return v1::ATTEMPT_OUTCOME_STOPPED;
+  }
   return control->stop.load() == StopRequest::kStop ? v1::ATTEMPT_OUTCOME_CANCELLED
                                                     : v1::ATTEMPT_OUTCOME_STOPPED;
 }

@@ -18,6 +18,7 @@
 #include "moetrain/v1/connect.h"
 #include "moetrain/v1/worker.pb.h"
 #include "worker/reporter.h"
+#include "worker/worker_metrics.h"
 
 namespace moetrain {
 
@@ -43,6 +44,7 @@ struct RankEnvironment {
   absl::Duration comm_timeout = absl::Seconds(60);
   std::vector<std::string> data_roots;  // see WorkerOptions::data_roots
   int64_t memory_limit_bytes = 0;       // see WorkerOptions::memory_limit_bytes
+  int64_t stop_after_step = 0;          // see WorkerOptions::stop_after_step
   // The device this rank computes on, for a job whose spec asks for CUDA (a CPU job stays on the
   // CPU): on a GPU worker, the rank's GPU; its world communicator is then NCCL.
   Device device = Device::Cpu();
@@ -53,6 +55,9 @@ struct RankEnvironment {
   // rank enqueues its own end report.
   bool reports_checkpoints = true;
   std::function<void(v1::ReportAttemptEndRequest)> on_end;
+  // Where the rank's phase times, communication and device go (WorkerOptions::metrics); null =
+  // nowhere.
+  WorkerMetrics* metrics = nullptr;
 };
 
 // Whether another attempt could succeed where one failed with `status`: PERMANENT for the codes

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/core/log.h"
+#include "moetrain/v1/backoff.h"
 #include "moetrain/v1/proto_time.h"
 #include "worker/assignment_ranks.h"
 
@@ -162,7 +163,7 @@ Connection Worker::RegisteredConnection() const {
 
 absl::Status Worker::Run() {
   std::thread heartbeats([this] { HeartbeatLoop(); });
-  absl::Duration backoff = kInitialBackoff;
+  Backoff backoff({.initial = kInitialBackoff, .max = options_.max_backoff});
   absl::Status result = absl::OkStatus();
   bool unreachable_logged = false;
   for (;;) {
@@ -192,7 +193,7 @@ absl::Status Worker::Run() {
     if (status.ok()) {
       if (unreachable_logged) Log("the coordinator answers again");
       unreachable_logged = false;
-      backoff = kInitialBackoff;
+      backoff.Reset();
       continue;
     }
     if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
@@ -204,8 +205,7 @@ absl::Status Worker::Run() {
       Log(absl::StrCat("coordinator call failed: ", status.error_message(), "; retrying"));
       unreachable_logged = Retryable(status.error_code());
     }
-    Sleep(backoff);
-    backoff = std::min(backoff * 2, options_.max_backoff);
+    Sleep(backoff.Next());
   }
 
   // Wind down: ranks stop (with a checkpoint, as Shutdown asked), then their reports go out.
@@ -311,7 +311,9 @@ void Worker::StartAssignment(const v1::Assignment& assignment) {
   environment.comm_host = options_.comm_host;
   environment.comm_timeout = options_.comm_timeout;
   environment.memory_limit_bytes = options_.memory_limit_bytes;
+  environment.stop_after_step = options_.stop_after_step;
   environment.data_roots = options_.data_roots;
+  environment.metrics = options_.metrics;
   // The coordinator takes one end report per worker and attempt, from its first rank: a single
   // rank reports its own; several hand theirs to the worker, which enqueues them combined when
   // the last one ends. Only the first reports checkpoints (RankEnvironment).
@@ -333,6 +335,8 @@ void Worker::StartAssignment(const v1::Assignment& assignment) {
     rank->thread = std::thread(
         [this, entry, rank, first, count, rank_environment = std::move(rank_environment)] {
           RunRank(rank->assignment, rank_environment, &rank->control);
+          // A rank that ended at stop_after_step ended draining: the worker winds down.
+          if (rank->control.worker_draining.load()) Shutdown();
           absl::MutexLock lock(&mu_);
           rank->finished = true;
           if (count > 1) {

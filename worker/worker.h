@@ -40,6 +40,7 @@
 #include "moetrain/v1/worker.grpc.pb.h"
 #include "worker/rank_runner.h"
 #include "worker/reporter.h"
+#include "worker/worker_metrics.h"
 
 namespace moetrain {
 
@@ -72,6 +73,13 @@ struct WorkerOptions {
   // Host memory a rank may use: a job whose estimate (engine/train/memory_estimate.h) exceeds it
   // fails its attempt before allocating anything. 0 = no limit.
   int64_t memory_limit_bytes = 0;
+  // `moetrain run --stop-at-step`: each rank trains through this step at most (the trainer's
+  // stop_after_step), saves a checkpoint there and ends its attempt STOPPED and draining, and the
+  // worker then winds down as after Shutdown. 0 = train every job to its train.steps.
+  int64_t stop_after_step = 0;
+  // Where the ranks' metrics go (moetrain-worker --metrics-listen); not owned, outlives the
+  // Worker; null = none.
+  WorkerMetrics* metrics = nullptr;
 
   // InvalidArgument naming the option.
   absl::Status Validate() const;

@@ -3,8 +3,9 @@
 // Lifecycle: block SIGINT/SIGTERM (before any thread starts, gRPC's included) → parse flags →
 // make the path flags absolute → enter --work-dir → register and serve → on a signal, the running
 // rank saves a checkpoint at its next step boundary and reports STOPPED (the coordinator resumes
-// the job elsewhere, without counting a restart) → exit 0. Exit 2 for bad flags, 1 when the
-// coordinator refuses the worker (a wrong token).
+// the job elsewhere, without counting a restart) → exit 0. With --metrics-listen, /metrics is
+// served from before the registration until the exit. Exit 2 for bad flags (a --metrics-listen
+// that cannot be bound included), 1 when the coordinator refuses the worker (a wrong token).
 #include <signal.h>
 #include <unistd.h>
 
@@ -23,9 +24,13 @@
 #include "engine/core/status.h"
 #include "engine/train/memory_estimate.h"
 #include "moetrain/v1/connect.h"
+#include "server/core/readiness.h"
+#include "server/http/http_server.h"
+#include "server/http/metrics.h"
 #include "worker/job_config.h"
 #include "worker/rendezvous_store.h"
 #include "worker/worker.h"
+#include "worker/worker_metrics.h"
 
 namespace {
 
@@ -122,6 +127,10 @@ int main(int argc, char** argv) {
                  "host memory a rank may use, e.g. 8GiB, 512MiB or bytes (default: the machine's "
                  "memory, or its cgroup's limit when lower); a job whose estimate exceeds it "
                  "fails before allocating");
+  std::string metrics_listen;
+  app.add_option("--metrics-listen", metrics_listen,
+                 "HOST:PORT to serve Prometheus metrics on, at /metrics (port 0 = any free port; "
+                 "default: off)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -162,6 +171,15 @@ int main(int argc, char** argv) {
                  comm_timeout.c_str());
     return 2;
   }
+  absl::StatusOr<moetrain::server::HostPort> metrics_address;
+  if (!metrics_listen.empty()) {
+    metrics_address = moetrain::server::ParseHostPort("--metrics-listen", metrics_listen);
+    if (!metrics_address.ok()) {
+      std::fprintf(stderr, "moetrain-worker: %s\n",
+                   std::string(metrics_address.status().message()).c_str());
+      return 2;
+    }
+  }
   if (absl::Status parsed = ParseDevices(devices, &options); !parsed.ok()) {
     std::fprintf(stderr, "moetrain-worker: %s\n", std::string(parsed.message()).c_str());
     return 2;
@@ -197,6 +215,36 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  // The endpoint serves the worker's metrics and, as the coordinator's does, /healthz and /readyz
+  // (SERVING from here until the signal).
+  moetrain::server::MetricsRegistry registry;
+  moetrain::server::Readiness readiness;
+  std::unique_ptr<moetrain::WorkerMetrics> metrics;
+  std::unique_ptr<moetrain::server::HttpServer> http;
+  if (!metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<moetrain::WorkerMetrics>> created =
+        moetrain::WorkerMetrics::Create(&registry, options.memory_limit_bytes);
+    absl::StatusOr<std::unique_ptr<moetrain::server::HttpServer>> server =
+        created.ok() ? moetrain::server::HttpServer::Create({.host = metrics_address->host,
+                                                             .port = metrics_address->port,
+                                                             .registry = &registry,
+                                                             .readiness = &readiness})
+                     : created.status();
+    absl::Status started = server.ok() ? (*server)->Start() : server.status();
+    if (!started.ok()) {
+      std::fprintf(stderr, "moetrain-worker: --metrics-listen = '%s': %s\n", metrics_listen.c_str(),
+                   std::string(started.message()).c_str());
+      return 2;
+    }
+    metrics = *std::move(created);
+    http = *std::move(server);
+    options.metrics = metrics.get();
+    readiness.Transition(moetrain::server::ReadinessState::kServing, "worker running")
+        .IgnoreError();
+    moetrain::Log(
+        absl::StrCat("metrics on http://", metrics_address->host, ":", http->port(), "/metrics"));
+  }
+
   moetrain::Worker worker(*std::move(connection), options);
   std::thread signals([&] {
     int signal_number = 0;
@@ -204,6 +252,7 @@ int main(int argc, char** argv) {
     moetrain::Log(absl::StrCat("received ", strsignal(signal_number),
                                ": stopping (a running rank first saves a checkpoint at its next "
                                "step boundary and hands its job back)"));
+    readiness.Transition(moetrain::server::ReadinessState::kDraining, "stopping").IgnoreError();
     worker.Shutdown();
   });
   moetrain::Log(absl::StrCat(
@@ -220,5 +269,6 @@ int main(int argc, char** argv) {
   }
   // The signal thread is blocked in sigwait unless a signal ended the run: it dies with us.
   signals.detach();
+  if (http != nullptr) http->Stop();
   return status.ok() ? 0 : 1;
 }

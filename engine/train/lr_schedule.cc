@@ -11,29 +11,36 @@
 namespace moetrain {
 namespace {
 
+// `field` is the job spec's: the schedule is train.optimizer's, and it ends at train.steps.
 absl::Status Invalid(absl::string_view field, auto value, absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat("train.schedule.", field, " = ", value, " ", why));
+  return absl::InvalidArgumentError(absl::StrCat(field, " = ", value, " ", why));
 }
 
 }  // namespace
 
 absl::Status LrScheduleConfig::Validate() const {
   // Negated comparisons, so that NaN fails them.
-  if (!(lr > 0.0f) || !std::isfinite(lr)) return Invalid("lr", lr, "must be positive and finite");
-  if (!(min_lr >= 0.0f) || !std::isfinite(min_lr)) {
-    return Invalid("min_lr", min_lr, "must be non-negative and finite");
+  if (!(lr > 0.0f) || !std::isfinite(lr)) {
+    return Invalid("train.optimizer.lr", lr, "must be positive and finite");
   }
-  if (min_lr > lr)
-    return Invalid("min_lr", min_lr, absl::StrCat("exceeds train.schedule.lr = ", lr));
-  if (warmup_steps < 0) return Invalid("warmup_steps", warmup_steps, "must not be negative");
-  if (total_steps < 1) return Invalid("total_steps", total_steps, "must be at least 1");
+  if (!(min_lr >= 0.0f) || !std::isfinite(min_lr)) {
+    return Invalid("train.optimizer.min_lr", min_lr, "must be non-negative and finite");
+  }
+  if (min_lr > lr) {
+    return Invalid("train.optimizer.min_lr", min_lr,
+                   absl::StrCat("exceeds train.optimizer.lr = ", lr));
+  }
+  if (warmup_steps < 0) {
+    return Invalid("train.optimizer.warmup_steps", warmup_steps, "must not be negative");
+  }
+  if (total_steps < 1) return Invalid("train.steps", total_steps, "must be at least 1");
   if (warmup_steps > total_steps) {
-    return Invalid("warmup_steps", warmup_steps,
-                   absl::StrCat("exceeds train.schedule.total_steps = ", total_steps));
+    return Invalid("train.optimizer.warmup_steps", warmup_steps,
+                   absl::StrCat("exceeds train.steps = ", total_steps));
   }
   // An enum read from a wider integer may hold no enumerator.
   if (decay != DecayType::kCosine && decay != DecayType::kLinear && decay != DecayType::kConstant) {
-    return Invalid("decay", static_cast<int>(decay), "is not a decay type");
+    return Invalid("train.optimizer.decay", static_cast<int>(decay), "is not a decay type");
   }
   return absl::OkStatus();
 }

@@ -10,7 +10,7 @@ namespace moetrain {
 
 enum class DecayType { kCosine, kLinear, kConstant };
 
-// Field names and defaults mirror JobSpec.train.schedule.
+// Field names and defaults mirror JobSpec.train.optimizer; total_steps is train.steps.
 struct LrScheduleConfig {
   float lr = 3e-4f;          // peak learning rate, reached at the last warmup step
   float min_lr = 3e-5f;      // floor of the cosine and linear decays, reached at total_steps
@@ -19,7 +19,7 @@ struct LrScheduleConfig {
   int64_t total_steps = 1000;  // N ≥ max(1, W)
 
   // OK, or InvalidArgument naming the field and its value:
-  // "train.schedule.min_lr = 1 exceeds train.schedule.lr = 0.0003".
+  // "train.optimizer.min_lr = 1 exceeds train.optimizer.lr = 0.0003".
   absl::Status Validate() const;
 };
 

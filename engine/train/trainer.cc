@@ -52,6 +52,10 @@ absl::Status TrainerConfig::Validate() const {
     return Invalid("checkpoint.every_steps", checkpoint_every, "must not be negative");
   }
   if (keep_last < 0) return Invalid("checkpoint.keep_last", keep_last, "must not be negative");
+  if (stop_after_step < 0 || stop_after_step > steps) {
+    return Invalid("stop_after_step", stop_after_step,
+                   absl::StrCat("is not in [0, train.steps = ", steps, "]").c_str());
+  }
   if (!std::isfinite(grad_clip)) {
     return absl::InvalidArgumentError(
         absl::StrCat("train.optimizer.grad_clip = ", grad_clip, " must be finite"));
@@ -108,7 +112,8 @@ std::string Trainer::CheckpointRoot() const {
   return absl::StrCat(config_.checkpoint_dir, "/", config_.job_id);
 }
 
-absl::Status Trainer::ForwardBackward(const Tensor& batch, StepStats* stats) {
+absl::Status Trainer::ForwardBackward(const Tensor& batch, StepStats* stats,
+                                      StepPhaseSeconds* phases) {
   const int world = groups_->world_size();
   const int64_t micro_batches = config_.micro_batches();
   const int64_t local_batch = data_->local_batch_size();
@@ -117,14 +122,27 @@ absl::Status Trainer::ForwardBackward(const Tensor& batch, StepStats* stats) {
   options.loss_scale = 1.0f / static_cast<float>(micro_batches * world);
   // A rank that stopped early would leave the others' collectives unanswered.
   options.backward_through_nonfinite_loss = world > 1;
+  double phase_start = 0;
+  bool in_forward = true;
   for (int64_t m = 0; m < micro_batches; ++m) {
-    // During the last micro-batch's backward the grads are summed over the ranks (grad_sync.h).
-    if (m == micro_batches - 1) {
-      options.on_stage_done = [this](int64_t stage) { return grad_sync_->StageDone(stage); };
-    }
+    // Stage 0 ends the forward pass (the LM head's loss and gradient are one op). During the last
+    // micro-batch's backward the grads are summed over the ranks (grad_sync.h).
+    const bool last = m == micro_batches - 1;
+    options.on_stage_done = [&, last](int64_t stage) {
+      if (stage == 0) {
+        const double now = Seconds();
+        phases->forward += now - phase_start;
+        phase_start = now;
+        in_forward = false;
+      }
+      return last ? grad_sync_->StageDone(stage) : absl::OkStatus();
+    };
     TensorView rows =
         batch.view().Slice(m * local_batch / micro_batches, (m + 1) * local_batch / micro_batches);
+    phase_start = Seconds();
+    in_forward = true;
     absl::StatusOr<StepResult> result = model_->ForwardBackward(rows, options);
+    (in_forward ? phases->forward : phases->backward) += Seconds() - phase_start;
     if (!result.ok()) {
       if (!IsNonFiniteError(result.status())) return result.status();
       // NaN/Inf activations: the step is non-finite, whatever its remaining micro-batches hold.
@@ -133,7 +151,10 @@ absl::Status Trainer::ForwardBackward(const Tensor& batch, StepStats* stats) {
     }
     stats->Add(*result);
   }
-  return grad_sync_->Finish();
+  const double sync_start = Seconds();
+  const absl::Status synced = grad_sync_->Finish();
+  phases->communication += Seconds() - sync_start;
+  return synced;
 }
 
 absl::StatusOr<double> Trainer::GlobalGradNorm() {
@@ -156,16 +177,19 @@ absl::Status Trainer::UpdateWeights(double grad_norm, const StepStats& stats, St
   return model_->SyncComputeWeights();
 }
 
-absl::StatusOr<StepReport> Trainer::TrainStep() {
+absl::StatusOr<StepReport> Trainer::TrainStep(StepPhaseSeconds* phases) {
   const double start = Seconds();
   // Each micro-batch of each rank is one share of the step's mean losses.
   const int64_t shares = config_.micro_batches() * groups_->world_size();
   StepStats stats(model_->num_moe_layers(), config_.model.moe.num_experts,
                   config_.model.mtp_depth > 0);
-  MOETRAIN_RETURN_IF_ERROR(ForwardBackward(data_->Next(), &stats));
+  MOETRAIN_RETURN_IF_ERROR(ForwardBackward(data_->Next(), &stats, phases));
   // Every rank reports the global step: the sums reach every rank with the same bits, so every
   // rank takes the same branch below.
+  const double sums_start = Seconds();
   MOETRAIN_RETURN_IF_ERROR(stats.SumOverRanks(&groups_->world()));
+  const double optimizer_start = Seconds();
+  phases->communication += optimizer_start - sums_start;
   MOETRAIN_ASSIGN_OR_RETURN(const double grad_norm, GlobalGradNorm());
   StepReport report;
   stats.Report(shares, &report);
@@ -204,7 +228,9 @@ absl::StatusOr<StepReport> Trainer::TrainStep() {
   tokens_seen_ += stats.tokens();
   report.step = step_;
   report.tokens_seen = tokens_seen_;
-  report.step_seconds = std::max(Seconds() - start, 1e-9);
+  const double end = Seconds();
+  phases->optimizer = end - optimizer_start;
+  report.step_seconds = std::max(end - start, 1e-9);
   report.tokens_per_s = stats.tokens() / report.step_seconds;
   return report;
 }
@@ -289,7 +315,8 @@ absl::Status Trainer::Run(TrainObserver* observer, const std::atomic<StopRequest
   // The state Run starts from is on disk already (resumed from it, or saved by an earlier Run):
   // saving it again would collide with its step directory.
   int64_t last_saved = step_;
-  while (step_ < config_.steps) {
+  const int64_t end = config_.stop_after_step > 0 ? config_.stop_after_step : config_.steps;
+  while (step_ < end) {
     MOETRAIN_ASSIGN_OR_RETURN(const StopRequest request, AgreeOnStop(stop));
     if (request == StopRequest::kStop) {
       observer->OnMessage(absl::StrCat("stopping at step ", step_, " without a checkpoint"));
@@ -299,7 +326,9 @@ absl::Status Trainer::Run(TrainObserver* observer, const std::atomic<StopRequest
       observer->OnMessage(absl::StrCat("stopping at step ", step_, " as asked"));
       break;
     }
-    MOETRAIN_ASSIGN_OR_RETURN(StepReport report, TrainStep());
+    StepPhaseSeconds phases;
+    MOETRAIN_ASSIGN_OR_RETURN(StepReport report, TrainStep(&phases));
+    observer->OnStepPhases(phases);
     if (report.skipped) {
       observer->OnMessage(absl::StrCat("step ", report.step,
                                        ": non-finite loss or gradient, "
@@ -310,11 +339,14 @@ absl::Status Trainer::Run(TrainObserver* observer, const std::atomic<StopRequest
       MOETRAIN_ASSIGN_OR_RETURN(double eval_loss, Evaluate());
       report.eval_loss = eval_loss;
     }
-    if (step_ == 1 || last || step_ % config_.log_every == 0 || report.eval_loss.has_value()) {
+    // The step a stop_after_step ends at is shown, but not evaluated: an evaluation there would
+    // be one the uninterrupted run does not make.
+    if (step_ == 1 || step_ == end || step_ % config_.log_every == 0 ||
+        report.eval_loss.has_value()) {
       observer->OnStep(report);
     }
     if (checkpoints && config_.checkpoint_every > 0 && step_ % config_.checkpoint_every == 0 &&
-        !last) {
+        step_ != end) {
       MOETRAIN_ASSIGN_OR_RETURN(bool saved, MaybeSaveCheckpoint(observer));
       if (saved) last_saved = step_;
     }

@@ -77,6 +77,10 @@ struct TrainerConfig {
   std::string init_from;         // a step directory whose model starts the job (InitializeFrom)
   int64_t checkpoint_every = 0;  // steps between checkpoints (and after the last); 0 = only last
   int keep_last = 3;             // complete checkpoints kept; 0 = every one
+  // Run returns after this step (the steps done, as StepReport::step counts them), with a
+  // checkpoint of it, as a stop does; everything else (the schedule, the data order) stays that
+  // of `steps`, so that a resume continues as if there had been no stop. 0 = train to `steps`.
+  int64_t stop_after_step = 0;
 
   // OK, or InvalidArgument naming the field (and validates model, data, parallel, optimizer,
   // schedule).
@@ -116,6 +120,23 @@ struct StepReport {
   std::vector<Fp8ExpertStats> fp8_experts;  // the routed experts, (layer, expert) ascending
 };
 
+// Wall time of one optimizer step's phases on this rank, by the host's steady clock (on a GPU,
+// device work queued in one phase may still run during the next; the step's end waits for all of
+// it, in `optimizer`).
+struct StepPhaseSeconds {
+  // Every micro-batch's forward, up to the loss and its gradient at the LM head (one fused op).
+  double forward = 0;
+  // The rest of the backward pass, gradient sums of the last micro-batch started as their
+  // buckets fill (grad_sync.h) and the expert-parallel all-to-alls included.
+  double backward = 0;
+  // Waiting for the gradient sums to finish, and summing the step's losses and token counts over
+  // the ranks.
+  double communication = 0;
+  // The gradient norm, clipping, AdamW, the expert-bias update, the compute weights, zeroing the
+  // grads, FP8 scales, and waiting for the device to finish the step.
+  double optimizer = 0;
+};
+
 // A checkpoint the trainer wrote.
 struct CheckpointReport {
   int64_t step = 0;
@@ -128,6 +149,8 @@ class TrainObserver {
  public:
   virtual ~TrainObserver() = default;
   virtual void OnStep(const StepReport& report) {}
+  // After every step, logged or not (OnStep comes after it on logged steps).
+  virtual void OnStepPhases(const StepPhaseSeconds& phases) {}
   virtual void OnCheckpoint(const CheckpointReport& report) {}
   // Notes worth showing a person: a resume, a skipped corrupt checkpoint, a skipped step.
   virtual void OnMessage(const std::string& message) {}
@@ -169,11 +192,11 @@ class Trainer {
   // data position stay fresh.
   absl::Status InitializeFrom(const std::string& step_dir);
 
-  // Trains until config.steps, or until *stop asks otherwise (checked between steps, and agreed
-  // by the ranks: when any rank asks for kCheckpointAndStop every rank does that, else when any
-  // asks for kStop every rank stops). Saves a checkpoint every checkpoint_every steps and at the
-  // end (with a checkpoint dir), including the end that kCheckpointAndStop asks for, but not the
-  // one kStop asks for.
+  // Trains until config.steps (or config.stop_after_step), or until *stop asks otherwise
+  // (checked between steps, and agreed by the ranks: when any rank asks for kCheckpointAndStop
+  // every rank does that, else when any asks for kStop every rank stops). Saves a checkpoint
+  // every checkpoint_every steps and at the end (with a checkpoint dir), including the ends that
+  // stop_after_step and kCheckpointAndStop ask for, but not the one kStop asks for.
   absl::Status Run(TrainObserver* observer, const std::atomic<StopRequest>* stop = nullptr);
 
   int64_t step() const { return step_; }
@@ -194,10 +217,11 @@ class Trainer {
 
  private:
   explicit Trainer(const ExecContext& ctx) : ctx_(ctx) {}
-  absl::StatusOr<StepReport> TrainStep();
+  // One optimizer step; its phase times into `phases`.
+  absl::StatusOr<StepReport> TrainStep(StepPhaseSeconds* phases);
   // Forward and backward of the step's micro-batches of `batch` into `stats`; the grads are then
-  // summed over the ranks.
-  absl::Status ForwardBackward(const Tensor& batch, StepStats* stats);
+  // summed over the ranks. Times the forward, backward and communication phases into `phases`.
+  absl::Status ForwardBackward(const Tensor& batch, StepStats* stats, StepPhaseSeconds* phases);
   // ‖g‖₂ over every rank's grads: the dense ones once (every rank holds them alike) and each
   // expert shard once.
   absl::StatusOr<double> GlobalGradNorm();

@@ -7,9 +7,27 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace moetrain::server {
+
+absl::StatusOr<HostPort> ParseHostPort(absl::string_view flag, const std::string& address) {
+  const size_t colon = address.rfind(':');
+  HostPort parsed;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &parsed.port) || parsed.port < 0 ||
+      parsed.port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " = '", address, "' is not host:port with a port in [0, 65535]"));
+  }
+  parsed.host = address.substr(0, colon);
+  if (parsed.host.size() > 2 && parsed.host.front() == '[' && parsed.host.back() == ']') {
+    parsed.host = parsed.host.substr(1, parsed.host.size() - 2);
+  }
+  return parsed;
+}
+
 namespace {
 
 constexpr char kMetricsPath[] = "/metrics";

@@ -75,6 +75,16 @@ class HttpHandler {
   virtual HttpResponse Handle(const HttpRequest& request) = 0;
 };
 
+// An address to listen on.
+struct HostPort {
+  std::string host;  // without the brackets of an IPv6 address
+  int port = 0;
+};
+
+// "host:port" or "[v6]:port"; InvalidArgument naming `flag` and the text when it is not host:port
+// with a port in [0, 65535].
+absl::StatusOr<HostPort> ParseHostPort(absl::string_view flag, const std::string& address);
+
 struct HttpServerOptions {
   // Only this address is bound: "127.0.0.1" for local scrapes, "0.0.0.0" for all interfaces.
   std::string host = "127.0.0.1";

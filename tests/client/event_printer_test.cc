@@ -157,7 +157,8 @@ TEST(EventPrinterTest, JsonSummaryAsRunPrintsIt) {
                          {"eval_loss", 2.75},
                          {"best_possible_loss", 1.5},
                          {"checkpoint", "/ck/job/step-4"},
-                         {"elapsed_s", 10.0}};
+                         {"elapsed_s", 10.0},
+                         {"stopped", false}};
   EXPECT_EQ(lines.back(), expected);
 }
 
@@ -175,7 +176,8 @@ TEST(EventPrinterTest, JsonSummaryWithoutEventsHasNulls) {
                          {"eval_loss", nullptr},
                          {"best_possible_loss", nullptr},
                          {"checkpoint", nullptr},
-                         {"elapsed_s", 0.0}};
+                         {"elapsed_s", 0.0},
+                         {"stopped", false}};
   EXPECT_EQ(lines[0], expected);
 }
 
@@ -196,6 +198,35 @@ TEST(EventPrinterTest, TextLinesOnePerEvent) {
             "hello\n"
             "done: 1 steps in 1:07, loss 2.5000\n"
             "last checkpoint: /ck/job/step-1\n");
+}
+
+TEST(EventPrinterTest, AStoppedRunSaysWhereAndHowToContinue) {
+  const RunEnd end = {.stopped = true, .resume_command = "moetrain run s.yaml --resume"};
+  {
+    Capture capture;
+    EventPrinter printer(capture.TextLines());
+    printer.Print(Step(0, 100, 3, 2.5));
+    printer.Print(Checkpoint(1, 101, 3));
+    printer.Summary(end);
+    EXPECT_EQ(
+        capture.Text(),
+        "step 3/10  loss 2.5000  lr 1.00e-03  |g| 0.250  2048 tok/s  load 1.50  elapsed 0:00\n"
+        "checkpoint /ck/job/step-3\n"
+        "stopped at step 3 of 10 in 0:01, loss 2.5000\n"
+        "last checkpoint: /ck/job/step-3\n"
+        "continue with: moetrain run s.yaml --resume\n");
+  }
+  Capture capture;
+  EventPrinter printer({.json = true, .total_steps = 10, .job_label = "j", .out = capture.file()});
+  printer.Print(Step(0, 100, 3, 2.5));
+  printer.Summary(end);
+  const std::vector<json> lines = capture.Lines();
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[1], json({{"message",
+                             "stopped at step 3 of 10; continue with: moetrain run s.yaml "
+                             "--resume"}}));
+  EXPECT_EQ(lines[2].at("stopped"), true);
+  EXPECT_EQ(lines[2].at("steps"), 3);
 }
 
 TEST(EventPrinterTest, DeviceMemoryIsShownOnlyWhenReported) {

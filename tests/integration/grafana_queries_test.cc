@@ -1,11 +1,12 @@
 // The Grafana dashboard (deploy/grafana/moetrain-fleet.json) and the Prometheus rules
 // (deploy/prometheus/rules.yml), read from the source tree, against the real thing: a real
-// Prometheus loads the rules and scrapes a real coordinator every second while a real worker
-// trains a job with evaluations and checkpoints. Then every panel target, the job variable's
-// query and every recording rule go through Prometheus' HTTP API, and each must answer with at
-// least one finite sample: no panel or rule names a metric or a label value the service does not
-// export. The FP8 panels (those reading moetrain_job_fp8_*) are asked about a second, short job
-// that trains in FP8 on a second worker, the only kind of job that has those series.
+// Prometheus loads the rules and scrapes a real coordinator, and the worker's own /metrics
+// (--metrics-listen), every second while that real worker trains a job with evaluations and
+// checkpoints. Then every panel target, the job variable's query and every recording rule go
+// through Prometheus' HTTP API, and each must answer with at least one finite sample: no panel or
+// rule names a metric or a label value the service does not export. The FP8 panels (those reading
+// moetrain_job_fp8_*) are asked about a second, short job that trains in FP8 on a second worker,
+// the only kind of job that has those series.
 //
 // Alerts cannot be held to that: on a healthy job their expressions must answer nothing, and the
 // test checks that they do. What it asks of an alert instead is that Prometheus loaded it (health
@@ -176,7 +177,8 @@ TEST_F(GrafanaQueriesTest, EveryPanelAndRuleAnswersWithDataOfARealJob) {
   ASSERT_GE(rule_names.size(), 8u);
 
   StartCoordinator();
-  StartWorker("w1");
+  const int worker_metrics_port = FreePort();
+  StartWorker("w1", {"--metrics-listen", absl::StrCat("127.0.0.1:", worker_metrics_port)});
   Daemon prometheus;
   const int port = StartPrometheus(prometheus, dir_,
                                    absl::StrCat(R"(global:
@@ -190,6 +192,10 @@ scrape_configs:
     static_configs:
       - targets: ['127.0.0.1:)",
                                                 http_port_, R"(']
+  - job_name: moetrain-worker
+    static_configs:
+      - targets: ['127.0.0.1:)",
+                                                worker_metrics_port, R"(']
 )"));
   ASSERT_NE(port, 0);
   httplib::Client api("127.0.0.1", port);

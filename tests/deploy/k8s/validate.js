@@ -263,7 +263,8 @@ function checkContainer(ctx, workload, container, volumes) {
 
 // A worker: in the gpu overlay, --devices=cuda (every GPU the pod is given) or a list of as many
 // GPUs as its nvidia.com/gpu limit; NVIDIA_VISIBLE_DEVICES left to the device plugin, and the
-// driver's compute libraries asked for. Threads within the CPU limit.
+// driver's compute libraries asked for. Threads within the CPU limit. Its metrics served on the pod
+// network, on the container port `metrics`, which a Service of the workers lists.
 function checkWorker(ctx, workload, container) {
   const report = (message) => ctx.report(workload, `container ${container.name}: ${message}`);
   const pod = workload.spec.template.spec;
@@ -311,6 +312,27 @@ function checkWorker(ctx, workload, container) {
   const poolThreads = env.get('MOETRAIN_NUM_THREADS');
   if (poolThreads !== undefined && Number(poolThreads) !== threads) {
     report('MOETRAIN_NUM_THREADS and --threads differ');
+  }
+  const metricsListen = expand(flagValue(container, '--metrics-listen') || '', env);
+  if (!metricsListen) {
+    report('no --metrics-listen: Prometheus cannot scrape the worker');
+    return;
+  }
+  const colon = metricsListen.lastIndexOf(':');
+  const host = metricsListen.slice(0, colon);
+  const port = Number(metricsListen.slice(colon + 1));
+  if (host === 'localhost' || host.startsWith('127.') || host === '[::1]') {
+    report(`--metrics-listen=${metricsListen} listens on loopback only: Prometheus cannot reach it`);
+  }
+  const named = (container.ports || []).find((p) => p.name === 'metrics');
+  if (named?.containerPort !== port) {
+    report(`--metrics-listen=${metricsListen} is not the container port metrics ` +
+           `(${named?.containerPort})`);
+  }
+  const labels = workload.spec.template.metadata.labels;
+  if (!ctx.services.some((s) => labelsMatch(s.spec.selector, labels) &&
+                             (s.spec.ports || []).some((p) => p.targetPort === 'metrics'))) {
+    report('no Service lists the worker port metrics');
   }
 }
 
@@ -571,6 +593,16 @@ const BREAKAGES = [
    expect: 'is not ReadWriteMany'},
   {file: 'components/servicemonitor/servicemonitor.yaml', from: 'port: http', to: 'port: metrics',
    expect: 'endpoint port metrics is not a port'},
+  {file: 'components/servicemonitor/servicemonitor.yaml', from: 'port: metrics', to: 'port: http',
+   expect: 'endpoint port http is not a port'},
+  {file: 'base/worker.yaml', from: '--metrics-listen=0.0.0.0:7072',
+   to: '--metrics-listen=0.0.0.0:9400', expect: 'is not the container port metrics (7072)'},
+  {file: 'base/worker.yaml', from: '--metrics-listen=0.0.0.0:7072',
+   to: '--metrics-listen=127.0.0.1:7072', expect: 'listens on loopback only'},
+  {file: 'base/worker.yaml', from: '            - --metrics-listen=0.0.0.0:7072\n', to: '',
+   expect: 'no --metrics-listen'},
+  {file: 'base/worker.yaml', from: 'targetPort: metrics', to: 'targetPort: 7072',
+   expect: 'no Service lists the worker port metrics'},
 ];
 
 function checkRulesBite(root, scratch) {

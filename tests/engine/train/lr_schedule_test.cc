@@ -140,36 +140,35 @@ TEST(LrScheduleConfigTest, DefaultsAreValid) { EXPECT_TRUE(LrScheduleConfig().Va
 TEST(LrScheduleConfigTest, InvalidFieldsAreNamed) {
   LrScheduleConfig config;
   config.min_lr = 1.0f;
-  ExpectInvalid(config, "train.schedule.min_lr = 1 exceeds train.schedule.lr = 0.0003");
+  ExpectInvalid(config, "train.optimizer.min_lr = 1 exceeds train.optimizer.lr = 0.0003");
 
   config = LrScheduleConfig();
   config.lr = 0.0f;
-  ExpectInvalid(config, "train.schedule.lr = 0 must be positive and finite");
+  ExpectInvalid(config, "train.optimizer.lr = 0 must be positive and finite");
   config.lr = std::numeric_limits<float>::quiet_NaN();
-  ExpectInvalid(config, "train.schedule.lr = nan");
+  ExpectInvalid(config, "train.optimizer.lr = nan");
   config.lr = std::numeric_limits<float>::infinity();
-  ExpectInvalid(config, "train.schedule.lr = inf");
+  ExpectInvalid(config, "train.optimizer.lr = inf");
 
   config = LrScheduleConfig();
   config.min_lr = -1e-5f;
-  ExpectInvalid(config, "train.schedule.min_lr = -1e-05 must be non-negative and finite");
+  ExpectInvalid(config, "train.optimizer.min_lr = -1e-05 must be non-negative and finite");
   config.min_lr = std::numeric_limits<float>::quiet_NaN();
-  ExpectInvalid(config, "train.schedule.min_lr = nan");
+  ExpectInvalid(config, "train.optimizer.min_lr = nan");
 
   config = LrScheduleConfig();
   config.warmup_steps = -1;
-  ExpectInvalid(config, "train.schedule.warmup_steps = -1 must not be negative");
+  ExpectInvalid(config, "train.optimizer.warmup_steps = -1 must not be negative");
   config.warmup_steps = 1001;
-  ExpectInvalid(config,
-                "train.schedule.warmup_steps = 1001 exceeds train.schedule.total_steps = 1000");
+  ExpectInvalid(config, "train.optimizer.warmup_steps = 1001 exceeds train.steps = 1000");
 
   config = LrScheduleConfig();
   config.total_steps = 0;
-  ExpectInvalid(config, "train.schedule.total_steps = 0 must be at least 1");
+  ExpectInvalid(config, "train.steps = 0 must be at least 1");
 
   config = LrScheduleConfig();
   config.decay = static_cast<DecayType>(7);
-  ExpectInvalid(config, "train.schedule.decay = 7 is not a decay type");
+  ExpectInvalid(config, "train.optimizer.decay = 7 is not a decay type");
 }
 
 }  // namespace

@@ -1,0 +1,182 @@
+#include "worker/worker_metrics.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <string>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "engine/core/status.h"
+
+namespace moetrain {
+namespace {
+
+constexpr const char* kPhaseNames[] = {"forward", "backward", "communication", "optimizer"};
+
+// This process's resident memory now (/proc/self/statm) and at most (VmHWM in
+// /proc/self/status); -1 where Linux does not say.
+int64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size_pages = 0, resident_pages = -1;
+  if (!(statm >> size_pages >> resident_pages)) return -1;
+  return resident_pages * sysconf(_SC_PAGESIZE);
+}
+
+int64_t PeakResidentBytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmHWM:", 0) != 0) continue;
+    std::string number = line.substr(6);
+    number.erase(
+        std::remove_if(number.begin(), number.end(), [](char c) { return c < '0' || c > '9'; }),
+        number.end());
+    int64_t kib = 0;
+    return absl::SimpleAtoi(number, &kib) ? kib * 1024 : -1;
+  }
+  return -1;
+}
+
+}  // namespace
+
+RankMetrics::~RankMetrics() { owner_->RankEnded(job_id_); }
+
+void RankMetrics::ObservePhases(const StepPhaseSeconds& phases) {
+  const double seconds[] = {phases.forward, phases.backward, phases.communication,
+                            phases.optimizer};
+  for (size_t i = 0; i < phases_.size(); ++i) phases_[i]->Observe(seconds[i]);
+}
+
+void RankMetrics::Add(CommOp op, int64_t bytes_sent, int64_t bytes_received, double seconds) {
+  const int i = static_cast<int>(op);
+  if (bytes_sent > 0) sent_[i]->Increment(static_cast<double>(bytes_sent));
+  if (bytes_received > 0) received_[i]->Increment(static_cast<double>(bytes_received));
+  seconds_[i]->Increment(seconds);
+}
+
+absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(
+    server::MetricsRegistry* registry, int64_t host_memory_limit_bytes) {
+  std::unique_ptr<WorkerMetrics> metrics(new WorkerMetrics(host_memory_limit_bytes));
+  // 0.5 ms to about 2 min: a tiny CPU model's step to a large model's optimizer on a CPU.
+  MOETRAIN_ASSIGN_OR_RETURN(
+      metrics->phase_family_,
+      registry->AddHistogram("moetrain_worker_step_phase_duration_seconds",
+                             "Wall time of each phase of every optimizer step of a rank on this "
+                             "worker (forward, backward, communication, optimizer).",
+                             {"job_id", "rank", "phase"},
+                             server::ExponentialBuckets(0.0005, 4, 10)));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      metrics->sent_family_,
+      registry->AddCounter("moetrain_worker_comm_sent_bytes_total",
+                           "Payload bytes a rank on this worker handed to the other ranks of its "
+                           "job, by collective.",
+                           {"job_id", "rank", "op"}));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      metrics->received_family_,
+      registry->AddCounter("moetrain_worker_comm_received_bytes_total",
+                           "Payload bytes a rank on this worker took from the other ranks of its "
+                           "job, by collective.",
+                           {"job_id", "rank", "op"}));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      metrics->seconds_family_,
+      registry->AddCounter("moetrain_worker_comm_seconds_total",
+                           "Seconds a rank on this worker spent waiting in collectives (starting "
+                           "and waiting for them), by collective.",
+                           {"job_id", "rank", "op"}));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      metrics->memory_used_,
+      registry->AddGauge("moetrain_worker_device_memory_used_bytes",
+                         "Memory in use on a device of this worker: the worker process's resident "
+                         "memory on the CPU, the allocator's bytes in tensors on a GPU.",
+                         {"device"}));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      metrics->memory_peak_,
+      registry->AddGauge("moetrain_worker_device_memory_peak_bytes",
+                         "The most memory in use at once on a device of this worker since it "
+                         "was opened (the worker process's peak resident memory on the CPU).",
+                         {"device"}));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      metrics->memory_capacity_,
+      registry->AddGauge("moetrain_worker_device_memory_capacity_bytes",
+                         "Memory of a device of this worker: the worker's --memory-limit on the "
+                         "CPU, the GPU's memory on a GPU.",
+                         {"device"}));
+  WorkerMetrics* raw = metrics.get();
+  registry->AddCollector([raw] { raw->CollectMemory(); });
+  return metrics;
+}
+
+absl::StatusOr<std::shared_ptr<RankMetrics>> WorkerMetrics::StartRank(const std::string& job_id,
+                                                                      int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = live_ranks_.begin(); it != live_ranks_.end();) {
+    if (it->second > 0 || it->first == job_id) {
+      ++it;
+      continue;
+    }
+    for (server::FamilyBase* family : std::initializer_list<server::FamilyBase*>{
+             phase_family_, sent_family_, received_family_, seconds_family_}) {
+      family->RemoveWhere("job_id", it->first);
+    }
+    it = live_ranks_.erase(it);
+  }
+  std::shared_ptr<RankMetrics> metrics(new RankMetrics(this, job_id));
+  const std::string rank_text = absl::StrCat(rank);
+  for (size_t i = 0; i < metrics->phases_.size(); ++i) {
+    MOETRAIN_ASSIGN_OR_RETURN(metrics->phases_[i],
+                              phase_family_->WithLabels({job_id, rank_text, kPhaseNames[i]}));
+  }
+  for (int i = 0; i < kNumCommOps; ++i) {
+    const absl::string_view op = CommOpName(static_cast<CommOp>(i));
+    MOETRAIN_ASSIGN_OR_RETURN(metrics->sent_[i], sent_family_->WithLabels({job_id, rank_text, op}));
+    MOETRAIN_ASSIGN_OR_RETURN(metrics->received_[i],
+                              received_family_->WithLabels({job_id, rank_text, op}));
+    MOETRAIN_ASSIGN_OR_RETURN(metrics->seconds_[i],
+                              seconds_family_->WithLabels({job_id, rank_text, op}));
+  }
+  ++live_ranks_[job_id];
+  return metrics;
+}
+
+void WorkerMetrics::RankEnded(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  --live_ranks_[job_id];
+}
+
+void WorkerMetrics::WatchDevice(DeviceRuntime* runtime) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (std::find(devices_.begin(), devices_.end(), runtime) == devices_.end()) {
+    devices_.push_back(runtime);
+  }
+}
+
+void WorkerMetrics::CollectMemory() {
+  std::vector<std::pair<std::string, DeviceMemoryStats>> devices;
+  DeviceMemoryStats host;
+  host.in_use_bytes = ResidentBytes();
+  host.peak_bytes = PeakResidentBytes();
+  host.total_bytes = host_memory_limit_bytes_ > 0 ? host_memory_limit_bytes_ : -1;
+  devices.emplace_back("cpu", host);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (DeviceRuntime* runtime : devices_) {
+      devices.emplace_back(runtime->device().DebugString(), runtime->memory_stats());
+    }
+  }
+  for (const auto& [device, stats] : devices) {
+    const absl::string_view label = device;
+    const std::pair<server::Family<server::Gauge>*, int64_t> values[] = {
+        {memory_used_, stats.in_use_bytes},
+        {memory_peak_, stats.peak_bytes},
+        {memory_capacity_, stats.total_bytes}};
+    for (const auto& [family, value] : values) {
+      if (value < 0) continue;  // not known here
+      absl::StatusOr<server::Gauge*> gauge = family->WithLabels({label});
+      if (gauge.ok()) (*gauge)->Set(static_cast<double>(value));
+    }
+  }
+}
+
+}  // namespace moetrain

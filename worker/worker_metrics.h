@@ -1,0 +1,118 @@
+// The worker's own Prometheus metrics, which `moetrain-worker --metrics-listen` serves on /metrics:
+// what each rank spends its steps on, what it sends to and receives from the other ranks, and the
+// memory of the worker's devices. Families (labels):
+//
+//   moetrain_worker_step_phase_duration_seconds{job_id,rank,phase}
+//       histogram of every step's forward, backward, communication and optimizer phases
+//       (StepPhaseSeconds in engine/train/trainer.h)
+//   moetrain_worker_comm_sent_bytes_total{job_id,rank,op}
+//   moetrain_worker_comm_received_bytes_total{job_id,rank,op}
+//   moetrain_worker_comm_seconds_total{job_id,rank,op}
+//       the payload and waiting time of the rank's collectives, by op (all_to_all, all_reduce,
+//       all_gather, broadcast, barrier; engine/comm/metered_communicator.h)
+//   moetrain_worker_device_memory_used_bytes{device}
+//   moetrain_worker_device_memory_peak_bytes{device}
+//   moetrain_worker_device_memory_capacity_bytes{device}
+//       device "cpu": this process's resident memory, its peak, and the --memory-limit;
+//       "cuda:N": the allocator's bytes in tensors, their peak, and the GPU's memory
+//
+// The CPU's capacity is the worker's --memory-limit (the machine's memory by default). A GPU
+// appears once a rank has opened it. A rank's series start at zero when it starts and stay until
+// the worker starts a rank of another job after it ended. The job's label is job_id, as on the
+// coordinator's series: Prometheus gives every scraped series a `job` label of its own.
+//
+//   MOETRAIN_ASSIGN_OR_RETURN(std::unique_ptr<WorkerMetrics> metrics,
+//                             WorkerMetrics::Create(&registry, memory_limit_bytes));
+//   options.metrics = metrics.get();   // WorkerOptions: every rank reports into it
+#ifndef MOETRAIN_WORKER_WORKER_METRICS_H_
+#define MOETRAIN_WORKER_WORKER_METRICS_H_
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "engine/backend/device_runtime.h"
+#include "engine/comm/metered_communicator.h"
+#include "engine/train/trainer.h"
+#include "server/http/metrics.h"
+
+namespace moetrain {
+
+class WorkerMetrics;
+
+// The series of one rank, and the meter of its communicators. Thread-safe.
+class RankMetrics final : public CommMeter {
+ public:
+  ~RankMetrics() override;
+  RankMetrics(const RankMetrics&) = delete;
+  RankMetrics& operator=(const RankMetrics&) = delete;
+
+  void ObservePhases(const StepPhaseSeconds& phases);
+  void Add(CommOp op, int64_t bytes_sent, int64_t bytes_received, double seconds) override;
+
+ private:
+  friend class WorkerMetrics;
+  RankMetrics(WorkerMetrics* owner, std::string job_id)
+      : owner_(owner), job_id_(std::move(job_id)) {}
+
+  WorkerMetrics* const owner_;
+  const std::string job_id_;
+  // forward, backward, communication, optimizer
+  std::array<server::Histogram*, 4> phases_ = {};
+  std::array<server::Counter*, kNumCommOps> sent_ = {};
+  std::array<server::Counter*, kNumCommOps> received_ = {};
+  std::array<server::Counter*, kNumCommOps> seconds_ = {};
+};
+
+class WorkerMetrics {
+ public:
+  // Adds the families to `registry` (which outlives this), and a collector that reads the
+  // devices' memory at each scrape. `host_memory_limit_bytes`: the CPU's capacity; 0 = unknown
+  // (not written). AlreadyExists when the registry has them already.
+  static absl::StatusOr<std::unique_ptr<WorkerMetrics>> Create(server::MetricsRegistry* registry,
+                                                               int64_t host_memory_limit_bytes);
+  WorkerMetrics(const WorkerMetrics&) = delete;
+  WorkerMetrics& operator=(const WorkerMetrics&) = delete;
+
+  // The series of rank `rank` of `job_id`, which its communicators meter into and its trainer's
+  // phase times go to; they outlive every RankMetrics of this object. Drops first the series of
+  // the jobs no RankMetrics is alive for (any but `job_id`). InvalidArgument for a job id that is
+  // not UTF-8.
+  absl::StatusOr<std::shared_ptr<RankMetrics>> StartRank(const std::string& job_id, int rank);
+
+  // From now on the memory gauges show `runtime`'s device too (a GPU a rank has opened). The
+  // runtime lives as long as the process; a device already watched is ignored.
+  void WatchDevice(DeviceRuntime* runtime);
+
+ private:
+  friend class RankMetrics;
+  explicit WorkerMetrics(int64_t host_memory_limit_bytes)
+      : host_memory_limit_bytes_(host_memory_limit_bytes) {}
+  void RankEnded(const std::string& job_id);
+  // Sets the memory gauges: the collector's body.
+  void CollectMemory();
+
+  const int64_t host_memory_limit_bytes_;
+  server::Family<server::Histogram>* phase_family_ = nullptr;
+  server::Family<server::Counter>* sent_family_ = nullptr;
+  server::Family<server::Counter>* received_family_ = nullptr;
+  server::Family<server::Counter>* seconds_family_ = nullptr;
+  server::Family<server::Gauge>* memory_used_ = nullptr;
+  server::Family<server::Gauge>* memory_peak_ = nullptr;
+  server::Family<server::Gauge>* memory_capacity_ = nullptr;
+
+  std::mutex mu_;
+  std::map<std::string, int> live_ranks_ ABSL_GUARDED_BY(mu_);  // by job id; 0 = ended
+  std::vector<DeviceRuntime*> devices_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace moetrain
+
+#endif  // MOETRAIN_WORKER_WORKER_METRICS_H_
