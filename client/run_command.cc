@@ -52,7 +52,8 @@ std::string ShellWord(const std::string& text) {
   return absl::StrCat("'", absl::StrReplaceAll(text, {{"'", "'\\''"}}), "'");
 }
 
-// The command that continues this run where it stopped: the same job, steps and directory.
+// The command that continues this run where it stopped: the same job, steps, directory, device,
+// memory limit and output form.
 std::string ResumeCommand(const RunOptions& options) {
   std::string command = absl::StrCat("moetrain run ", ShellWord(options.spec_path), " --resume");
   if (options.steps > 0) absl::StrAppend(&command, " --steps ", options.steps);
@@ -60,6 +61,10 @@ std::string ResumeCommand(const RunOptions& options) {
     absl::StrAppend(&command, " --checkpoint-dir ", ShellWord(options.checkpoint_dir));
   }
   if (!options.device.empty()) absl::StrAppend(&command, " --device ", ShellWord(options.device));
+  if (!options.memory_limit.empty()) {
+    absl::StrAppend(&command, " --memory-limit ", ShellWord(options.memory_limit));
+  }
+  if (options.json) absl::StrAppend(&command, " --json");
   return command;
 }
 

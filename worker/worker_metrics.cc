@@ -110,17 +110,22 @@ absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(
 
 absl::StatusOr<std::shared_ptr<RankMetrics>> WorkerMetrics::StartRank(const std::string& job_id,
                                                                       int rank) {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto it = live_ranks_.begin(); it != live_ranks_.end();) {
-    if (it->second > 0 || it->first == job_id) {
-      ++it;
-      continue;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = live_ranks_.begin(); it != live_ranks_.end();) {
+      if (it->second > 0 || it->first == job_id) {
+        ++it;
+        continue;
+      }
+      for (server::FamilyBase* family : std::initializer_list<server::FamilyBase*>{
+               phase_family_, sent_family_, received_family_, seconds_family_}) {
+        family->RemoveWhere("job_id", it->first);
+      }
+      it = live_ranks_.erase(it);
     }
-    for (server::FamilyBase* family : std::initializer_list<server::FamilyBase*>{
-             phase_family_, sent_family_, received_family_, seconds_family_}) {
-      family->RemoveWhere("job_id", it->first);
-    }
-    it = live_ranks_.erase(it);
+    // Counted before its children are looked up: a lookup that fails ends the RankMetrics, and
+    // its end (RankEnded, which takes mu_) takes the count back.
+    ++live_ranks_[job_id];
   }
   std::shared_ptr<RankMetrics> metrics(new RankMetrics(this, job_id));
   const std::string rank_text = absl::StrCat(rank);
@@ -136,7 +141,6 @@ absl::StatusOr<std::shared_ptr<RankMetrics>> WorkerMetrics::StartRank(const std:
     MOETRAIN_ASSIGN_OR_RETURN(metrics->seconds_[i],
                               seconds_family_->WithLabels({job_id, rank_text, op}));
   }
-  ++live_ranks_[job_id];
   return metrics;
 }
 

@@ -17,7 +17,8 @@
 //       "cuda:N": the allocator's bytes in tensors, their peak, and the GPU's memory
 //
 // The CPU's capacity is the worker's --memory-limit (the machine's memory by default). A GPU
-// appears once a rank has opened it. A rank's series start at zero when it starts and stay until
+// appears once a rank has opened it. A rank's series start at zero when a rank of
+// its job first starts on this worker (a later attempt of the job adds to them) and stay until
 // the worker starts a rank of another job after it ended. The job's label is job_id, as on the
 // coordinator's series: Prometheus gives every scraped series a `job` label of its own.
 //

@@ -125,8 +125,8 @@ absl::Status Trainer::ForwardBackward(const Tensor& batch, StepStats* stats,
   double phase_start = 0;
   bool in_forward = true;
   for (int64_t m = 0; m < micro_batches; ++m) {
-    // Stage 0 ends the forward pass (the LM head's loss and gradient are one op). During the last
-    // micro-batch's backward the grads are summed over the ranks (grad_sync.h).
+    // Stage 0 ends the forward phase (StepPhaseSeconds::forward says what it holds). During the
+    // last micro-batch's backward the grads are summed over the ranks (grad_sync.h).
     const bool last = m == micro_batches - 1;
     options.on_stage_done = [&, last](int64_t stage) {
       if (stage == 0) {

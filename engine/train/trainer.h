@@ -124,7 +124,9 @@ struct StepReport {
 // device work queued in one phase may still run during the next; the step's end waits for all of
 // it, in `optimizer`).
 struct StepPhaseSeconds {
-  // Every micro-batch's forward, up to the loss and its gradient at the LM head (one fused op).
+  // Every micro-batch's forward, the loss and its gradient at the LM head (one fused op), the
+  // multi-token prediction modules' forward and backward, and the final norm's backward: all
+  // that comes before the gradient enters the last block.
   double forward = 0;
   // The rest of the backward pass, gradient sums of the last micro-batch started as their
   // buckets fill (grad_sync.h) and the expert-parallel all-to-alls included.

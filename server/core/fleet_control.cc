@@ -232,6 +232,9 @@ void Fleet::ControlPass() {
     ControlPassLocked(&announcements);
     waiting.swap(unwritten_waiting_);
   }
+  // The rendezvous maps' freed memory goes back to the system outside the fleet's lock, so that
+  // malloc_trim does not hold up every RPC.
+  kv_.TrimFreedMemory();
   // Outside the lock, in one commit: with many jobs waiting, one write per job under the lock
   // held every submit and report behind a row of fsyncs.
   if (!announcements.empty()) {
@@ -248,7 +251,6 @@ void Fleet::ControlPassLocked(std::vector<NewEvent>* announcements) {
   if (wake_.exchange(false)) schedule_requested_ = true;
   const absl::Time now = absl::Now();
   metrics_.RetireEnded(now);
-  kv_.TrimFreedMemory();
   if (now >= backoff_ends_) {
     backoff_ends_ = absl::InfiniteFuture();
     schedule_requested_ = true;

@@ -96,14 +96,14 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(const HttpServerO
       {"path", "code"});
   if (!requests.ok()) return requests.status();
   metrics->requests = *requests;
-  absl::StatusOr<Family<Gauge>*> up =
-      options.registry->AddGauge("moetrain_up", "1 while the coordinator is up, 0 once stopped.");
+  absl::StatusOr<Family<Gauge>*> up = options.registry->AddGauge(
+      "moetrain_up", "1 while this process (coordinator or worker) is up, 0 once stopped.");
   if (!up.ok()) return up.status();
   absl::StatusOr<Gauge*> up_gauge = (*up)->WithLabels({});
   if (!up_gauge.ok()) return up_gauge.status();
   metrics->up = *up_gauge;
   absl::StatusOr<Family<Gauge>*> state = options.registry->AddGauge(
-      "moetrain_readiness_state", "1 for the coordinator's readiness state, 0 for the others.",
+      "moetrain_readiness_state", "1 for this process's readiness state, 0 for the others.",
       {"state"});
   if (!state.ok()) return state.status();
   metrics->state_by_name = *state;

@@ -114,13 +114,15 @@ TEST_F(CliTest, StopAtStepThenResumeEqualsAnUninterruptedRun) {
 TEST_F(CliTest, StopAtStepSaysInTextWhereItStoppedAndHowToContinue) {
   const std::string spec_path = WriteSpec(TwelveSteps());
   const fs::path checkpoints = dir_ / "ckpt";
-  const Finished run =
-      Moetrain({"run", spec_path, "--checkpoint-dir", checkpoints.string(), "--stop-at-step", "2"});
+  const Finished run = Moetrain({"run", spec_path, "--checkpoint-dir", checkpoints.string(),
+                                 "--stop-at-step", "2", "--memory-limit", "4GiB"});
   ASSERT_EQ(run.exit_code, 0) << run.err;
   EXPECT_TRUE(Contains(run.out, "stopping after step 2")) << run.out;
   EXPECT_TRUE(Contains(run.out, "stopped at step 2 of 12 in ")) << run.out;
+  // The continuing command keeps what the run was given, the memory limit included.
   EXPECT_TRUE(Contains(run.out, "continue with: moetrain run " + spec_path +
-                                    " --resume --checkpoint-dir " + checkpoints.string()))
+                                    " --resume --checkpoint-dir " + checkpoints.string() +
+                                    " --memory-limit 4GiB"))
       << run.out;
   EXPECT_FALSE(Contains(run.out, "done:")) << run.out;
   EXPECT_EQ(Entries(checkpoints / "tiny"), std::set<std::string>{StepDirName(2)});

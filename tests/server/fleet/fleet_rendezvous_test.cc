@@ -134,9 +134,10 @@ TEST(FleetRendezvousTest, AwaitReturnsWhenTheKeyIsSetFromAnotherThread) {
   const absl::Time start = absl::Now();
   kv.Await("job-a", 1, "addr", start + kPatience);
   EXPECT_LT(absl::Now() - start, kPatience);
-  setter.join();
+  // Checked before the join: an Await that returned early would not see the value yet.
   ASSERT_OK_AND_ASSIGN(std::optional<std::string> value, kv.Get("job-a", 1, "addr"));
   EXPECT_EQ(value, "10.0.0.7:29500");
+  setter.join();
   // Already set: at once.
   kv.Await("job-a", 1, "addr", absl::InfiniteFuture());
 }
@@ -151,8 +152,9 @@ TEST(FleetRendezvousTest, AwaitReturnsWhenTheAttemptCloses) {
   const absl::Time start = absl::Now();
   kv.Await("job-a", 1, "never-set", start + kPatience);
   EXPECT_LT(absl::Now() - start, kPatience);
-  closer.join();
+  // Closed by the time Await returns, not only after the join.
   EXPECT_TRUE(absl::IsFailedPrecondition(kv.Get("job-a", 1, "never-set").status()));
+  closer.join();
   // Not open: at once.
   kv.Await("job-a", 1, "never-set", absl::InfiniteFuture());
 }
@@ -167,6 +169,8 @@ TEST(FleetRendezvousTest, AwaitReturnsWhenTheNextAttemptOpens) {
   const absl::Time start = absl::Now();
   kv.Await("job-a", 1, "never-set", start + kPatience);
   EXPECT_LT(absl::Now() - start, kPatience);
+  // Attempt 1's map is gone by the time Await returns.
+  EXPECT_TRUE(absl::IsFailedPrecondition(kv.Get("job-a", 1, "never-set").status()));
   opener.join();
 }
 
