@@ -8,6 +8,7 @@
 //   moetrain export --checkpoint DIR/step-XXXXXXXX --to-hf DIR [--dtype bf16|f32]
 //                   [--max-shard-size SIZE] [--force]
 //   moetrain import --from-hf DIR --out CHECKPOINT_ROOT
+//   moetrain plan SPEC.yaml [--cluster PRESET|FILE] [--gpus N] [--sweep 8,16,...] [--json]
 // Against a coordinator (flags: --coordinator, --token-file, --tls-ca, --tls-cert, --tls-key):
 //   moetrain submit SPEC.yaml [--id SUBMISSION_ID] [--priority N] [--follow] [--json]
 //   moetrain jobs [--state S]... [--json]
@@ -27,6 +28,7 @@
 #include "client/eval_command.h"
 #include "client/hf_commands.h"
 #include "client/job_commands.h"
+#include "client/plan_command.h"
 #include "client/run_command.h"
 #include "client/terminal_text.h"
 
@@ -175,6 +177,24 @@ int main(int argc, char** argv) {
   moetrain::ClientOptions client;
   moetrain::SubmitArgs submit;
   std::string submit_reconnect = "60s";
+  moetrain::PlanOptions plan;
+  CLI::App* plan_cmd = app.add_subcommand(
+      "plan", "memory per rank, step time and scaling of a job on a cluster, without running it");
+  plan_cmd->add_option("spec", plan.spec_path, "job spec (.yaml, .yml or .json)")->required();
+  plan_cmd
+      ->add_option("--cluster", plan.cluster,
+                   "a preset (h100-node, h200-node, cpu: this machine) or a cluster YAML file "
+                   "(docs/plan.md)")
+      ->capture_default_str();
+  plan_cmd->add_option("--gpus", plan.gpus, "GPUs to plan for (default: the spec's world size)")
+      ->check(CLI::PositiveNumber);
+  plan_cmd
+      ->add_option("--sweep", plan.sweep,
+                   "GPU counts, e.g. 8,16,32: weak- and strong-scaling efficiency at each")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  plan_cmd->add_flag("--json", plan.json, "print the plan as one JSON object");
+
   CLI::App* submit_cmd = app.add_subcommand(
       "submit", "submit a job spec to the coordinator; prints \"job <id> <STATE>\"");
   submit_cmd
@@ -275,6 +295,7 @@ int main(int argc, char** argv) {
   if (eval_cmd->parsed()) return moetrain::EvalCheckpoint(eval);
   if (export_cmd->parsed()) return moetrain::ExportCommand(export_options);
   if (import_cmd->parsed()) return moetrain::ImportCommand(import_options);
+  if (plan_cmd->parsed()) return moetrain::PlanCommand(plan);
   if (submit_cmd->parsed() || logs_cmd->parsed()) {
     const std::string& text = submit_cmd->parsed() ? submit_reconnect : logs_reconnect;
     absl::StatusOr<absl::Duration> timeout =

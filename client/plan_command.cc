@@ -1,0 +1,154 @@
+#include "client/plan_command.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "engine/plan/cluster.h"
+#include "engine/plan/plan.h"
+#include "engine/train/memory_estimate.h"
+#include "moetrain/v1/job_spec.h"
+#include "nlohmann/json.hpp"
+#include "worker/job_config.h"
+
+namespace moetrain {
+namespace {
+
+using nlohmann::json;
+
+int Usage(const absl::Status& status) {
+  std::fprintf(stderr, "moetrain plan: %s\n", std::string(status.message()).c_str());
+  return 2;
+}
+
+json LayoutJson(const LayoutPlan& plan) {
+  return {{"data_parallel", plan.layout.data_parallel},
+          {"expert_parallel", plan.layout.expert_parallel},
+          {"memory_bytes",
+           {{"parameters", plan.memory.parameters},
+            {"gradients", plan.memory.gradients},
+            {"optimizer", plan.memory.optimizer},
+            {"activations", plan.memory.activations},
+            {"total", plan.memory.total()}}},
+          {"fits", plan.fits},
+          {"step_seconds", plan.step_s},
+          {"compute_seconds", plan.compute_s},
+          {"all_to_all_seconds", plan.all_to_all_s},
+          {"all_to_all_exposed_seconds", plan.all_to_all_exposed_s},
+          {"all_to_all_bytes", plan.all_to_all_bytes},
+          {"all_reduce_seconds", plan.all_reduce_s},
+          {"all_reduce_exposed_seconds", plan.all_reduce_exposed_s},
+          {"all_to_all_share", plan.all_to_all_share()},
+          {"all_reduce_share", plan.all_reduce_share()},
+          {"tokens_per_s", plan.tokens_per_s},
+          {"mfu", plan.mfu}};
+}
+
+json SweepJson(const std::vector<SweepPoint>& points) {
+  json out = json::array();
+  for (const SweepPoint& point : points) {
+    out.push_back({{"gpus", point.gpus},
+                   {"best", point.best.has_value() ? LayoutJson(*point.best) : json(nullptr)},
+                   {"efficiency", point.efficiency}});
+  }
+  return out;
+}
+
+void PrintLayouts(const std::vector<LayoutPlan>& plans) {
+  std::printf("%5s %5s %12s %5s %12s %14s %6s %6s %6s\n", "dp", "ep", "memory/rank", "fits", "step",
+              "tokens/s", "MFU", "a2a", "allred");
+  for (const LayoutPlan& plan : plans) {
+    std::printf("%5d %5d %12s %5s %11.4gs %14.4g %5.1f%% %5.1f%% %5.1f%%\n",
+                plan.layout.data_parallel, plan.layout.expert_parallel,
+                FormatBytes(plan.memory.total()).c_str(), plan.fits ? "yes" : "no", plan.step_s,
+                plan.tokens_per_s, 100 * plan.mfu, 100 * plan.all_to_all_share(),
+                100 * plan.all_reduce_share());
+  }
+}
+
+void PrintSweep(const char* title, const std::vector<SweepPoint>& points) {
+  std::printf("\n%s scaling:\n%6s %10s %12s %14s %10s\n", title, "gpus", "dp x ep", "step",
+              "tokens/s", "efficiency");
+  for (const SweepPoint& point : points) {
+    if (!point.best.has_value()) {
+      std::printf("%6d  no layout fits\n", point.gpus);
+      continue;
+    }
+    const LayoutPlan& best = *point.best;
+    std::printf("%6d %10s %11.4gs %14.4g %9.1f%%\n", point.gpus,
+                absl::StrCat(best.layout.data_parallel, "x", best.layout.expert_parallel).c_str(),
+                best.step_s, best.tokens_per_s, 100 * point.efficiency);
+  }
+}
+
+}  // namespace
+
+int PlanCommand(const PlanOptions& options) {
+  absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(options.spec_path);
+  if (!spec.ok()) return Usage(spec.status());
+  absl::StatusOr<ClusterSpec> cluster = LoadCluster(options.cluster);
+  if (!cluster.ok()) return Usage(cluster.status());
+  // The plan is for the cluster, not this machine: convert the spec as a CPU job, so that a CUDA
+  // spec converts without a GPU here (the device does not change the memory estimate).
+  // A CPU worker runs one rank, so its GPUs become workers of one rank each.
+  v1::ResourceConfig& resources = *spec->mutable_resources();
+  resources.set_device(v1::ResourceConfig::CPU);
+  resources.set_workers(resources.workers() * std::max<int64_t>(1, resources.devices_per_worker()));
+  resources.set_devices_per_worker(1);
+  absl::StatusOr<TrainerConfig> spec_config = TrainerConfigFromSpec(*spec);
+  if (!spec_config.ok()) return Usage(spec_config.status());
+  const int gpus = options.gpus > 0 ? options.gpus : spec_config->parallel.world_size();
+  // The spec's global batch and per-GPU micro-batch, at `gpus`.
+  const TrainerConfig config = AtGpuCount(*spec_config, gpus, Scaling::kStrong);
+  const std::vector<LayoutPlan> plans = PlanLayouts(config, gpus, *cluster);
+  if (plans.empty()) {
+    return Usage(absl::InvalidArgumentError(absl::StrCat(
+        "--gpus = ", gpus, ": no dp x ep layout of ", gpus,
+        " GPUs divides model.moe.num_experts = ", config.model.moe.num_experts,
+        " and train.batch_size = ", config.data.batch_size, " (and its micro-batch)")));
+  }
+  const std::optional<LayoutPlan> best = Fastest(plans);
+  std::vector<int> sweep = options.sweep;
+  std::sort(sweep.begin(), sweep.end());
+  std::vector<SweepPoint> weak, strong;
+  if (!sweep.empty()) {
+    weak = Sweep(config, sweep, Scaling::kWeak, *cluster);
+    strong = Sweep(config, sweep, Scaling::kStrong, *cluster);
+  }
+  if (options.json) {
+    json out = {{"spec", options.spec_path},
+                {"cluster", cluster->name},
+                {"device_memory_bytes", cluster->device.memory_bytes},
+                {"gpus", gpus},
+                {"layouts", json::array()},
+                {"best", best.has_value() ? LayoutJson(*best) : json(nullptr)}};
+    for (const LayoutPlan& plan : plans) out["layouts"].push_back(LayoutJson(plan));
+    if (!sweep.empty()) out["sweep"] = {{"weak", SweepJson(weak)}, {"strong", SweepJson(strong)}};
+    std::printf("%s\n", out.dump().c_str());
+    return 0;
+  }
+  std::printf("%s on %s: %d x %s (%s each), %d per node\n", options.spec_path.c_str(),
+              cluster->name.c_str(), gpus, cluster->device.model.c_str(),
+              FormatBytes(cluster->device.memory_bytes).c_str(), cluster->gpus_per_node);
+  PrintLayouts(plans);
+  if (best.has_value()) {
+    std::printf("fastest that fits: dp=%d x ep=%d, memory/rank %s\n", best->layout.data_parallel,
+                best->layout.expert_parallel, best->memory.DebugString().c_str());
+  } else {
+    std::printf("no layout fits in %s per GPU\n",
+                FormatBytes(cluster->device.memory_bytes).c_str());
+  }
+  if (!sweep.empty()) {
+    PrintSweep("weak (per-GPU batch fixed)", weak);
+    PrintSweep("strong (global batch fixed)", strong);
+  }
+  return 0;
+}
+
+}  // namespace moetrain

@@ -1,0 +1,208 @@
+#include "engine/plan/plan.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "engine/core/dtype.h"
+#include "engine/model/transformer.h"
+#include "engine/moe/expert_parallel.h"
+
+namespace moetrain {
+namespace {
+
+// AdamW's update reads the f32 master, grad and two moments and writes the master, the moments and
+// the bf16 copy: 4·4 + 3·4 + 2 bytes per parameter.
+constexpr double kOptimizerBytesPerParameter = 30;
+
+// Blocks with an MoE FFN: the MoE blocks after the dense ones, and each MTP module's.
+double MoeBlocks(const ModelConfig& model) {
+  return static_cast<double>(model.num_layers - model.first_dense_layers + model.mtp_depth);
+}
+
+// Parameters of every routed expert of every MoE block (gate, up and down: 3·D·F each).
+double RoutedExpertParameters(const ModelConfig& model) {
+  return MoeBlocks(model) * static_cast<double>(model.moe.num_experts) * 3.0 *
+         static_cast<double>(model.hidden_size) * static_cast<double>(model.moe.expert_ffn_dim);
+}
+
+// Time of `exchange` seconds of all-to-all cut into `chunks`, pipelined with `compute` seconds of
+// expert GEMMs cut the same way: the longer of the two, plus one chunk of the shorter that cannot
+// hide (all of it with one chunk). Returns what the exchange adds beyond the compute.
+double ExposedExchange(double exchange, double compute, int chunks) {
+  const double pipelined =
+      std::max(exchange, compute) + std::min(exchange, compute) / static_cast<double>(chunks);
+  return pipelined - compute;
+}
+
+}  // namespace
+
+FlopsSplit SplitTrainingFlops(const ModelConfig& model, int64_t seq_len) {
+  // TrainingFlopsPerToken's attention-core term is proportional to seq_len + 1, so at
+  // seq_len = -1 it gives the matmuls alone.
+  const double total = TrainingFlopsPerToken(model, seq_len);
+  const double matmuls = TrainingFlopsPerToken(model, -1);
+  FlopsSplit split;
+  split.routed_experts = 6.0 * MoeBlocks(model) * static_cast<double>(model.moe.top_k) * 3.0 *
+                         static_cast<double>(model.hidden_size) *
+                         static_cast<double>(model.moe.expert_ffn_dim);
+  split.dense = matmuls - split.routed_experts;
+  split.attention_core = total - matmuls;
+  return split;
+}
+
+double RingAllReduceSeconds(double bytes, int ranks, const LinkSpec& link) {
+  if (ranks <= 1) return 0;
+  const double n = static_cast<double>(ranks);
+  return 2.0 * (n - 1) / n * bytes / link.bandwidth_bytes_per_s + 2.0 * (n - 1) * link.latency_s;
+}
+
+double AllToAllBytesPerRank(double tokens, int top_k, double row_bytes, int expert_parallel) {
+  const double ep = static_cast<double>(expert_parallel);
+  return tokens * static_cast<double>(top_k) * row_bytes * (ep - 1) / ep;
+}
+
+absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout& layout,
+                                      const ClusterSpec& cluster) {
+  TrainerConfig at = config;
+  at.parallel.data_parallel = layout.data_parallel;
+  at.parallel.expert_parallel = layout.expert_parallel;
+  if (absl::Status status = at.parallel.Validate(at.model, at.data.batch_size, at.micro_batch_size);
+      !status.ok()) {
+    return status;
+  }
+  const ModelConfig& model = at.model;
+  const OpEfficiency& efficiency = cluster.efficiency;
+  const DeviceSpec& device = cluster.device;
+  const int gpus = layout.gpus();
+  const int ep = layout.expert_parallel;
+  LayoutPlan plan;
+  plan.layout = layout;
+  plan.memory = EstimateTrainingMemory(at);
+  plan.fits = plan.memory.total() <= device.memory_bytes;
+
+  // Compute.
+  const double step_tokens = static_cast<double>(at.data.batch_size * at.data.seq_len);
+  const double rank_tokens = step_tokens / gpus;
+  const FlopsSplit split = SplitTrainingFlops(model, at.data.seq_len);
+  const double gemm_peak = at.fp8.has_value() ? device.dense_fp8_flops : device.dense_bf16_flops;
+  const double dense_s = rank_tokens * split.dense / (gemm_peak * efficiency.dense_gemm);
+  const double experts_s =
+      rank_tokens * split.routed_experts / (gemm_peak * efficiency.grouped_gemm);
+  const double attention_s =
+      rank_tokens * split.attention_core / (device.dense_bf16_flops * efficiency.attention);
+  // One f32 grad per parameter the rank holds.
+  const double rank_parameters = plan.memory.gradients / 4.0;
+  const double optimizer_s = rank_parameters * kOptimizerBytesPerParameter /
+                             (device.memory_bandwidth_bytes_per_s * efficiency.memory_bound);
+  plan.compute_s = dense_s + experts_s + attention_s + optimizer_s;
+
+  // All-to-all, in the dtypes moe_layer_expert_parallel.cc sends: forward dispatches the input
+  // rows (FP8 with fp8_dispatch, else the compute dtype) and combines the experts' f32 outputs;
+  // backward sends the compute-dtype output gradients to the experts and the f32 input gradients
+  // back.
+  const double micro_batches = static_cast<double>(at.micro_batches());
+  if (ep > 1) {
+    const LinkSpec& link = ep <= cluster.gpus_per_node ? cluster.intra_node : cluster.inter_node;
+    const bool fp8_dispatch = at.fp8.has_value() && at.fp8->fp8_dispatch;
+    const double dispatch_row =
+        static_cast<double>(DispatchRowBytes(model.hidden_size, at.compute_dtype, fp8_dispatch));
+    const double compute_row =
+        static_cast<double>(model.hidden_size) * static_cast<double>(DTypeSize(at.compute_dtype));
+    const double f32_row = static_cast<double>(model.hidden_size) * 4.0;
+    const int chunks = static_cast<int>(
+        std::min<int64_t>(at.parallel.overlap_chunks == 0 ? 2 : at.parallel.overlap_chunks,
+                          model.moe.num_experts / ep));
+    const double exchanges = MoeBlocks(model) * micro_batches;
+    const double micro_tokens = rank_tokens / micro_batches;
+    const auto seconds = [&](double row_bytes) {
+      const double bytes =
+          exchanges * AllToAllBytesPerRank(micro_tokens, model.moe.top_k, row_bytes, ep);
+      plan.all_to_all_bytes += bytes;
+      return bytes / link.bandwidth_bytes_per_s + exchanges * chunks * link.latency_s;
+    };
+    const double forward_s = seconds(dispatch_row) + seconds(f32_row);
+    const double backward_s = seconds(compute_row) + seconds(f32_row);
+    plan.all_to_all_s = forward_s + backward_s;
+    // Backward's expert GEMMs are twice forward's.
+    plan.all_to_all_exposed_s = ExposedExchange(forward_s, experts_s / 3, chunks) +
+                                ExposedExchange(backward_s, experts_s * 2 / 3, chunks);
+  }
+
+  // Gradient all-reduce. The expert-data group's replicas sit ep ranks apart, so both groups
+  // leave the node as soon as the world does. The dense and expert all-reduces run side by side
+  // over the same links, so their times add.
+  const LinkSpec& world_link =
+      gpus <= cluster.gpus_per_node ? cluster.intra_node : cluster.inter_node;
+  const double expert_parameters = RoutedExpertParameters(model) / ep;
+  const double dense_bytes = 4.0 * (rank_parameters - expert_parameters);
+  const double expert_bytes = 4.0 * expert_parameters;
+  plan.all_reduce_s = RingAllReduceSeconds(dense_bytes, gpus, world_link) +
+                      RingAllReduceSeconds(expert_bytes, layout.data_parallel, world_link);
+  if (plan.all_reduce_s > 0) {
+    const double last_backward_s = (dense_s + experts_s + attention_s) * 2 / 3 / micro_batches;
+    const double last_bucket = std::min(
+        1.0, static_cast<double>(at.parallel.grad_bucket_bytes) / (dense_bytes + expert_bytes));
+    plan.all_reduce_exposed_s =
+        std::min(plan.all_reduce_s, std::max(0.0, plan.all_reduce_s - last_backward_s) +
+                                        plan.all_reduce_s * last_bucket);
+  }
+
+  plan.step_s = plan.compute_s + plan.all_to_all_exposed_s + plan.all_reduce_exposed_s;
+  plan.tokens_per_s = step_tokens / plan.step_s;
+  // Against the GEMMs' peak (FP8's with a recipe), the highest any op here runs at.
+  plan.mfu = split.total() * step_tokens / (plan.step_s * gemm_peak * gpus);
+  return plan;
+}
+
+std::vector<LayoutPlan> PlanLayouts(const TrainerConfig& config, int gpus,
+                                    const ClusterSpec& cluster) {
+  std::vector<LayoutPlan> plans;
+  for (int ep = 1; ep <= gpus; ++ep) {
+    if (gpus % ep != 0) continue;
+    absl::StatusOr<LayoutPlan> plan = PlanLayout(config, {gpus / ep, ep}, cluster);
+    if (plan.ok()) plans.push_back(*plan);
+  }
+  return plans;
+}
+
+std::optional<LayoutPlan> Fastest(const std::vector<LayoutPlan>& plans) {
+  std::optional<LayoutPlan> best;
+  for (const LayoutPlan& plan : plans) {
+    if (plan.fits && (!best.has_value() || plan.step_s < best->step_s)) best = plan;
+  }
+  return best;
+}
+
+TrainerConfig AtGpuCount(const TrainerConfig& config, int gpus, Scaling scaling) {
+  const int64_t world = config.parallel.world_size();
+  const int64_t micro =
+      config.micro_batch_size > 0 ? config.micro_batch_size : config.data.batch_size;
+  TrainerConfig at = config;
+  if (scaling == Scaling::kWeak) at.data.batch_size = config.data.batch_size / world * gpus;
+  at.micro_batch_size = std::min<int64_t>(micro / world * gpus, at.data.batch_size);
+  return at;
+}
+
+std::vector<SweepPoint> Sweep(const TrainerConfig& config, const std::vector<int>& gpu_counts,
+                              Scaling scaling, const ClusterSpec& cluster) {
+  std::vector<SweepPoint> points;
+  std::optional<SweepPoint> first;  // the first point with a plan
+  for (int gpus : gpu_counts) {
+    SweepPoint point;
+    point.gpus = gpus;
+    point.best = Fastest(PlanLayouts(AtGpuCount(config, gpus, scaling), gpus, cluster));
+    if (point.best.has_value()) {
+      if (!first.has_value()) first = point;
+      const LayoutPlan& base = *first->best;
+      point.efficiency = scaling == Scaling::kWeak
+                             ? (point.best->tokens_per_s / gpus) / (base.tokens_per_s / first->gpus)
+                             : (base.step_s * first->gpus) / (point.best->step_s * gpus);
+    }
+    points.push_back(point);
+  }
+  return points;
+}
+
+}  // namespace moetrain

@@ -1,0 +1,109 @@
+// `moetrain plan`: one rank's memory, the step time and where it goes, for a training config at a
+// data-parallel × expert-parallel layout on a cluster (cluster.h); and the sweep over GPU counts
+// that gives weak- and strong-scaling efficiency.
+//
+// Memory is EstimateTrainingMemory's (engine/train/memory_estimate.h) for the config at the
+// layout. Step time, per rank (every rank does the same work):
+//   compute      model FLOPs of the rank's tokens, split into dense GEMMs, the routed experts'
+//                grouped GEMMs and the attention core, each over (peak × the cluster's
+//                efficiency for that class); the peak is FP8's for the GEMMs when an FP8 recipe
+//                is on, else BF16's. Plus the AdamW update, memory-bound.
+//   all-to-all   per MoE layer and micro-batch: dispatch and combine forward, and their mirrors
+//                backward; tokens × top_k rows × the fraction (ep − 1)/ep that leaves the rank,
+//                each row in the dtype the MoE layer sends it in (the combines' rows are f32).
+//                Over the intra-node link when the expert group fits in a node, else inter-node.
+//   all-reduce   ring, 2(n − 1)/n × bytes / bandwidth + 2(n − 1) × latency: the dense f32
+//                grads over the world, the local experts' over their dp replicas.
+// Overlap, as the trainer does it: each MoE layer's exchange is cut into chunks
+// (ParallelConfig::overlap_chunks) and one chunk's all-to-all runs under another's expert GEMMs
+// (moe_layer.h; the shared experts, which also hide the first dispatch, are not counted there, so
+// the exposed exchange errs long); the gradient all-reduces run in buckets under the last
+// micro-batch's backward (grad_sync.h), the dense and the expert ones side by side, so only the
+// last bucket and what outlasts that backward add to the step.
+#ifndef MOETRAIN_ENGINE_PLAN_PLAN_H_
+#define MOETRAIN_ENGINE_PLAN_PLAN_H_
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/plan/cluster.h"
+#include "engine/train/memory_estimate.h"
+#include "engine/train/trainer.h"
+
+namespace moetrain {
+
+struct Layout {
+  int data_parallel = 1;
+  int expert_parallel = 1;
+  int gpus() const { return data_parallel * expert_parallel; }
+};
+
+// Model FLOPs of one training token (TrainingFlopsPerToken), by op class.
+struct FlopsSplit {
+  double dense = 0;  // every matmul but the routed experts'
+  double routed_experts = 0;
+  double attention_core = 0;
+  double total() const { return dense + routed_experts + attention_core; }
+};
+FlopsSplit SplitTrainingFlops(const ModelConfig& model, int64_t seq_len);
+
+// Seconds of a ring all-reduce of `bytes` over `ranks` on `link` (0 for one rank).
+double RingAllReduceSeconds(double bytes, int ranks, const LinkSpec& link);
+
+// Bytes one rank sends in one all-to-all of `tokens` of its tokens, each to top_k experts spread
+// evenly over `expert_parallel` ranks, at `row_bytes` a row: tokens·k·row_bytes·(ep − 1)/ep.
+double AllToAllBytesPerRank(double tokens, int top_k, double row_bytes, int expert_parallel);
+
+struct LayoutPlan {
+  Layout layout;
+  MemoryEstimate memory;  // one rank
+  bool fits = false;      // memory.total() ≤ the device's memory
+  // Seconds per optimizer step, one rank.
+  double compute_s = 0;             // GEMMs, attention core and optimizer update
+  double all_to_all_s = 0;          // the whole exchange, before overlap
+  double all_to_all_exposed_s = 0;  // what it adds to the step
+  double all_reduce_s = 0;          // dense and expert grads, before overlap
+  double all_reduce_exposed_s = 0;
+  double all_to_all_bytes = 0;  // sent by one rank per step
+  double step_s = 0;            // compute + the exposed communication
+  double tokens_per_s = 0;      // all ranks
+  double mfu = 0;               // model FLOPs / (step × BF16 peak × GPUs)
+  double all_to_all_share() const { return all_to_all_exposed_s / step_s; }
+  double all_reduce_share() const { return all_reduce_exposed_s / step_s; }
+};
+
+// `config` (valid; its batch and micro-batch are global) run at `layout`: InvalidArgument naming
+// the field when the layout does not fit the config (ParallelConfig::Validate).
+absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout& layout,
+                                      const ClusterSpec& cluster);
+
+// Every dp × ep layout of `gpus` GPUs that the config allows, each planned, by ep ascending.
+std::vector<LayoutPlan> PlanLayouts(const TrainerConfig& config, int gpus,
+                                    const ClusterSpec& cluster);
+
+// The fastest of `plans` that fits; nullopt when none does.
+std::optional<LayoutPlan> Fastest(const std::vector<LayoutPlan>& plans);
+
+enum class Scaling { kWeak, kStrong };
+
+struct SweepPoint {
+  int gpus = 0;
+  std::optional<LayoutPlan> best;  // nullopt: no layout fits (or none is valid)
+  double efficiency = 0;           // against the first point with a plan; 0 without one
+};
+
+// `config` (at its world size) moved to `gpus` GPUs: the per-GPU micro-batch stays (capped at the
+// batch); weak scaling keeps the per-GPU batch, strong scaling the global batch.
+TrainerConfig AtGpuCount(const TrainerConfig& config, int gpus, Scaling scaling);
+
+// `config` at each of `gpu_counts` (ascending), moved there by AtGpuCount. Weak efficiency:
+// tokens/s per GPU over the first point's; strong: (first step time × its GPUs) / (step time ×
+// GPUs). The first point is the first with a plan.
+std::vector<SweepPoint> Sweep(const TrainerConfig& config, const std::vector<int>& gpu_counts,
+                              Scaling scaling, const ClusterSpec& cluster);
+
+}  // namespace moetrain
+
+#endif  // MOETRAIN_ENGINE_PLAN_PLAN_H_

@@ -1,0 +1,150 @@
+#include "engine/plan/plan.h"
+
+#include <string>
+#include <vector>
+
+#include "engine/model/transformer.h"
+#include "gtest/gtest.h"
+#include "tests/engine/train/tiny_trainer_config.h"
+#include "tests/testing/testing.h"
+
+namespace moetrain {
+namespace {
+
+using testing_config::TinyTrainerConfig;
+
+// A cluster whose figures make the arithmetic easy to follow.
+ClusterSpec RoundCluster() {
+  ClusterSpec cluster;
+  cluster.name = "round";
+  cluster.gpus_per_node = 8;
+  cluster.device = {"round", 1e12, 1e12, 2e12, 1e12};
+  cluster.intra_node = {1e9, 1e-6};
+  cluster.inter_node = {1e8, 1e-5};
+  cluster.efficiency = {1, 1, 1, 1};
+  return cluster;
+}
+
+TEST(PlanTest, FlopsSplitAddsUpToTrainingFlops) {
+  const TrainerConfig config = TinyTrainerConfig("");
+  const FlopsSplit split = SplitTrainingFlops(config.model, 32);
+  EXPECT_DOUBLE_EQ(split.total(), TrainingFlopsPerToken(config.model, 32));
+  // One MoE block: top-2 experts of 3·D·F parameters, 6 FLOPs per parameter.
+  EXPECT_DOUBLE_EQ(split.routed_experts, 6.0 * 2 * 3 * 32 * 32);
+  EXPECT_GT(split.dense, 0);
+  EXPECT_GT(split.attention_core, 0);
+}
+
+TEST(PlanTest, MemoryIsTheTrainingEstimateAtTheLayout) {
+  TrainerConfig config = TinyTrainerConfig("");
+  ASSERT_OK_AND_ASSIGN(LayoutPlan plan, PlanLayout(config, {2, 2}, RoundCluster()));
+  config.parallel.data_parallel = 2;
+  config.parallel.expert_parallel = 2;
+  const MemoryEstimate expected = EstimateTrainingMemory(config);
+  EXPECT_DOUBLE_EQ(plan.memory.parameters, expected.parameters);
+  EXPECT_DOUBLE_EQ(plan.memory.gradients, expected.gradients);
+  EXPECT_DOUBLE_EQ(plan.memory.optimizer, expected.optimizer);
+  EXPECT_DOUBLE_EQ(plan.memory.activations, expected.activations);
+  EXPECT_TRUE(plan.fits);
+
+  ClusterSpec small = RoundCluster();
+  small.device.memory_bytes = expected.total() - 1;
+  ASSERT_OK_AND_ASSIGN(LayoutPlan tight, PlanLayout(config, {2, 2}, small));
+  EXPECT_FALSE(tight.fits);
+}
+
+TEST(PlanTest, RefusesALayoutTheConfigCannotTake) {
+  // 3 does not divide the 4 experts.
+  absl::StatusOr<LayoutPlan> plan = PlanLayout(TinyTrainerConfig(""), {1, 3}, RoundCluster());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(plan.status().message().find("num_experts"), std::string::npos)
+      << plan.status().message();
+}
+
+TEST(PlanTest, AllToAllBytesOfASmallCase) {
+  // 2 ranks, E = 4, k = 2, D = 8, 16 tokens a rank, bf16: each token's 2 rows of 8·2 bytes, half of
+  // them to the other rank.
+  EXPECT_DOUBLE_EQ(AllToAllBytesPerRank(16, 2, 8 * 2, 2), 16 * 2 * 16 / 2);
+  EXPECT_DOUBLE_EQ(AllToAllBytesPerRank(16, 2, 8 * 2, 1), 0);
+
+  TrainerConfig config = TinyTrainerConfig("");
+  config.model.hidden_size = 8;
+  config.model.num_heads = 2;
+  config.model.num_kv_heads = 2;
+  config.model.moe.num_experts = 4;
+  config.model.moe.top_k = 2;
+  config.compute_dtype = DType::kBF16;
+  config.data.seq_len = 16;
+  config.data.batch_size = 2;  // one sequence of 16 tokens a rank
+  config.micro_batch_size = 0;
+  ASSERT_OK_AND_ASSIGN(LayoutPlan plan, PlanLayout(config, {1, 2}, RoundCluster()));
+  // One MoE block, one micro-batch. Forward: the bf16 input rows out, the experts' f32 outputs
+  // back; backward: the bf16 output gradients out, the f32 input gradients back.
+  const double bf16_exchange = 16 * 2 * (8 * 2) * (2 - 1) / 2.0;
+  const double f32_exchange = 16 * 2 * (8 * 4) * (2 - 1) / 2.0;
+  EXPECT_DOUBLE_EQ(plan.all_to_all_bytes, 2 * bf16_exchange + 2 * f32_exchange);
+  // Intra-node: bytes over 1e9 B/s, one latency per exchange and chunk (2 chunks of 2 experts).
+  EXPECT_DOUBLE_EQ(plan.all_to_all_s, (2 * bf16_exchange + 2 * f32_exchange) / 1e9 + 4 * 2 * 1e-6);
+  EXPECT_LE(plan.all_to_all_exposed_s, plan.all_to_all_s);
+  EXPECT_GT(plan.all_to_all_exposed_s, 0);
+
+  // One rank: nothing leaves it.
+  ASSERT_OK_AND_ASSIGN(LayoutPlan single, PlanLayout(config, {2, 1}, RoundCluster()));
+  EXPECT_EQ(single.all_to_all_bytes, 0);
+  EXPECT_EQ(single.all_to_all_s, 0);
+}
+
+TEST(PlanTest, RingAllReduceTime) {
+  const LinkSpec link = {1e9, 1e-5};
+  EXPECT_DOUBLE_EQ(RingAllReduceSeconds(1e9, 4, link), 2.0 * 3 / 4 * 1e9 / 1e9 + 2 * 3 * 1e-5);
+  EXPECT_DOUBLE_EQ(RingAllReduceSeconds(1e9, 1, link), 0);
+  EXPECT_DOUBLE_EQ(RingAllReduceSeconds(2e6, 2, link), 2.0 * 1 / 2 * 2e6 / 1e9 + 2 * 1e-5);
+}
+
+TEST(PlanTest, StepIsComputePlusExposedCommunication) {
+  ASSERT_OK_AND_ASSIGN(LayoutPlan plan, PlanLayout(TinyTrainerConfig(""), {2, 2}, RoundCluster()));
+  EXPECT_DOUBLE_EQ(plan.step_s,
+                   plan.compute_s + plan.all_to_all_exposed_s + plan.all_reduce_exposed_s);
+  EXPECT_GT(plan.all_reduce_s, 0);
+  EXPECT_LE(plan.all_reduce_exposed_s, plan.all_reduce_s);
+  EXPECT_DOUBLE_EQ(plan.tokens_per_s, 8 * 32 / plan.step_s);
+  EXPECT_GT(plan.mfu, 0);
+  EXPECT_LE(plan.mfu, 1);
+}
+
+TEST(PlanTest, SweepScalesWhenComputeDominates) {
+  // Links so fast that communication is negligible: strong scaling's step time falls with more
+  // GPUs, and weak scaling's tokens/s grows.
+  ClusterSpec cluster = RoundCluster();
+  cluster.device.dense_bf16_flops = cluster.device.dense_fp8_flops = 1e9;
+  cluster.intra_node = cluster.inter_node = {1e18, 1e-15};
+  const TrainerConfig config = TinyTrainerConfig("");  // world 1, batch 8, micro-batch 4
+  const std::vector<int> gpus = {1, 2, 4, 8};
+  const std::vector<SweepPoint> strong = Sweep(config, gpus, Scaling::kStrong, cluster);
+  ASSERT_EQ(strong.size(), gpus.size());
+  for (size_t i = 0; i < strong.size(); ++i) {
+    ASSERT_TRUE(strong[i].best.has_value()) << gpus[i];
+    EXPECT_EQ(strong[i].best->layout.gpus(), gpus[i]);
+    if (i > 0) EXPECT_LE(strong[i].best->step_s, strong[i - 1].best->step_s) << gpus[i];
+    EXPECT_GT(strong[i].efficiency, 0);
+  }
+  EXPECT_DOUBLE_EQ(strong[0].efficiency, 1.0);
+  const std::vector<SweepPoint> weak = Sweep(config, gpus, Scaling::kWeak, cluster);
+  for (size_t i = 1; i < weak.size(); ++i) {
+    ASSERT_TRUE(weak[i].best.has_value()) << gpus[i];
+    EXPECT_GE(weak[i].best->tokens_per_s, weak[i - 1].best->tokens_per_s) << gpus[i];
+  }
+}
+
+TEST(PlanTest, FastestSkipsWhatDoesNotFit) {
+  ClusterSpec cluster = RoundCluster();
+  std::vector<LayoutPlan> plans = PlanLayouts(TinyTrainerConfig(""), 4, cluster);
+  ASSERT_EQ(plans.size(), 3u);  // ep 1, 2, 4 of 4 experts
+  for (LayoutPlan& plan : plans) plan.fits = false;
+  EXPECT_FALSE(Fastest(plans).has_value());
+  plans[1].fits = true;
+  EXPECT_EQ(Fastest(plans)->layout.expert_parallel, 2);
+}
+
+}  // namespace
+}  // namespace moetrain
