@@ -230,6 +230,16 @@ ExitCode ExitCodeFor(const absl::Status& status) {
   }
 }
 
+absl::StatusOr<v1::ListWorkersResponse> ListCoordinatorWorkers(const ClientOptions& options) {
+  absl::StatusOr<JobClient> client = JobClient::Create(options);
+  if (!client.ok()) return client.status();
+  return client->ListWorkers();
+}
+
+int FailCommand(absl::string_view command, const absl::Status& status) {
+  return Fail(command, status);
+}
+
 absl::StatusOr<absl::Duration> ParseDurationFlag(const std::string& flag, const std::string& text) {
   absl::Duration duration;
   double seconds = 0;
@@ -254,6 +264,13 @@ int SubmitCommand(const ClientOptions& options, const SubmitArgs& args) {
   if (absl::Status valid = ValidateJobSpec(*spec); !valid.ok()) {
     return Fail(kCommand,
                 absl::Status(valid.code(), absl::StrCat(args.spec_path, ": ", valid.message())));
+  }
+  if (args.complete_spec) {
+    const std::string note = args.complete_spec(&*spec);
+    if (!note.empty()) {
+      absl::FPrintF(stderr, "moetrain %s: %s\n", kCommand,
+                    TerminalSafe(Abbreviate(note, kMaxErrorMessageBytes)));
+    }
   }
   absl::StatusOr<JobClient> client = JobClient::Create(options);
   if (!client.ok()) return Fail(kCommand, client.status());

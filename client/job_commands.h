@@ -7,7 +7,8 @@
 //   1  the followed job ended FAILED or CANCELLED (submit --follow, logs -f)
 //   2  bad usage or a bad spec (nothing was sent), or the coordinator refused the request:
 //      INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, FAILED_PRECONDITION, OUT_OF_RANGE,
-//      RESOURCE_EXHAUSTED, UNAUTHENTICATED, PERMISSION_DENIED (its message names the field)
+//      RESOURCE_EXHAUSTED, UNAUTHENTICATED, PERMISSION_DENIED (its message names the field);
+//      for submit --dry-run, also: the coordinator would refuse the spec (as submit would exit)
 //   3  the coordinator is unreachable: UNAVAILABLE or DEADLINE_EXCEEDED (for logs -f: for longer
 //      than --reconnect-timeout)
 //   4  the coordinator failed the call otherwise (INTERNAL, DATA_LOSS, UNIMPLEMENTED, ...)
@@ -25,13 +26,17 @@
 #define MOETRAIN_CLIENT_JOB_COMMANDS_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "moetrain/v1/connect.h"
+#include "moetrain/v1/coordinator.pb.h"
+#include "moetrain/v1/job.pb.h"
 
 namespace moetrain {
 
@@ -63,6 +68,11 @@ struct SubmitArgs {
   // Then print the job's events as `logs -f` does.
   bool follow = false;
   absl::Duration reconnect_timeout = absl::Seconds(60);
+  // Completes the checked spec before it is sent and returns a line for stderr (empty = none).
+  // The `moetrain` executable fills a CUDA job's resources.device_memory_bytes from the plan here
+  // (CompleteDeviceMemory, client/job_plan.h), which needs the engine this library never links.
+  // Unset: the spec is sent as read.
+  std::function<std::string(v1::JobSpec* spec)> complete_spec;
 };
 
 struct LogsArgs {
@@ -73,8 +83,9 @@ struct LogsArgs {
   absl::Duration reconnect_timeout = absl::Seconds(60);
 };
 
-// Parses and validates the spec here (exit 2 naming the field, nothing sent), submits it, prints
-// "job <id> <STATE>" (or the Job), then follows it with --follow.
+// Parses and validates the spec here (exit 2 naming the field, nothing sent), completes it
+// (args.complete_spec), submits it, prints "job <id> <STATE>" (or the Job), then follows it with
+// --follow.
 int SubmitCommand(const ClientOptions& options, const SubmitArgs& args);
 // Every job (all pages), oldest first, optionally only those in `states` (names in any case).
 int JobsCommand(const ClientOptions& options, const std::vector<std::string>& states);
@@ -87,6 +98,13 @@ int CancelCommand(const ClientOptions& options, const std::string& job_id,
 int DeleteCommand(const ClientOptions& options, const std::string& job_id, bool delete_checkpoints);
 int CheckpointsCommand(const ClientOptions& options, const std::string& job_id);
 int WorkersCommand(const ClientOptions& options);
+
+// For commands beyond this library (`submit --dry-run`, client/dry_run_command.h): the
+// coordinator's workers, a failed call explained as the commands above explain theirs; and the
+// commands' way to fail, "moetrain COMMAND: message" (bounded, escaped) on stderr and the exit
+// code for `status`.
+absl::StatusOr<v1::ListWorkersResponse> ListCoordinatorWorkers(const ClientOptions& options);
+int FailCommand(absl::string_view command, const absl::Status& status);
 
 // "60s", "1m30s", "500ms", or a plain number of seconds; InvalidArgument naming `flag` and the
 // text otherwise, or when not positive.

@@ -10,7 +10,7 @@
 //   moetrain import --from-hf DIR --out CHECKPOINT_ROOT
 //   moetrain plan SPEC.yaml [--cluster PRESET|FILE] [--gpus N] [--sweep 8,16,...] [--json]
 // Against a coordinator (flags: --coordinator, --token-file, --tls-ca, --tls-cert, --tls-key):
-//   moetrain submit SPEC.yaml [--id SUBMISSION_ID] [--priority N] [--follow] [--json]
+//   moetrain submit SPEC.yaml [--id SUBMISSION_ID] [--priority N] [--follow] [--dry-run] [--json]
 //   moetrain jobs [--state S]... [--json]
 //   moetrain describe JOB [--json]
 //   moetrain logs JOB [-f|--follow] [--reconnect-timeout 60s] [--json]
@@ -25,9 +25,11 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "client/dry_run_command.h"
 #include "client/eval_command.h"
 #include "client/hf_commands.h"
 #include "client/job_commands.h"
+#include "client/job_plan.h"
 #include "client/plan_command.h"
 #include "client/run_command.h"
 #include "client/terminal_text.h"
@@ -40,7 +42,8 @@ constexpr char kExitCodes[] =
     "  1  the followed job ended FAILED or CANCELLED (submit --follow, logs -f)\n"
     "  2  bad usage or a bad spec (nothing sent), or the coordinator refused the request\n"
     "     (INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, FAILED_PRECONDITION, OUT_OF_RANGE,\n"
-    "     RESOURCE_EXHAUSTED, UNAUTHENTICATED, PERMISSION_DENIED)\n"
+    "     RESOURCE_EXHAUSTED, UNAUTHENTICATED, PERMISSION_DENIED), or for submit --dry-run\n"
+    "     would refuse it\n"
     "  3  the coordinator is unreachable (UNAVAILABLE, DEADLINE_EXCEEDED; logs -f: for longer\n"
     "     than --reconnect-timeout)\n"
     "  4  the coordinator failed the call otherwise (INTERNAL, DATA_LOSS, ...)";
@@ -176,6 +179,7 @@ int main(int argc, char** argv) {
 
   moetrain::ClientOptions client;
   moetrain::SubmitArgs submit;
+  bool submit_dry_run = false;
   std::string submit_reconnect = "60s";
   moetrain::PlanOptions plan;
   CLI::App* plan_cmd = app.add_subcommand(
@@ -199,7 +203,8 @@ int main(int argc, char** argv) {
       "submit", "submit a job spec to the coordinator; prints \"job <id> <STATE>\"");
   submit_cmd
       ->add_option("spec", submit.spec_path,
-                   "job spec (.yaml, .yml or .json), checked here before it is sent")
+                   "job spec (.yaml, .yml or .json), checked here before it is sent; a CUDA "
+                   "job's resources.device_memory_bytes, when 0, is set from its plan")
       ->required();
   submit_cmd->add_option("--id", submit.submission_id,
                          "submission id that makes the submission idempotent: the same id with the "
@@ -208,11 +213,18 @@ int main(int argc, char** argv) {
                          "default: a fresh random UUID");
   submit_cmd->add_option("--priority", submit.priority,
                          "scheduling priority; higher runs first (default 0, may be negative)");
-  submit_cmd->add_flag("--follow,-f", submit.follow,
-                       "then print the job's events until it ends, as `logs -f` does");
+  CLI::Option* follow_flag = submit_cmd->add_flag(
+      "--follow,-f", submit.follow, "then print the job's events until it ends, as `logs -f` does");
+  submit_cmd
+      ->add_flag("--dry-run", submit_dry_run,
+                 "submit nothing: list the coordinator's workers, print the plan of the spec on "
+                 "them (as `moetrain plan` does) and whether the coordinator would accept it; exit "
+                 "0 if it would, 2 if it would refuse it (docs/plan.md)")
+      ->excludes(follow_flag);
   submit_cmd->add_flag("--json", client.json,
                        "print the Job as one JSON document (protobuf JSON mapping, proto field "
-                       "names), then with --follow one JSON object per event");
+                       "names), then with --follow one JSON object per event; with --dry-run, "
+                       "the plan and whether the coordinator would accept it as one JSON object");
   AddReconnectTimeout(submit_cmd, &submit_reconnect);
   AddClientFlags(submit_cmd, &client);
 
@@ -307,7 +319,14 @@ int main(int argc, char** argv) {
     }
     submit.reconnect_timeout = logs.reconnect_timeout = *timeout;
   }
-  if (submit_cmd->parsed()) return moetrain::SubmitCommand(client, submit);
+  if (submit_cmd->parsed() && submit_dry_run) {
+    return moetrain::SubmitDryRunCommand(client, submit.spec_path);
+  }
+  if (submit_cmd->parsed()) {
+    // The plan needs the engine, which the client library does not link: given from here.
+    submit.complete_spec = moetrain::CompleteDeviceMemory;
+    return moetrain::SubmitCommand(client, submit);
+  }
   if (jobs_cmd->parsed()) return moetrain::JobsCommand(client, states);
   if (describe_cmd->parsed()) return moetrain::DescribeCommand(client, job_id);
   if (logs_cmd->parsed()) return moetrain::LogsCommand(client, logs);

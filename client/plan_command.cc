@@ -10,12 +10,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/job_plan.h"
 #include "engine/plan/cluster.h"
 #include "engine/plan/plan.h"
 #include "engine/train/memory_estimate.h"
 #include "moetrain/v1/job_spec.h"
 #include "nlohmann/json.hpp"
-#include "worker/job_config.h"
 
 namespace moetrain {
 namespace {
@@ -27,7 +27,9 @@ int Usage(const absl::Status& status) {
   return 2;
 }
 
-json LayoutJson(const LayoutPlan& plan) {
+}  // namespace
+
+json LayoutPlanJson(const LayoutPlan& plan) {
   return {{"data_parallel", plan.layout.data_parallel},
           {"expert_parallel", plan.layout.expert_parallel},
           {"memory_bytes",
@@ -50,17 +52,7 @@ json LayoutJson(const LayoutPlan& plan) {
           {"mfu", plan.mfu}};
 }
 
-json SweepJson(const std::vector<SweepPoint>& points) {
-  json out = json::array();
-  for (const SweepPoint& point : points) {
-    out.push_back({{"gpus", point.gpus},
-                   {"best", point.best.has_value() ? LayoutJson(*point.best) : json(nullptr)},
-                   {"efficiency", point.efficiency}});
-  }
-  return out;
-}
-
-void PrintLayouts(const std::vector<LayoutPlan>& plans) {
+void PrintLayoutTable(const std::vector<LayoutPlan>& plans) {
   std::printf("%5s %5s %12s %5s %12s %14s %6s %6s %6s\n", "dp", "ep", "memory/rank", "fits", "step",
               "tokens/s", "MFU", "a2a", "allred");
   for (const LayoutPlan& plan : plans) {
@@ -72,18 +64,40 @@ void PrintLayouts(const std::vector<LayoutPlan>& plans) {
   }
 }
 
+namespace {
+
+json SweepJson(const std::vector<SweepPoint>& points) {
+  json out = json::array();
+  for (const SweepPoint& point : points) {
+    out.push_back({{"gpus", point.gpus},
+                   {"best", point.best.has_value() ? LayoutPlanJson(*point.best) : json(nullptr)},
+                   {"efficiency", point.efficiency}});
+  }
+  return out;
+}
+
 void PrintSweep(const char* title, const std::vector<SweepPoint>& points) {
-  std::printf("\n%s scaling:\n%6s %10s %12s %14s %10s\n", title, "gpus", "dp x ep", "step",
-              "tokens/s", "efficiency");
+  std::printf("\n%s scaling:\n%6s %10s %12s %5s %12s %14s %7s %6s %6s %10s\n", title, "gpus",
+              "dp x ep", "memory/rank", "fits", "step", "tokens/s", "MFU", "a2a", "allred",
+              "efficiency");
+  bool any_unfit = false;
   for (const SweepPoint& point : points) {
     if (!point.best.has_value()) {
-      std::printf("%6d  no layout fits\n", point.gpus);
+      std::printf("%6d  no valid layout\n", point.gpus);
       continue;
     }
     const LayoutPlan& best = *point.best;
-    std::printf("%6d %10s %11.4gs %14.4g %9.1f%%\n", point.gpus,
+    any_unfit = any_unfit || !best.fits;
+    std::printf("%6d %10s %12s %5s %11.4gs %14.4g %6.1f%% %5.1f%% %5.1f%% %9.1f%%\n", point.gpus,
                 absl::StrCat(best.layout.data_parallel, "x", best.layout.expert_parallel).c_str(),
-                best.step_s, best.tokens_per_s, 100 * point.efficiency);
+                FormatBytes(best.memory.total()).c_str(), best.fits ? "yes" : "no", best.step_s,
+                best.tokens_per_s, 100 * best.mfu, 100 * best.all_to_all_share(),
+                100 * best.all_reduce_share(), 100 * point.efficiency);
+  }
+  if (any_unfit) {
+    std::printf(
+        "(fits = no: no layout fits at that count; the row is the fastest layout, the time "
+        "its step would take with the memory to hold it)\n");
   }
 }
 
@@ -94,14 +108,9 @@ int PlanCommand(const PlanOptions& options) {
   if (!spec.ok()) return Usage(spec.status());
   absl::StatusOr<ClusterSpec> cluster = LoadCluster(options.cluster);
   if (!cluster.ok()) return Usage(cluster.status());
-  // The plan is for the cluster, not this machine: convert the spec as a CPU job, so that a CUDA
-  // spec converts without a GPU here (the device does not change the memory estimate).
-  // A CPU worker runs one rank, so its GPUs become workers of one rank each.
-  v1::ResourceConfig& resources = *spec->mutable_resources();
-  resources.set_device(v1::ResourceConfig::CPU);
-  resources.set_workers(resources.workers() * std::max<int64_t>(1, resources.devices_per_worker()));
-  resources.set_devices_per_worker(1);
-  absl::StatusOr<TrainerConfig> spec_config = TrainerConfigFromSpec(*spec);
+  // The plan is for the cluster, not this machine: converted as a CPU job of one rank per
+  // worker, as `moetrain submit` plans a CUDA job's device memory (client/job_plan.h).
+  absl::StatusOr<TrainerConfig> spec_config = PlanTrainerConfig(*spec);
   if (!spec_config.ok()) return Usage(spec_config.status());
   const int gpus = options.gpus > 0 ? options.gpus : spec_config->parallel.world_size();
   // The spec's global batch and per-GPU micro-batch, at `gpus`.
@@ -127,8 +136,8 @@ int PlanCommand(const PlanOptions& options) {
                 {"device_memory_bytes", cluster->device.memory_bytes},
                 {"gpus", gpus},
                 {"layouts", json::array()},
-                {"best", best.has_value() ? LayoutJson(*best) : json(nullptr)}};
-    for (const LayoutPlan& plan : plans) out["layouts"].push_back(LayoutJson(plan));
+                {"best", best.has_value() ? LayoutPlanJson(*best) : json(nullptr)}};
+    for (const LayoutPlan& plan : plans) out["layouts"].push_back(LayoutPlanJson(plan));
     if (!sweep.empty()) out["sweep"] = {{"weak", SweepJson(weak)}, {"strong", SweepJson(strong)}};
     std::printf("%s\n", out.dump().c_str());
     return 0;
@@ -136,7 +145,7 @@ int PlanCommand(const PlanOptions& options) {
   std::printf("%s on %s: %d x %s (%s each), %d per node\n", options.spec_path.c_str(),
               cluster->name.c_str(), gpus, cluster->device.model.c_str(),
               FormatBytes(cluster->device.memory_bytes).c_str(), cluster->gpus_per_node);
-  PrintLayouts(plans);
+  PrintLayoutTable(plans);
   if (best.has_value()) {
     std::printf("fastest that fits: dp=%d x ep=%d, memory/rank %s\n", best->layout.data_parallel,
                 best->layout.expert_parallel, best->memory.DebugString().c_str());

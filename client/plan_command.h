@@ -7,6 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "engine/plan/plan.h"
+#include "nlohmann/json.hpp"
+
 namespace moetrain {
 
 struct PlanOptions {
@@ -16,6 +19,14 @@ struct PlanOptions {
   std::vector<int> sweep;       // GPU counts; empty = no sweep
   bool json = false;
 };
+
+// One layout's plan as --json writes it: data_parallel, expert_parallel, memory_bytes, fits, the
+// times, shares, tokens_per_s and mfu.
+nlohmann::json LayoutPlanJson(const LayoutPlan& plan);
+
+// The table of `plans` on stdout, a header and one row per layout: dp, ep, memory/rank, fits,
+// step, tokens/s, MFU, a2a, allred. Shared with `moetrain submit --dry-run`.
+void PrintLayoutTable(const std::vector<LayoutPlan>& plans);
 
 // Prints the plan to stdout; returns the exit code: 0, or 2 (printed to stderr) when the spec,
 // the cluster or a flag is wrong.

@@ -9,6 +9,8 @@
 #include "absl/strings/str_format.h"
 #include "engine/core/log.h"
 #include "engine/core/status.h"
+#include "moetrain/v1/job_spec.h"
+#include "moetrain/v1/memory_admission.h"
 #include "moetrain/v1/proto_time.h"
 #include "server/core/fleet_internal.h"
 #include "server/core/worker_secret.h"
@@ -506,6 +508,23 @@ absl::StatusOr<JobRecord> Fleet::Cancel(absl::string_view job_id, absl::string_v
   stored_waiting_.erase(std::string(job_id));
   Log(absl::StrCat("job ", job_id, " cancelled: ", job.state_reason));
   return job;
+}
+
+absl::Status Fleet::CheckDeviceMemory(const v1::JobSpec& spec) {
+  // A spec that does not resolve is the coordinator's own checks' to refuse, with their message.
+  absl::StatusOr<v1::JobSpec> resolved = ResolveJobSpec(spec);
+  if (!resolved.ok()) return absl::OkStatus();
+  std::vector<OfferedWorker> offered;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, worker] : workers_) {
+      offered.push_back({.device = worker->resources.device(),
+                         .device_count = worker->resources.device_count(),
+                         .device_memory_bytes = worker->resources.device_memory_bytes(),
+                         .lost = worker->lost});
+    }
+  }
+  return JudgeDeviceMemory(DeviceMemoryNeedOf(*resolved), offered).status;
 }
 
 std::vector<v1::WorkerInfo> Fleet::ListWorkers() {

@@ -170,6 +170,11 @@ class Fleet {
   // aside first, removed after the store rows, outside the fleet's lock.
   // Unavailable while a rank of the job is still stopping on a worker.
   absl::StatusOr<DeletedJob> Delete(absl::string_view job_id, bool delete_checkpoints);
+  // JobService, at submit: FailedPrecondition when one rank of `spec` needs more device memory
+  // (its resources.device_memory_bytes) than any registered worker of its kind offers
+  // (JudgeDeviceMemory's rule and message, moetrain/v1/memory_admission.h); OK otherwise, and for
+  // a spec that does not resolve (the coordinator's own checks say what is wrong with it).
+  absl::Status CheckDeviceMemory(const v1::JobSpec& spec);
   // Every known worker, by id.
   std::vector<v1::WorkerInfo> ListWorkers();
   // Known workers by state (zeros included), for metrics.

@@ -381,8 +381,9 @@ absl::Status Fleet::SchedulePass(std::vector<NewEvent>* announcements) {
     pending.device_kind = spec.resources().device() == v1::ResourceConfig::CUDA ? DeviceKind::kCuda
                                                                                 : DeviceKind::kCpu;
     pending.devices_per_worker = static_cast<int32_t>(spec.resources().devices_per_worker());
-    // No per-rank device memory need: the coordinator does not estimate a job's memory (the
-    // worker does, for host memory, before it allocates). PendingJob::device_memory_bytes stays 0.
+    // The device memory one rank needs as the spec states it (`moetrain submit` fills it from
+    // the plan), so that rule 2 passes over workers too small for it; 0 = not stated.
+    pending.device_memory_bytes = std::max<int64_t>(0, spec.resources().device_memory_bytes());
     by_id[job.id] = &job;
   }
   std::vector<SchedulerWorker> workers;

@@ -73,10 +73,12 @@ bool Matches(const PendingJob& job, const SchedulerWorker& worker) {
 // device is what any worker of the kind offers in practice; say more only when it matters.
 std::string WorkerNeeds(const PendingJob& job) {
   std::string needs;
-  const std::string memory =
-      job.device_memory_bytes > 0
-          ? absl::StrFormat(" of %.1f GiB", job.device_memory_bytes / (1024.0 * 1024.0 * 1024.0))
-          : "";
+  constexpr double kMiB = 1024.0 * 1024.0, kGiB = 1024.0 * kMiB;
+  // Small jobs (the tests', a CPU-sized model on a GPU) in MiB, so that the figure is not 0.0.
+  const std::string memory = job.device_memory_bytes <= 0 ? ""
+                             : job.device_memory_bytes >= kGiB
+                                 ? absl::StrFormat(" of %.1f GiB", job.device_memory_bytes / kGiB)
+                                 : absl::StrFormat(" of %.1f MiB", job.device_memory_bytes / kMiB);
   if (job.devices_per_worker > 1) {
     absl::StrAppend(&needs, " with at least ", job.devices_per_worker, " devices", memory, " each");
   } else if (!memory.empty()) {

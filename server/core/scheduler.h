@@ -52,7 +52,8 @@ struct PendingJob {
   int32_t workers_needed = 1;   // >= 1: the gang size, one rank per worker
   DeviceKind device_kind = DeviceKind::kCpu;
   int32_t devices_per_worker = 1;  // >= 0: the least device count a worker must have
-  // >= 0: the device memory one rank needs; 0 = unknown (any worker's memory will do).
+  // >= 0: the device memory one rank needs (the spec's resources.device_memory_bytes, which
+  // `moetrain submit` fills from the plan); 0 = unknown: any worker's will do.
   int64_t device_memory_bytes = 0;
 };
 

@@ -187,6 +187,11 @@ grpc::Status JobService::SubmitJob(grpc::ServerContext* context,
   if (absl::Status paths = CheckSpecPaths(request->spec(), options_); !paths.ok()) {
     return ToGrpcStatus(paths);
   }
+  // A job whose ranks need more device memory than every worker that could run it offers would
+  // wait forever: refused (FAILED_PRECONDITION), and nothing is stored.
+  if (absl::Status fits = fleet_->CheckDeviceMemory(request->spec()); !fits.ok()) {
+    return ToGrpcStatus(fits);
+  }
   absl::StatusOr<JobRecord> job =
       coordinator_->Submit(request->submission_id(), request->spec(), request->priority());
   if (!job.ok()) return ToGrpcStatus(job.status());

@@ -1,7 +1,8 @@
 // moetrain.v1.JobService over the coordinator core: converts messages to core calls (Coordinator
 // for jobs and events, Fleet for cancellation, deletion and workers) and absl::Status to
 // grpc::Status (same code, message kept). Decides nothing itself beyond admission: the bearer token
-// when one is configured, and no fields unknown to this build.
+// when one is configured, and no fields unknown to this build. SubmitJob also asks the fleet
+// whether a registered worker can hold one rank of the job (Fleet::CheckDeviceMemory).
 #ifndef MOETRAIN_SERVER_GRPC_JOB_SERVICE_H_
 #define MOETRAIN_SERVER_GRPC_JOB_SERVICE_H_
 

@@ -800,6 +800,8 @@ TEST(JobSpecValidateTest, CheckpointResourcesParallelRestartRanges) {
   EXPECT_EQ(ValidationError("resources: {workers: 4611686018427387904, device: CUDA, "
                             "devices_per_worker: 4}"),
             "resources.workers = 4611686018427387904 must be at most 1048576");
+  EXPECT_EQ(ValidationError("resources: {device: CUDA, device_memory_bytes: -1}"),
+            "resources.device_memory_bytes = -1 must not be negative");
   EXPECT_EQ(ValidationError("resources: {devices_per_worker: 2}"),
             "resources.devices_per_worker = 2 must be 1 with resources.device = CPU (a CPU worker "
             "runs one rank)");
@@ -820,11 +822,13 @@ TEST(JobSpecValidateTest, CheckpointResourcesParallelRestartRanges) {
   EXPECT_EQ(ValidationError("resources: {workers: 3}\nparallel: {expert_parallel: 3}\n"
                             "train: {batch_size: 9}"),
             "parallel.expert_parallel = 3 does not divide model.moe.num_experts = 8");
-  // Several devices per worker are fine on CUDA.
+  // Several devices per worker are fine on CUDA, and a stated device memory need.
   absl::StatusOr<v1::JobSpec> cuda = ParseJobSpecYaml(
-      "name: g\nresources: {device: CUDA, workers: 2, devices_per_worker: 4}\n"
+      "name: g\nresources: {device: CUDA, workers: 2, devices_per_worker: 4, "
+      "device_memory_bytes: 18845101261}\n"
       "parallel: {expert_parallel: 8}\ntrain: {batch_size: 16}\n");
-  ASSERT_TRUE(cuda.ok());
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  EXPECT_EQ(cuda->resources().device_memory_bytes(), 18845101261);
   EXPECT_TRUE(ValidateJobSpec(*cuda).ok()) << ValidateJobSpec(*cuda);
 }
 

@@ -335,6 +335,8 @@ absl::Status ValidateResources(const v1::JobSpec& spec) {
       AtLeast("resources.devices_per_worker", resources.devices_per_worker(), 1));
   MOETRAIN_RETURN_IF_INVALID(
       AtMost("resources.devices_per_worker", resources.devices_per_worker(), kMaxDevicesPerWorker));
+  MOETRAIN_RETURN_IF_INVALID(
+      AtLeast("resources.device_memory_bytes", resources.device_memory_bytes(), 0));
   if (resources.device() == v1::ResourceConfig::CPU && resources.devices_per_worker() != 1) {
     return Invalid("resources.devices_per_worker", resources.devices_per_worker(),
                    "must be 1 with resources.device = CPU (a CPU worker runs one rank)");

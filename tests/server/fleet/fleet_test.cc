@@ -81,6 +81,8 @@ TEST_F(FleetTest, ACudaJobWaitsForAWorkerWithEnoughGpusAndTheirMemoryIsListed) {
   v1::JobSpec spec = TestSpec(1, 0, "on-gpus");
   spec.mutable_resources()->set_device(v1::ResourceConfig::CUDA);
   spec.mutable_resources()->set_devices_per_worker(2);
+  // As `moetrain submit` fills it from the plan; below a GiB, the reason says it in MiB.
+  spec.mutable_resources()->set_device_memory_bytes(int64_t{600} << 20);
   absl::StatusOr<JobRecord> job = coordinator_->Submit("cuda-1", spec, 0);
   ASSERT_TRUE(job.ok()) << job.status();
 
@@ -93,7 +95,7 @@ TEST_F(FleetTest, ACudaJobWaitsForAWorkerWithEnoughGpusAndTheirMemoryIsListed) {
   ASSERT_TRUE(fleet_->Register(one_gpu).ok());
   EXPECT_TRUE(WaitUntil([&] {
     return GetJob(job->id).waiting_reason ==
-           "needs 1 CUDA worker with at least 2 devices each, 0 registered";
+           "needs 1 CUDA worker with at least 2 devices of 600.0 MiB each, 0 registered";
   })) << GetJob(job->id).waiting_reason;
   EXPECT_EQ(GetJob(job->id).state, JobState::kPending);
 
