@@ -11,6 +11,9 @@
 //   dispatch+combine time, with one chunk and with --chunks (default 2, the layer's default;
 //   chunks pipelined, nothing to overlap them with). plan_ms: the layout exchange, once per
 //   layer forward.
+// link: plain all-to-all of equal blocks of 2 MiB and of 8 MiB to each peer; the line through
+//   the two times against the bytes a rank sends to its peers gives the bandwidth (per rank, one
+//   direction: what a cluster file's link holds, docs/plan.md) and the latency (its intercept).
 // dispatch_wire: one dispatch (one chunk, no combine) with rows in the compute dtype and with FP8
 //   on the wire (E4M3 + one f32 scale per 128 elements, quantise and dequantise included): bytes
 //   each rank sends (all, and to its peers: its own share is a local copy) and the time.
@@ -214,6 +217,30 @@ nlohmann::json RunRank(const Flags& flags, Communicator& world) {
   const double chunked_seconds =
       MedianSeconds(world, flags.reps, [&] { return Pipelined(*two, rows, received, back); });
 
+  // Link: plain all-to-all of equal blocks, small and large, each rank sending `elements` f32 to
+  // every peer; the line through the two (time against the bytes a rank sends to its peers) gives
+  // the bandwidth (slope) and the latency (intercept, at least 0). What `moetrain plan` takes for
+  // the link (scripts/calibrate-plan.sh).
+  auto uniform_seconds = [&](int64_t elements) {
+    Tensor send = Tensor::Zeros(DType::kF32, {ranks * elements});
+    Tensor recv = Tensor::Empty(DType::kF32, {ranks * elements});
+    const std::vector<int64_t> counts(ranks, elements);
+    return MedianSeconds(world, flags.reps, [&] {
+      return world.AllToAllV({.send = send.view().raw(),
+                              .send_counts = counts,
+                              .recv = recv.view().raw(),
+                              .recv_counts = counts,
+                              .dtype = DType::kF32});
+    });
+  };
+  const int64_t small_elements = int64_t{1} << 19, large_elements = int64_t{1} << 21;
+  const double small_seconds = uniform_seconds(small_elements);
+  const double large_seconds = uniform_seconds(large_elements);
+  const double link_bandwidth = 4.0 * (ranks - 1) * (large_elements - small_elements) /
+                                std::max(large_seconds - small_seconds, 1e-9);
+  const double link_latency =
+      std::max(0.0, small_seconds - 4.0 * (ranks - 1) * small_elements / link_bandwidth);
+
   // FP8 on the wire: the same dispatch (one chunk, no combine) with compute-dtype rows and with
   // E4M3 rows + 1×128 scales, quantise and dequantise included in the FP8 time.
   const double dispatch_seconds = MedianSeconds(world, flags.reps, [&] {
@@ -310,6 +337,13 @@ nlohmann::json RunRank(const Flags& flags, Communicator& world) {
           {"dispatch_combine_ms", ms(chunked_seconds)},
           {"dispatch_combine_gb_per_s", bytes / chunked_seconds / 1e9},
           {"efficiency", plain_seconds / chunked_seconds}}}}},
+      {"link",
+       {{"small_bytes_per_peer", 4 * small_elements},
+        {"small_ms", ms(small_seconds)},
+        {"large_bytes_per_peer", 4 * large_elements},
+        {"large_ms", ms(large_seconds)},
+        {"latency_s", link_latency},
+        {"bandwidth_bytes_per_s", link_bandwidth}}},
       {"dispatch_wire",
        {{"rows_sent", r},
         {"compute_dtype", wire(false, dispatch_seconds)},

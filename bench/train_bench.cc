@@ -14,6 +14,9 @@
 //            estimate in bf16. For a GPU.
 // --layers, --hidden and --batch override the config's (heads stay; head_dim = hidden / heads).
 //
+// "phase_seconds" holds the median seconds of each phase of a step (StepPhaseSeconds: forward,
+// backward, communication, optimizer) over the timed steps.
+//
 // On a device the JSON also holds the peak device memory of the training steps and its breakdown:
 // the parameters (f32 masters, plus their compute copy below f32), grads and AdamW moments, in
 // exact bytes from the model's buffers and parameter list, and the rest (activations, workspaces)
@@ -30,6 +33,7 @@
 
 #include "bench/bench_device.h"
 #include "bench/bench_flags.h"
+#include "bench/train_configs.h"
 #include "engine/backend/device_query.h"
 #include "engine/model/transformer.h"
 #include "engine/ops/gemm/gemm.h"
@@ -43,45 +47,10 @@ namespace {
 class Timer : public TrainObserver {
  public:
   void OnStep(const StepReport& report) override { reports.push_back(report); }
+  void OnStepPhases(const StepPhaseSeconds& seconds) override { phases.push_back(seconds); }
   std::vector<StepReport> reports;
+  std::vector<StepPhaseSeconds> phases;
 };
-
-TrainerConfig DefaultConfig() {
-  TrainerConfig c;
-  c.model.vocab_size = 8192;
-  c.model.hidden_size = 512;
-  c.model.num_layers = 8;
-  c.model.num_heads = 8;
-  c.model.num_kv_heads = 8;
-  c.model.ffn_dim = 2048;
-  c.model.first_dense_layers = 1;
-  c.model.max_seq_len = 512;
-  c.model.moe.num_experts = 16;
-  c.model.moe.top_k = 2;
-  c.model.moe.expert_ffn_dim = 512;
-  c.data.seq_len = 512;
-  c.data.batch_size = 4;
-  return c;
-}
-
-TrainerConfig D2048Config() {
-  TrainerConfig c;
-  c.model.vocab_size = 32768;
-  c.model.hidden_size = 2048;
-  c.model.num_layers = 8;
-  c.model.num_heads = 16;
-  c.model.num_kv_heads = 16;
-  c.model.ffn_dim = 5632;
-  c.model.first_dense_layers = 1;
-  c.model.max_seq_len = 2048;
-  c.model.moe.num_experts = 32;
-  c.model.moe.top_k = 4;
-  c.model.moe.expert_ffn_dim = 1408;
-  c.model.moe.num_shared_experts = 2;
-  c.data.seq_len = 2048;
-  c.data.batch_size = 8;
-  return c;
-}
 
 // The config as the JSON states it.
 nlohmann::json Describe(const std::string& name, const TrainerConfig& c) {
@@ -188,6 +157,13 @@ int Main(int argc, char** argv) {
   for (size_t i = 1; i < timer.reports.size(); ++i) rates.push_back(timer.reports[i].tokens_per_s);
   std::sort(rates.begin(), rates.end());
   const double tokens_per_s = rates[rates.size() / 2];
+  // Median seconds of each phase over the timed steps.
+  auto phase = [&](double StepPhaseSeconds::*field) {
+    std::vector<double> seconds;
+    for (size_t i = 1; i < timer.phases.size(); ++i) seconds.push_back(timer.phases[i].*field);
+    std::sort(seconds.begin(), seconds.end());
+    return seconds.empty() ? 0.0 : seconds[seconds.size() / 2];
+  };
   const double flops_per_token = TrainingFlopsPerToken(c.model, c.data.seq_len);
   const double mfu = flops_per_token * tokens_per_s / (dense * 1e9);
   nlohmann::json result = {{"dtype", std::string(DTypeName(dtype))},
@@ -196,6 +172,11 @@ int Main(int argc, char** argv) {
                            {"dense_gemm_gflops_bf16", dense},
                            {"mfu", mfu},
                            {"final_loss", timer.reports.back().loss},
+                           {"phase_seconds",
+                            {{"forward", phase(&StepPhaseSeconds::forward)},
+                             {"backward", phase(&StepPhaseSeconds::backward)},
+                             {"communication", phase(&StepPhaseSeconds::communication)},
+                             {"optimizer", phase(&StepPhaseSeconds::optimizer)}}},
                            {"device", device.DebugString()},
                            {"dense_gemm_n", gemm_n},
                            {"config", Describe(config_name, c)}};

@@ -26,7 +26,7 @@ namespace {
 // each way. The inter-node link is one 400 Gb/s InfiniBand NIC per GPU (ConnectX-7, as in DGX
 // H100/H200): 50 GB/s. The latencies are round-number assumptions, not measurements.
 // The efficiencies too are round-number assumptions (large BF16 GEMMs on Hopper commonly reach
-// about 70 % of peak), not measured here: the calibration against the benchmarks replaces them.
+// about 70 % of peak), not measured: calibrate_bench measures the CPU only (docs/plan.md).
 ClusterSpec HopperNode(std::string name, std::string model, double memory_bytes,
                        double memory_bandwidth) {
   ClusterSpec cluster;
@@ -39,19 +39,23 @@ ClusterSpec HopperNode(std::string name, std::string model, double memory_bytes,
   return cluster;
 }
 
-// This machine, one "device" (the CPU) per node. PLACEHOLDERS: the FLOP/s, memory bandwidth,
-// loopback TCP figures and efficiencies below are round guesses until the calibration slice
-// measures them with the benchmarks; only the memory is this machine's (MachineMemoryBytes).
+// This machine: its ranks are processes on its cores, exchanging over TCP loopback (Gloo). The
+// figures are bench/calibration/cpu.json's (scripts/calibrate-plan.sh measured them on a 2-core
+// Intel Xeon VM, 2026-12-05; tests/engine/plan/calibration_test.cc keeps the two equal): the bf16
+// GEMM peak and copy bandwidth and the op classes' efficiencies from calibrate_bench, the link
+// from dispatch_bench at 2 ranks. No network was measured: inter-node is the loopback link too.
+// Only the memory is read here (MachineMemoryBytes). FP8 has no CPU peak of its own: bf16's.
 absl::StatusOr<ClusterSpec> CpuCluster() {
   absl::StatusOr<int64_t> memory = MachineMemoryBytes();
   if (!memory.ok()) return memory.status();
   ClusterSpec cluster;
   cluster.name = "cpu";
-  cluster.gpus_per_node = 1;
-  cluster.device = {"cpu", static_cast<double>(*memory), 100e9, 100e9, 10e9};
-  cluster.intra_node = {1e9, 50e-6};
-  cluster.inter_node = {1e9, 50e-6};
-  cluster.efficiency = {0.5, 0.5, 0.5, 0.5};
+  cluster.gpus_per_node = 2;
+  cluster.device = {"cpu", static_cast<double>(*memory), 211.36e9, 211.36e9, 28.92e9};
+  cluster.intra_node = {1.656e9, 415e-6};
+  cluster.inter_node = cluster.intra_node;
+  cluster.efficiency = {/*dense_gemm=*/0.998, /*grouped_gemm=*/0.769, /*attention=*/0.676,
+                        /*memory_bound=*/0.732};
   return cluster;
 }
 

@@ -16,6 +16,9 @@ namespace {
 // the bf16 copy: 4·4 + 3·4 + 2 bytes per parameter.
 constexpr double kOptimizerBytesPerParameter = 30;
 
+// Passes over the activation memory of the work between the matmuls: written, then read.
+constexpr double kActivationPasses = 2;
+
 // Blocks with an MoE FFN: the MoE blocks after the dense ones, and each MTP module's.
 double MoeBlocks(const ModelConfig& model) {
   return static_cast<double>(model.num_layers - model.first_dense_layers + model.mtp_depth);
@@ -58,6 +61,10 @@ double RingAllReduceSeconds(double bytes, int ranks, const LinkSpec& link) {
   return 2.0 * (n - 1) / n * bytes / link.bandwidth_bytes_per_s + 2.0 * (n - 1) * link.latency_s;
 }
 
+double AllToAllSeconds(double bytes, double messages, const LinkSpec& link) {
+  return bytes / link.bandwidth_bytes_per_s + messages * link.latency_s;
+}
+
 double AllToAllBytesPerRank(double tokens, int top_k, double row_bytes, int expert_parallel) {
   const double ep = static_cast<double>(expert_parallel);
   return tokens * static_cast<double>(top_k) * row_bytes * (ep - 1) / ep;
@@ -83,6 +90,7 @@ absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout&
   plan.fits = plan.memory.total() <= device.memory_bytes;
 
   // Compute.
+  const double micro_batches = static_cast<double>(at.micro_batches());
   const double step_tokens = static_cast<double>(at.data.batch_size * at.data.seq_len);
   const double rank_tokens = step_tokens / gpus;
   const FlopsSplit split = SplitTrainingFlops(model, at.data.seq_len);
@@ -96,13 +104,17 @@ absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout&
   const double rank_parameters = plan.memory.gradients / 4.0;
   const double optimizer_s = rank_parameters * kOptimizerBytesPerParameter /
                              (device.memory_bandwidth_bytes_per_s * efficiency.memory_bound);
-  plan.compute_s = dense_s + experts_s + attention_s + optimizer_s;
+  // The memory-bound work between the matmuls (norms, RoPE, activations, residual adds, the
+  // loss's softmax, casts): each activation byte the rank holds for a micro-batch written once in
+  // forward and read once in backward.
+  const double elementwise_s = kActivationPasses * plan.memory.activations * micro_batches /
+                               (device.memory_bandwidth_bytes_per_s * efficiency.memory_bound);
+  plan.compute_s = dense_s + experts_s + attention_s + elementwise_s + optimizer_s;
 
   // All-to-all, in the dtypes moe_layer_expert_parallel.cc sends: forward dispatches the input
   // rows (FP8 with fp8_dispatch, else the compute dtype) and combines the experts' f32 outputs;
   // backward sends the compute-dtype output gradients to the experts and the f32 input gradients
   // back.
-  const double micro_batches = static_cast<double>(at.micro_batches());
   if (ep > 1) {
     const LinkSpec& link = ep <= cluster.gpus_per_node ? cluster.intra_node : cluster.inter_node;
     const bool fp8_dispatch = at.fp8.has_value() && at.fp8->fp8_dispatch;
@@ -120,7 +132,7 @@ absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout&
       const double bytes =
           exchanges * AllToAllBytesPerRank(micro_tokens, model.moe.top_k, row_bytes, ep);
       plan.all_to_all_bytes += bytes;
-      return bytes / link.bandwidth_bytes_per_s + exchanges * chunks * link.latency_s;
+      return AllToAllSeconds(bytes, exchanges * chunks, link);
     };
     const double forward_s = seconds(dispatch_row) + seconds(f32_row);
     const double backward_s = seconds(compute_row) + seconds(f32_row);
@@ -167,10 +179,12 @@ std::vector<LayoutPlan> PlanLayouts(const TrainerConfig& config, int gpus,
   return plans;
 }
 
-std::optional<LayoutPlan> Fastest(const std::vector<LayoutPlan>& plans) {
+std::optional<LayoutPlan> Fastest(const std::vector<LayoutPlan>& plans, bool fitting_only) {
   std::optional<LayoutPlan> best;
   for (const LayoutPlan& plan : plans) {
-    if (plan.fits && (!best.has_value() || plan.step_s < best->step_s)) best = plan;
+    if ((plan.fits || !fitting_only) && (!best.has_value() || plan.step_s < best->step_s)) {
+      best = plan;
+    }
   }
   return best;
 }
@@ -182,6 +196,9 @@ TrainerConfig AtGpuCount(const TrainerConfig& config, int gpus, Scaling scaling)
   TrainerConfig at = config;
   if (scaling == Scaling::kWeak) at.data.batch_size = config.data.batch_size / world * gpus;
   at.micro_batch_size = std::min<int64_t>(micro / world * gpus, at.data.batch_size);
+  // A world of `gpus` (PlanLayout sets the layout), so that the config moves on from here.
+  at.parallel.data_parallel = gpus;
+  at.parallel.expert_parallel = 1;
   return at;
 }
 
@@ -192,7 +209,10 @@ std::vector<SweepPoint> Sweep(const TrainerConfig& config, const std::vector<int
   for (int gpus : gpu_counts) {
     SweepPoint point;
     point.gpus = gpus;
-    point.best = Fastest(PlanLayouts(AtGpuCount(config, gpus, scaling), gpus, cluster));
+    const std::vector<LayoutPlan> plans =
+        PlanLayouts(AtGpuCount(config, gpus, scaling), gpus, cluster);
+    point.best = Fastest(plans);
+    if (!point.best.has_value()) point.best = Fastest(plans, /*fitting_only=*/false);
     if (point.best.has_value()) {
       if (!first.has_value()) first = point;
       const LayoutPlan& base = *first->best;

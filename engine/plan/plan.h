@@ -52,6 +52,10 @@ FlopsSplit SplitTrainingFlops(const ModelConfig& model, int64_t seq_len);
 // Seconds of a ring all-reduce of `bytes` over `ranks` on `link` (0 for one rank).
 double RingAllReduceSeconds(double bytes, int ranks, const LinkSpec& link);
 
+// Seconds of all-to-all traffic of which one rank sends `bytes` to its peers, in `messages`
+// exchanges: bytes / bandwidth + messages × latency.
+double AllToAllSeconds(double bytes, double messages, const LinkSpec& link);
+
 // Bytes one rank sends in one all-to-all of `tokens` of its tokens, each to top_k experts spread
 // evenly over `expert_parallel` ranks, at `row_bytes` a row: tokens·k·row_bytes·(ep − 1)/ep.
 double AllToAllBytesPerRank(double tokens, int top_k, double row_bytes, int expert_parallel);
@@ -83,19 +87,23 @@ absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout&
 std::vector<LayoutPlan> PlanLayouts(const TrainerConfig& config, int gpus,
                                     const ClusterSpec& cluster);
 
-// The fastest of `plans` that fits; nullopt when none does.
-std::optional<LayoutPlan> Fastest(const std::vector<LayoutPlan>& plans);
+// The fastest of `plans` that fits (of all of them, with `fitting_only` false); nullopt when none
+// does (or `plans` is empty).
+std::optional<LayoutPlan> Fastest(const std::vector<LayoutPlan>& plans, bool fitting_only = true);
 
 enum class Scaling { kWeak, kStrong };
 
 struct SweepPoint {
   int gpus = 0;
-  std::optional<LayoutPlan> best;  // nullopt: no layout fits (or none is valid)
-  double efficiency = 0;           // against the first point with a plan; 0 without one
+  // The fastest layout that fits; when none fits, the fastest of all (best->fits is false: the
+  // time the step would take with memory to hold it). nullopt: no layout is valid.
+  std::optional<LayoutPlan> best;
+  double efficiency = 0;  // against the first point with a plan; 0 without one
 };
 
 // `config` (at its world size) moved to `gpus` GPUs: the per-GPU micro-batch stays (capped at the
-// batch); weak scaling keeps the per-GPU batch, strong scaling the global batch.
+// batch); weak scaling keeps the per-GPU batch, strong scaling the global batch. The result's
+// world is `gpus` (dp = gpus, ep = 1; PlanLayout sets the layout it plans).
 TrainerConfig AtGpuCount(const TrainerConfig& config, int gpus, Scaling scaling);
 
 // `config` at each of `gpu_counts` (ascending), moved there by AtGpuCount. Weak efficiency:

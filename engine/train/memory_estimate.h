@@ -24,10 +24,12 @@ namespace moetrain {
 
 // Bytes, as doubles: a hostile spec's sizes overflow int64.
 struct MemoryEstimate {
-  double parameters = 0;   // the f32 masters, plus their compute-dtype copies (bf16)
-  double gradients = 0;    // f32, one per parameter
-  double optimizer = 0;    // AdamW's two f32 moments per trainable parameter
-  double activations = 0;  // what forward keeps for backward, backward's scratch, the LM head's
+  double parameters = 0;  // the f32 masters, plus their compute-dtype copies (bf16)
+  double gradients = 0;   // f32, one per parameter
+  double optimizer = 0;   // AdamW's two f32 moments per trainable parameter
+  // What forward keeps for backward, backward's scratch, the LM head's chunk, and with an FP8
+  // recipe the quantised operands of the largest linear layer.
+  double activations = 0;
 
   double total() const { return parameters + gradients + optimizer + activations; }
   // "1.23 GiB (params 0.20, grads 0.20, optimizer 0.40, activations 0.43 GiB)"

@@ -1,4 +1,4 @@
-// The command line of the five benchmarks and the demo (bench/bench_flags.h), through the real
+// The command line of the six benchmarks and the demo (bench/bench_flags.h), through the real
 // binaries as child processes: --help lists every option with its default and exits 0; a value
 // that is not a number, one out of range or not among the choices, a missing value, an unknown
 // flag and a stray argument each exit 2 with stderr naming the flag. None of them gets as far as
@@ -98,6 +98,17 @@ std::vector<Binary> Binaries() {
         {{"--config", "tiny,huge"}, "--config"},
         {{"--dtype", "bf16,f16"}, "--dtype"},
         {{"--device", "gpu"}, "--device"}}},
+      {"calibrate_bench",
+       {{"--json", ""},
+        {"--config", "=default"},
+        {"--dtype", "=bf16"},
+        {"--reps", "=3"},
+        {"--check", ""}},
+       {{{"--reps", "x"}, "--reps"},
+        {{"--reps", "0"}, "--reps"},
+        {{"--config", "huge"}, "--config"},
+        {{"--dtype", "f16"}, "--dtype"},
+        {{"--check", "/nonexistent/calibration.json"}, "--check"}}},
       {"moe_layer_demo",
        {{"--steps", "=300"}, {"--dtype", "=f32"}, {"--score", "=softmax"}},
        {{{"--steps", "x"}, "--steps"},

@@ -110,9 +110,9 @@ struct Programs {
 const Programs& OurPrograms() {
   static const Programs* programs = [] {
     auto* p = new Programs();
-    for (const char* name :
-         {"moetrain", "moetrain-coordinator", "moetrain-worker", "train_bench", "moe_layer_bench",
-          "dispatch_bench", "attention_bench", "coordinator_load_bench", "moe_layer_demo"}) {
+    for (const char* name : {"moetrain", "moetrain-coordinator", "moetrain-worker", "train_bench",
+                             "moe_layer_bench", "dispatch_bench", "attention_bench",
+                             "coordinator_load_bench", "moe_layer_demo", "calibrate_bench"}) {
       p->help[name] = Output(kBin / name, {"--help"});
     }
     // CLI11's list: "Subcommands:" then one "  NAME   description" line each.

@@ -142,8 +142,43 @@ TEST(PlanTest, FastestSkipsWhatDoesNotFit) {
   ASSERT_EQ(plans.size(), 3u);  // ep 1, 2, 4 of 4 experts
   for (LayoutPlan& plan : plans) plan.fits = false;
   EXPECT_FALSE(Fastest(plans).has_value());
+  ASSERT_TRUE(Fastest(plans, /*fitting_only=*/false).has_value());
   plans[1].fits = true;
   EXPECT_EQ(Fastest(plans)->layout.expert_parallel, 2);
+}
+
+// The sweep of `moetrain plan --gpus N --sweep ...` starts from the config already moved to N.
+TEST(PlanTest, MovingToAGpuCountTwiceIsMovingOnce) {
+  TrainerConfig config = TinyTrainerConfig("");  // world 1, batch 8, micro-batch 4
+  config.data.batch_size = 64;
+  config.micro_batch_size = 16;
+  for (Scaling scaling : {Scaling::kWeak, Scaling::kStrong}) {
+    const TrainerConfig once = AtGpuCount(config, 8, scaling);
+    const TrainerConfig twice = AtGpuCount(AtGpuCount(config, 2, scaling), 8, scaling);
+    EXPECT_EQ(once.parallel.world_size(), 8);
+    EXPECT_EQ(twice.data.batch_size, once.data.batch_size);
+    EXPECT_EQ(twice.micro_batch_size, once.micro_batch_size);
+  }
+  EXPECT_EQ(AtGpuCount(config, 8, Scaling::kWeak).data.batch_size, 512);
+  EXPECT_EQ(AtGpuCount(config, 8, Scaling::kWeak).micro_batch_size, 128);
+  EXPECT_EQ(AtGpuCount(config, 2, Scaling::kStrong).data.batch_size, 64);
+  EXPECT_EQ(AtGpuCount(config, 2, Scaling::kStrong).micro_batch_size, 32);
+}
+
+TEST(PlanTest, SweepShowsTheFastestLayoutWhenNoneFits) {
+  ClusterSpec cluster = RoundCluster();
+  cluster.device.memory_bytes = 1;  // nothing fits
+  const std::vector<SweepPoint> weak =
+      Sweep(TinyTrainerConfig(""), {1, 2, 4}, Scaling::kWeak, cluster);
+  for (const SweepPoint& point : weak) {
+    ASSERT_TRUE(point.best.has_value()) << point.gpus;
+    EXPECT_FALSE(point.best->fits);
+    const std::vector<LayoutPlan> all = PlanLayouts(
+        AtGpuCount(TinyTrainerConfig(""), point.gpus, Scaling::kWeak), point.gpus, cluster);
+    for (const LayoutPlan& plan : all) EXPECT_LE(point.best->step_s, plan.step_s);
+    EXPECT_GT(point.efficiency, 0);
+  }
+  EXPECT_DOUBLE_EQ(weak[0].efficiency, 1.0);
 }
 
 }  // namespace
