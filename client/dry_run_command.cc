@@ -84,10 +84,11 @@ int SubmitDryRunCommand(const ClientOptions& options, const std::string& spec_pa
 
   std::vector<OfferedWorker> offered;
   for (const v1::WorkerInfo& worker : listed->workers()) {
-    offered.push_back({.device = worker.device(),
-                       .device_count = worker.device_count(),
-                       .device_memory_bytes = worker.device_memory_bytes(),
-                       .lost = worker.state() == v1::WORKER_STATE_LOST});
+    offered.push_back({
+        .device = worker.device(),
+        .device_count = worker.device_count(),
+        .device_memory_bytes = worker.device_memory_bytes(),
+    });
   }
   const DeviceMemoryVerdict verdict = JudgeDeviceMemory(need, offered);
 

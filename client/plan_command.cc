@@ -41,6 +41,12 @@ json LayoutPlanJson(const LayoutPlan& plan) {
           {"fits", plan.fits},
           {"step_seconds", plan.step_s},
           {"compute_seconds", plan.compute_s},
+          {"compute_parts_seconds",
+           {{"dense_gemm", plan.dense_gemm_s},
+            {"grouped_gemm", plan.grouped_gemm_s},
+            {"attention", plan.attention_s},
+            {"elementwise", plan.elementwise_s},
+            {"optimizer", plan.optimizer_s}}},
           {"all_to_all_seconds", plan.all_to_all_s},
           {"all_to_all_exposed_seconds", plan.all_to_all_exposed_s},
           {"all_to_all_bytes", plan.all_to_all_bytes},
@@ -127,8 +133,9 @@ int PlanCommand(const PlanOptions& options) {
   std::sort(sweep.begin(), sweep.end());
   std::vector<SweepPoint> weak, strong;
   if (!sweep.empty()) {
-    weak = Sweep(config, sweep, Scaling::kWeak, *cluster);
-    strong = Sweep(config, sweep, Scaling::kStrong, *cluster);
+    // From the spec's own world: weak scaling keeps the spec's per-GPU batch.
+    weak = Sweep(*spec_config, sweep, Scaling::kWeak, *cluster);
+    strong = Sweep(*spec_config, sweep, Scaling::kStrong, *cluster);
   }
   if (options.json) {
     json out = {{"spec", options.spec_path},

@@ -13,7 +13,7 @@
 # Exit status: calibrate_bench --check's (1 when a prediction is outside its tolerance), or the
 # first benchmark's that fails. To make the file the stored one: copy it over
 # bench/calibration/cpu.json and update the cpu preset (engine/plan/cluster.cc) from it;
-# tests/engine/plan/calibration_test.cc checks both. Takes about a minute on 2 cores.
+# tests/engine/plan/calibration_test.cc checks both. Takes about two minutes on 2 cores.
 set -euo pipefail
 build=${1:-build}
 out=${2:-calibration.json}

@@ -112,11 +112,16 @@ absl::StatusOr<TrainerConfig> TrainBenchConfig(const Json& root) {
     *targets[i] = static_cast<int64_t>(value);
   }
   MOETRAIN_ASSIGN_OR_RETURN(const auto top_k, field("top_k"));
-  c.model.moe.top_k = static_cast<int>(top_k);
+  c.model.moe.top_k = static_cast<int64_t>(top_k);
+  MOETRAIN_ASSIGN_OR_RETURN(const auto head_dim, field("head_dim"));
+  c.model.head_dim = static_cast<int64_t>(head_dim);
   // These two may be 0.
-  const Json& config = root["train_bench"]["config"];
-  c.model.first_dense_layers = config.value("first_dense_layers", int64_t{0});
-  c.model.moe.num_shared_experts = config.value("num_shared_experts", 0);
+  MOETRAIN_ASSIGN_OR_RETURN(const auto dense,
+                            Number(root, {"train_bench", "config", "first_dense_layers"}, true));
+  c.model.first_dense_layers = static_cast<int64_t>(dense);
+  MOETRAIN_ASSIGN_OR_RETURN(const auto shared,
+                            Number(root, {"train_bench", "config", "num_shared_experts"}, true));
+  c.model.moe.num_shared_experts = static_cast<int64_t>(shared);
   c.model.max_seq_len = c.data.seq_len;
   MOETRAIN_ASSIGN_OR_RETURN(const auto dtype, DTypeAt(root, {"train_bench", "dtype"}));
   c.compute_dtype = dtype;

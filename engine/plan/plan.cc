@@ -109,6 +109,11 @@ absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout&
   // forward and read once in backward.
   const double elementwise_s = kActivationPasses * plan.memory.activations * micro_batches /
                                (device.memory_bandwidth_bytes_per_s * efficiency.memory_bound);
+  plan.dense_gemm_s = dense_s;
+  plan.grouped_gemm_s = experts_s;
+  plan.attention_s = attention_s;
+  plan.elementwise_s = elementwise_s;
+  plan.optimizer_s = optimizer_s;
   plan.compute_s = dense_s + experts_s + attention_s + elementwise_s + optimizer_s;
 
   // All-to-all, in the dtypes moe_layer_expert_parallel.cc sends: forward dispatches the input

@@ -65,7 +65,12 @@ struct LayoutPlan {
   MemoryEstimate memory;  // one rank
   bool fits = false;      // memory.total() ≤ the device's memory
   // Seconds per optimizer step, one rank.
-  double compute_s = 0;             // GEMMs, attention core and optimizer update
+  double compute_s = 0;  // the five parts below
+  double dense_gemm_s = 0;
+  double grouped_gemm_s = 0;  // the routed experts
+  double attention_s = 0;     // the attention core
+  double elementwise_s = 0;   // the memory-bound work between the matmuls
+  double optimizer_s = 0;
   double all_to_all_s = 0;          // the whole exchange, before overlap
   double all_to_all_exposed_s = 0;  // what it adds to the step
   double all_reduce_s = 0;          // dense and expert grads, before overlap

@@ -146,17 +146,18 @@ MemoryEstimate EstimateTrainingMemory(const TrainerConfig& config) {
   // block's input and output and their gradients.
   activations += as_double(mtp) *
                  (2 * 4 * t + 10 * 4 * t * d + 3 * act * t * d + act * t * 2 * d + 4 * t * 2 * d);
-  // FP8 (a recipe on): the linear layers quantise their operands per GEMM into fresh FP8 tensors
-  // (fp8/linear.cc), one byte an element plus its scales, and the caching allocator keeps the
-  // largest set. Counted as the largest layer's: input, weight and output gradient, each also
-  // transposed for the backward GEMMs. No FP8 copy of a weight outlives its GEMM.
+  // FP8 (a recipe on): a linear layer's GEMM quantises its two operands into fresh FP8 tensors (a
+  // byte an element, plus f32 scales, at most one per 128 elements) that live until it returns
+  // (fp8/linear.cc), and the caching allocator keeps the largest pair. Forward x·wᵀ, backward
+  // dy·w and dyᵀ·x; the routed experts' grouped GEMMs quantise one expert at a time. No FP8 copy
+  // of a weight outlives its GEMM.
   if (config.fp8.has_value()) {
-    const auto operands = [](double m, double in, double out) {
-      return 2 * (m * in + in * out + m * out);
+    const auto pair = [](double m, double in, double out) {
+      return std::max({m * in + out * in, m * out + out * in, m * out + m * in});
     };
-    double fp8 = std::max(operands(t, d, 2 * std::max(f, shared_f)), operands(t, q, d));
-    fp8 = std::max(fp8, operands(rows, d, 2 * fe) + local_experts * 2 * fe * d);
-    activations += fp8 * (1.0 + 4.0 / 128);  // f32 scales: at most one per 128 elements
+    double fp8 = std::max(pair(t, d, 2 * std::max(f, shared_f)), pair(t, q, d));
+    fp8 = std::max(fp8, pair(rows / std::max(1.0, local_experts), d, 2 * fe));
+    activations += fp8 * (1.0 + 4.0 / 128);
   }
   estimate.activations = activations;
   return estimate;

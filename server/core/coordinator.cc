@@ -120,6 +120,10 @@ absl::StatusOr<JobRecord> Coordinator::SubmitSerialized(absl::string_view submis
   return Submit(submission_id, spec, priority);
 }
 
+absl::StatusOr<bool> Coordinator::HasSubmission(absl::string_view submission_id) {
+  return store_->HasSubmission(submission_id);
+}
+
 absl::StatusOr<JobRecord> Coordinator::Get(absl::string_view job_id) {
   return store_->GetJob(job_id);
 }

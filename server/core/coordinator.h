@@ -81,6 +81,8 @@ class Coordinator {
   absl::StatusOr<JobRecord> SubmitSerialized(absl::string_view submission_id,
                                              absl::string_view spec_bytes, int32_t priority);
 
+  // Whether Submit has created a job with this submission_id (a repeat returns that job).
+  absl::StatusOr<bool> HasSubmission(absl::string_view submission_id);
   absl::StatusOr<JobRecord> Get(absl::string_view job_id);
   absl::StatusOr<JobPage> List(const ListOptions& options);
 

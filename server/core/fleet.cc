@@ -520,8 +520,7 @@ absl::Status Fleet::CheckDeviceMemory(const v1::JobSpec& spec) {
     for (const auto& [id, worker] : workers_) {
       offered.push_back({.device = worker->resources.device(),
                          .device_count = worker->resources.device_count(),
-                         .device_memory_bytes = worker->resources.device_memory_bytes(),
-                         .lost = worker->lost});
+                         .device_memory_bytes = worker->resources.device_memory_bytes()});
     }
   }
   return JudgeDeviceMemory(DeviceMemoryNeedOf(*resolved), offered).status;

@@ -195,6 +195,16 @@ absl::StatusOr<JobRecord> Store::CreateJob(const NewJob& job) {
   return result;
 }
 
+absl::StatusOr<bool> Store::HasSubmission(absl::string_view submission_id) {
+  if (submission_id.empty() || submission_id.size() > kMaxSubmissionIdBytes) return false;
+  return Read([&](sqlite::Database& db) -> absl::StatusOr<bool> {
+    MOETRAIN_ASSIGN_OR_RETURN(
+        sqlite::Statement existing,
+        db.Query("SELECT id FROM jobs WHERE submission_id = ?", std::string(submission_id)));
+    return existing.Step();
+  });
+}
+
 absl::StatusOr<JobRecord> Store::GetJob(absl::string_view job_id) {
   MOETRAIN_RETURN_IF_ERROR(ValidateJobId(job_id));
   return Read([&](sqlite::Database& db) { return ReadJob(db, job_id); });

@@ -184,6 +184,8 @@ class Store {
   // submission_id returns the existing job when its spec hash and priority match, and
   // AlreadyExists when they do not; nothing is written then.
   absl::StatusOr<JobRecord> CreateJob(const NewJob& job);
+  // Whether a job was created with this non-empty submission_id.
+  absl::StatusOr<bool> HasSubmission(absl::string_view submission_id);
   absl::StatusOr<JobRecord> GetJob(absl::string_view job_id);
   // In creation order, one page at a time.
   absl::StatusOr<JobPage> ListJobs(const ListJobsOptions& options);

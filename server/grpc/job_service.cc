@@ -188,9 +188,14 @@ grpc::Status JobService::SubmitJob(grpc::ServerContext* context,
     return ToGrpcStatus(paths);
   }
   // A job whose ranks need more device memory than every worker that could run it offers would
-  // wait forever: refused (FAILED_PRECONDITION), and nothing is stored.
-  if (absl::Status fits = fleet_->CheckDeviceMemory(request->spec()); !fits.ok()) {
-    return ToGrpcStatus(fits);
+  // wait forever: refused (FAILED_PRECONDITION), and nothing is stored. A repeated submission is
+  // not judged again: it returns its job (or AlreadyExists) whatever the fleet is now.
+  absl::StatusOr<bool> repeat = coordinator_->HasSubmission(request->submission_id());
+  if (!repeat.ok()) return ToGrpcStatus(repeat.status());
+  if (!*repeat) {
+    if (absl::Status fits = fleet_->CheckDeviceMemory(request->spec()); !fits.ok()) {
+      return ToGrpcStatus(fits);
+    }
   }
   absl::StatusOr<JobRecord> job =
       coordinator_->Submit(request->submission_id(), request->spec(), request->priority());

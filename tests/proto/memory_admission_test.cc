@@ -18,11 +18,10 @@ using ::testing::HasSubstr;
 
 constexpr int64_t kGiB = int64_t{1} << 30;
 
-OfferedWorker Gpu(int64_t devices, int64_t memory_bytes, bool lost = false) {
+OfferedWorker Gpu(int64_t devices, int64_t memory_bytes) {
   return {.device = v1::ResourceConfig::CUDA,
           .device_count = devices,
-          .device_memory_bytes = memory_bytes,
-          .lost = lost};
+          .device_memory_bytes = memory_bytes};
 }
 
 DeviceMemoryNeed CudaNeed(int64_t bytes, int64_t devices_per_worker = 1) {
@@ -86,20 +85,21 @@ TEST(JudgeDeviceMemoryTest, ANeedNotStatedIsNeverRefused) {
   EXPECT_FALSE(JudgeDeviceMemory(CudaNeed(-5), {Gpu(1, 1)}).refused());
 }
 
-TEST(JudgeDeviceMemoryTest, IgnoresLostWorkersOtherKindsAndTooFewDevices) {
+TEST(JudgeDeviceMemoryTest, IgnoresOtherKindsAndTooFewDevices) {
   const int64_t need = 10 * kGiB;
   const DeviceMemoryVerdict verdict =
       JudgeDeviceMemory(CudaNeed(need, /*devices_per_worker=*/2),
-                        {Gpu(2, kGiB), Gpu(2, 100 * kGiB, /*lost=*/true), Gpu(1, 100 * kGiB),
+                        {Gpu(2, kGiB), Gpu(1, 100 * kGiB),
                          OfferedWorker{.device = v1::ResourceConfig::CPU, .device_count = 64}});
   EXPECT_EQ(verdict.matching_workers, 1);
   EXPECT_TRUE(verdict.refused());
   EXPECT_THAT(verdict.status.message(),
               HasSubstr("the only registered CUDA worker with at least 2 devices offers 1.00 GiB"));
 
-  // Only the lost and the one-device workers are large: with none that matches, it waits.
-  EXPECT_FALSE(JudgeDeviceMemory(CudaNeed(need, 2), {Gpu(2, 100 * kGiB, true), Gpu(1, 100 * kGiB)})
-                   .refused());
+  // Only the one-device worker is large: with none that matches, it waits.
+  EXPECT_FALSE(JudgeDeviceMemory(CudaNeed(need, 2), {Gpu(1, 100 * kGiB)}).refused());
+  // A large worker counts (the fleet passes LOST ones in too: they may come back).
+  EXPECT_FALSE(JudgeDeviceMemory(CudaNeed(need, 2), {Gpu(2, kGiB), Gpu(2, 100 * kGiB)}).refused());
 }
 
 TEST(JudgeDeviceMemoryTest, NeverRefusesACpuJob) {

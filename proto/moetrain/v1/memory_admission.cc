@@ -24,8 +24,7 @@ DeviceMemoryVerdict JudgeDeviceMemory(const DeviceMemoryNeed& need,
                                       const std::vector<OfferedWorker>& workers) {
   DeviceMemoryVerdict verdict;
   for (const OfferedWorker& worker : workers) {
-    if (worker.lost || worker.device != need.device ||
-        worker.device_count < need.devices_per_worker) {
+    if (worker.device != need.device || worker.device_count < need.devices_per_worker) {
       continue;
     }
     ++verdict.matching_workers;

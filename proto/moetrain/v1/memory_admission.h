@@ -38,11 +38,11 @@ struct OfferedWorker {
   v1::ResourceConfig::Device device = v1::ResourceConfig::CPU;
   int64_t device_count = 0;
   int64_t device_memory_bytes = 0;  // of its smallest device; 0 = unknown (always on the CPU)
-  bool lost = false;
 };
 
 struct DeviceMemoryVerdict {
-  // Workers that match the job: registered and not LOST, of its device kind, with at least its
+  // Workers that match the job: registered (LOST ones too: they may come back, and the
+  // coordinator forgets them only later), of its device kind, with at least its
   // devices_per_worker devices.
   int matching_workers = 0;
   // Those of them that advertise their device memory (> 0), and its least and greatest among them

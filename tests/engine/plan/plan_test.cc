@@ -125,7 +125,9 @@ TEST(PlanTest, SweepScalesWhenComputeDominates) {
   for (size_t i = 0; i < strong.size(); ++i) {
     ASSERT_TRUE(strong[i].best.has_value()) << gpus[i];
     EXPECT_EQ(strong[i].best->layout.gpus(), gpus[i]);
-    if (i > 0) EXPECT_LE(strong[i].best->step_s, strong[i - 1].best->step_s) << gpus[i];
+    if (i > 0) {
+      EXPECT_LE(strong[i].best->step_s, strong[i - 1].best->step_s) << gpus[i];
+    }
     EXPECT_GT(strong[i].efficiency, 0);
   }
   EXPECT_DOUBLE_EQ(strong[0].efficiency, 1.0);

@@ -69,8 +69,11 @@ class SubmitMemoryTest : public ::testing::Test {
  protected:
   void SetUp() override {
     FleetOptions fleet;
-    // The workers here never heartbeat: they must not be declared LOST during a test.
-    fleet.heartbeat_timeout = absl::Minutes(10);
+    // The workers here never heartbeat: they must not be declared LOST during a test, unless the
+    // test forgets them on purpose.
+    if (forget_workers_) fleet.heartbeat_interval = absl::Milliseconds(50);
+    fleet.heartbeat_timeout = forget_workers_ ? absl::Milliseconds(100) : absl::Minutes(10);
+    fleet.forget_lost_after = absl::Milliseconds(100);
     fleet.control_interval = absl::Milliseconds(50);
     absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
         testutil::StartLoopbackCoordinator(dir_, 0, /*bearer_token=*/"", fleet);
@@ -109,9 +112,9 @@ class SubmitMemoryTest : public ::testing::Test {
     return response.worker_id();
   }
 
-  grpc::Status Submit(const v1::JobSpec& spec, v1::Job* job) {
+  grpc::Status Submit(const v1::JobSpec& spec, v1::Job* job, const std::string& id = "") {
     v1::SubmitJobRequest request;
-    request.set_submission_id(absl::StrCat("submission-", ++submissions_));
+    request.set_submission_id(id.empty() ? absl::StrCat("submission-", ++submissions_) : id);
     *request.mutable_spec() = spec;
     grpc::ClientContext context;
     Deadline(&context);
@@ -136,6 +139,16 @@ class SubmitMemoryTest : public ::testing::Test {
     return {response.workers().begin(), response.workers().end()};
   }
 
+  // True once the coordinator lists no worker (within a minute).
+  bool WaitUntilNoWorkers() {
+    const absl::Time deadline = absl::Now() + absl::Minutes(1);
+    while (absl::Now() < deadline) {
+      if (ListWorkers().empty()) return true;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return false;
+  }
+
   // The worker the scheduler gave `job_id` to; empty if none within a minute (a hang).
   std::string AssignedWorker(const std::string& job_id) {
     const absl::Time deadline = absl::Now() + absl::Minutes(1);
@@ -155,7 +168,33 @@ class SubmitMemoryTest : public ::testing::Test {
   std::unique_ptr<v1::JobService::Stub> jobs_;
   std::unique_ptr<v1::WorkerService::Stub> workers_;
   int submissions_ = 0;
+  bool forget_workers_ = false;  // set before SetUp: silent workers are forgotten within 200 ms
 };
+
+class SubmitMemoryForgettingTest : public SubmitMemoryTest {
+ protected:
+  SubmitMemoryForgettingTest() { forget_workers_ = true; }
+};
+
+// A repeated submission returns its job whatever the fleet is now: the large worker it was
+// accepted for is gone (declared lost, then forgotten), and only a small one remains.
+TEST_F(SubmitMemoryForgettingTest, ARepeatedSubmissionIsNotJudgedAgain) {
+  Register("gpu-1t", v1::ResourceConfig::CUDA, 1, 1024 * kGiB);
+  const v1::JobSpec spec = Spec(v1::ResourceConfig::CUDA, 10 * kGiB);
+  v1::Job first;
+  ASSERT_TRUE(Submit(spec, &first, "once").ok());
+  ASSERT_TRUE(WaitUntilNoWorkers());
+  Register("gpu-1g", v1::ResourceConfig::CUDA, 1, 1 * kGiB);
+
+  v1::Job again;
+  const grpc::Status repeated = Submit(spec, &again, "once");
+  ASSERT_TRUE(repeated.ok()) << repeated.error_message();
+  EXPECT_EQ(again.id(), first.id());
+  // A new submission of the same spec is judged, and refused.
+  v1::Job other;
+  EXPECT_EQ(Submit(spec, &other, "twice").error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(ListJobs().size(), 1u);
+}
 
 TEST_F(SubmitMemoryTest, RefusesACudaJobLargerThanEveryWorkerAndStoresNothing) {
   Register("gpu-1g", v1::ResourceConfig::CUDA, 1, 1 * kGiB);
