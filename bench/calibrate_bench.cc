@@ -14,7 +14,7 @@
 //            FLOPs; so the routing and permutation are charged to this class.
 // attention  the causal attention core forward + backward (f32, as the model runs it).
 // memory_bound  the optimizer phase over 16 M parameters (grad norm, clip, AdamW, the compute
-//            copy, zeroing): 30 bytes a parameter (plan.cc) / time, over the copy bandwidth.
+//            copy, zeroing): kOptimizerBytesPerParameter (plan.h) / time, over the copy bandwidth.
 // Efficiency = FLOPs as `moetrain plan` counts them (SplitTrainingFlops) / time / peak.
 // scripts/calibrate-plan.sh stores this JSON with train_bench's and dispatch_bench's
 // (engine/plan/calibration.h); --check FILE compares the plan's predictions with such a file.
@@ -41,6 +41,7 @@
 #include "engine/ops/attention/attention.h"
 #include "engine/ops/elementwise/elementwise.h"
 #include "engine/ops/gemm/gemm.h"
+#include "engine/ops/loss/lm_head_loss.h"
 #include "engine/plan/calibration.h"
 #include "engine/plan/plan.h"
 #include "engine/train/optimizer.h"
@@ -48,9 +49,6 @@
 
 namespace moetrain {
 namespace {
-
-// The optimizer phase's bytes per parameter, as plan.cc counts them.
-constexpr double kOptimizerBytesPerParameter = 30;
 
 void Die(const absl::Status& status, const char* what) {
   if (status.ok()) return;
@@ -115,8 +113,7 @@ std::vector<LinearShape> DenseShapes(const TrainerConfig& c) {
   const double layers = static_cast<double>(m.num_layers);
   const double moe_layers = static_cast<double>(m.num_layers - m.first_dense_layers);
   const int64_t shared = m.moe.num_shared_experts * m.moe.expert_ffn_dim;
-  const int64_t lm_rows =
-      std::min<int64_t>(t, std::max<int64_t>(1, (int64_t{4} << 20) / m.vocab_size));
+  const int64_t lm_rows = ops::DefaultLmHeadChunkTokens(t, m.vocab_size);
   std::vector<LinearShape> shapes = {
       {"q_proj", t, d, q, layers},
       {"k_proj", t, d, kv, layers},

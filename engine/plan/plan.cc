@@ -12,10 +12,6 @@
 namespace moetrain {
 namespace {
 
-// AdamW's update reads the f32 master, grad and two moments and writes the master, the moments and
-// the bf16 copy: 4·4 + 3·4 + 2 bytes per parameter.
-constexpr double kOptimizerBytesPerParameter = 30;
-
 // Passes over the activation memory of the work between the matmuls: written, then read.
 constexpr double kActivationPasses = 2;
 

@@ -34,6 +34,10 @@
 
 namespace moetrain {
 
+// Bytes the optimizer phase moves per parameter: AdamW reads the f32 master, grad and two moments
+// and writes the master, the moments and the bf16 copy: 4·4 + 3·4 + 2.
+inline constexpr double kOptimizerBytesPerParameter = 30;
+
 struct Layout {
   int data_parallel = 1;
   int expert_parallel = 1;

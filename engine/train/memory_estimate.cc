@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "engine/core/dtype.h"
 #include "engine/core/status.h"
+#include "engine/ops/loss/lm_head_loss.h"
 
 namespace moetrain {
 namespace {
@@ -116,7 +117,8 @@ MemoryEstimate EstimateTrainingMemory(const TrainerConfig& config) {
 
   // The transformer's own buffers: tokens, the residual stream of every layer boundary, the final
   // norm, its gradients, and the LM head's chunk of logits (about 16 MiB of f32 at a time).
-  const double lm_chunk = std::min(t, std::max(1.0, std::floor(double{4 << 20} / v)));
+  const double lm_chunk = std::min(t, static_cast<double>(ops::DefaultLmHeadChunkTokens(
+                                          std::numeric_limits<int64_t>::max(), m.vocab_size)));
   double activations = 3 * 4 * t + 4 * as_double(layers + 1) * t * d + 4 * t + act * t * d +
                        2 * 4 * t * d + (4 + act) * lm_chunk * v + 4 * t;
   // Every block: attention's saved tensors and backward scratch, and the norms.

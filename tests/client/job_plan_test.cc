@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "moetrain/v1/job_spec.h"
+#include "tests/integration/tiny_spec.h"
 
 namespace moetrain {
 namespace {
@@ -21,28 +22,8 @@ using ::testing::StartsWith;
 
 // A small MoE spec; `resources` is its resources section (indented two spaces).
 v1::JobSpec Spec(const std::string& resources, const std::string& parallel = "") {
-  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(absl::StrCat(R"(name: small
-model:
-  vocab_size: 64
-  hidden_size: 32
-  num_layers: 2
-  num_heads: 2
-  num_kv_heads: 1
-  ffn_dim: 48
-  first_dense_layers: 1
-  moe:
-    num_experts: 8
-    top_k: 2
-    expert_ffn_dim: 24
-data:
-  format: SYNTHETIC
-train:
-  steps: 10
-  batch_size: 16
-  seq_len: 32
-resources:
-)",
-                                                                   resources, parallel));
+  absl::StatusOr<v1::JobSpec> spec =
+      ParseJobSpecYaml(testutil::PlannedSpecYaml("small", 16, absl::StrCat(resources, parallel)));
   EXPECT_TRUE(spec.ok()) << spec.status();
   return spec.ok() ? *spec : v1::JobSpec();
 }

@@ -11,6 +11,17 @@
 
 namespace moetrain::testutil {
 
+// The model's dimensions, shared by the specs below: `model:` and its lines up to the MoE section.
+inline constexpr char kTinyModelDims[] = R"(model:
+  vocab_size: 64
+  hidden_size: 32
+  num_layers: 2
+  num_heads: 2
+  num_kv_heads: 1
+  ffn_dim: 48
+  first_dense_layers: 1
+)";
+
 struct TinySpec {
   std::string name = "tiny";
   int64_t steps = 40;
@@ -29,16 +40,7 @@ struct TinySpec {
   std::string checkpoint_extra;
 
   std::string Yaml() const {
-    return absl::StrCat("name: ", name, R"(
-model:
-  vocab_size: 64
-  hidden_size: 32
-  num_layers: 2
-  num_heads: 2
-  num_kv_heads: 1
-  ffn_dim: 48
-  first_dense_layers: 1
-  rope_theta: 5000
+    return absl::StrCat("name: ", name, "\n", kTinyModelDims, R"(  rope_theta: 5000
   rms_norm_eps: 1e-5
   moe:
     num_experts: 4
@@ -80,6 +82,28 @@ restart:
                         max_restarts, "\n");
   }
 };
+
+// A spec to plan rather than train: a 2-layer MoE model (8 experts of width 24), `batch_size`
+// sequences of 32 tokens, and `resources` (lines indented two spaces, then any later sections)
+// after "resources:". The tests of the device-memory plan and its admission share it, so that
+// their figures are of one model.
+inline std::string PlannedSpecYaml(const std::string& name, int64_t batch_size,
+                                   const std::string& resources) {
+  return absl::StrCat("name: ", name, "\n", kTinyModelDims, R"(  moe:
+    num_experts: 8
+    top_k: 2
+    expert_ffn_dim: 24
+data:
+  format: SYNTHETIC
+train:
+  steps: 10
+  batch_size: )",
+                      batch_size, R"(
+  seq_len: 32
+resources:
+)",
+                      resources);
+}
 
 }  // namespace moetrain::testutil
 

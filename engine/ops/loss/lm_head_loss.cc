@@ -81,9 +81,8 @@ absl::StatusOr<float> LmHeadLoss(const ExecContext& ctx, const LmHeadLossArgs& a
   std::optional<LmHeadLossWorkspace> local;
   if (workspace == nullptr) workspace = &local.emplace(ctx);
   Workspace& ws = workspace->buffers();
-  constexpr int64_t kChunkLogits = int64_t{4} << 20;  // 16 MiB of f32
-  const int64_t chunk = std::min(
-      t, args.chunk_tokens > 0 ? args.chunk_tokens : std::max<int64_t>(1, kChunkLogits / v));
+  const int64_t chunk =
+      args.chunk_tokens > 0 ? std::min(t, args.chunk_tokens) : DefaultLmHeadChunkTokens(t, v);
   using Buffer = LmHeadLossWorkspace::Buffer;
   MOETRAIN_ASSIGN_OR_RETURN(TensorView logits, ws.Get(Buffer::kLogits, DType::kF32, {chunk, v}));
   TensorView d_logits;

@@ -6,6 +6,7 @@
 #ifndef MOETRAIN_ENGINE_OPS_LOSS_LM_HEAD_LOSS_H_
 #define MOETRAIN_ENGINE_OPS_LOSS_LM_HEAD_LOSS_H_
 
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/status/statusor.h"
@@ -21,6 +22,13 @@ struct LmHeadLossArgs {
   TensorView targets;        // (T) i32 in [0, V)
   int64_t chunk_tokens = 0;  // tokens per logits chunk; 0 = about 16 MiB of f32 logits
 };
+
+// Tokens per logits chunk when chunk_tokens is 0: as many as make about 16 MiB of f32 logits of
+// `vocab` columns (at least 1), and at most `tokens`.
+inline int64_t DefaultLmHeadChunkTokens(int64_t tokens, int64_t vocab) {
+  constexpr int64_t kChunkLogits = int64_t{4} << 20;
+  return std::min(tokens, std::max<int64_t>(1, kChunkLogits / std::max<int64_t>(1, vocab)));
+}
 
 // Scratch of the LM head loss, reused across calls that do not overlap.
 class LmHeadLossWorkspace {

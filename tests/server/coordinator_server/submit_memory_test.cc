@@ -21,6 +21,7 @@
 #include "moetrain/v1/coordinator.grpc.pb.h"
 #include "moetrain/v1/job_spec.h"
 #include "moetrain/v1/worker.grpc.pb.h"
+#include "tests/integration/tiny_spec.h"
 #include "tests/server/coordinator_server/loopback_coordinator.h"
 #include "tests/testing/testing.h"
 
@@ -31,33 +32,11 @@ using ::testing::HasSubstr;
 
 constexpr int64_t kGiB = int64_t{1} << 30;
 
-constexpr char kSpecYaml[] = R"(name: big
-model:
-  vocab_size: 64
-  hidden_size: 32
-  num_layers: 2
-  num_heads: 2
-  num_kv_heads: 1
-  ffn_dim: 48
-  first_dense_layers: 1
-  moe:
-    num_experts: 8
-    top_k: 2
-    expert_ffn_dim: 24
-data:
-  format: SYNTHETIC
-train:
-  steps: 10
-  batch_size: 8
-  seq_len: 32
-resources:
-  workers: 1
-)";
-
 // A job of `device` whose rank needs `device_memory_bytes` (0 = not stated).
 v1::JobSpec Spec(v1::ResourceConfig::Device device, int64_t device_memory_bytes,
                  int64_t devices_per_worker = 1) {
-  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(kSpecYaml);
+  absl::StatusOr<v1::JobSpec> spec =
+      ParseJobSpecYaml(testutil::PlannedSpecYaml("big", 8, "  workers: 1\n"));
   EXPECT_TRUE(spec.ok()) << spec.status();
   spec->mutable_resources()->set_device(device);
   spec->mutable_resources()->set_devices_per_worker(devices_per_worker);
