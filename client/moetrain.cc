@@ -33,6 +33,7 @@
 #include "client/plan_command.h"
 #include "client/run_command.h"
 #include "client/terminal_text.h"
+#include "worker/rank_main.h"
 
 namespace {
 
@@ -104,6 +105,8 @@ void AddReconnectTimeout(CLI::App* command, std::string* text) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // `moetrain run`'s rank, in the process its in-process worker started (worker/rank_main.h).
+  if (moetrain::IsRankProcess(argc, argv)) return moetrain::RankProcessMain(argc, argv);
   CLI::App app{"moetrain: train Mixture-of-Experts language models"};
   app.require_subcommand(1);
   app.set_version_flag("--version", MOETRAIN_VERSION);

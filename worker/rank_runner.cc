@@ -5,12 +5,9 @@
 #include <array>
 #include <cmath>
 #include <filesystem>
-#include <map>
-#include <mutex>
 #include <new>
 #include <optional>
 #include <stdexcept>
-#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -25,31 +22,20 @@
 #include "moetrain/v1/proto_time.h"
 #include "worker/job_config.h"
 #include "worker/job_paths.h"
-#include "worker/rendezvous_store.h"
 
 namespace moetrain {
 namespace {
 
 // FLOP/s of a dense GEMM in `dtype` on ctx's device (this process's team on the CPU, cuBLAS on a
-// GPU): measured on first use, then kept per (device, dtype) (about a second each, once per worker
-// process). A GPU needs a large GEMM to reach its rate: 8192³ there, 1024³ on the CPU.
+// GPU), measured once per rank process (a fraction of a second on the CPU). A GPU needs a large
+// GEMM to reach its rate: 8192³ there, 1024³ on the CPU.
 double PeakFlops(const ExecContext& ctx, DType dtype) {
-  static std::mutex mu;
-  using Key = std::tuple<DeviceType, int, DType>;
-  static std::map<Key, double>* peaks = new std::map<Key, double>();
-  std::lock_guard<std::mutex> lock(mu);
-  const Key key{ctx.device().type, ctx.device().index, dtype};
-  auto it = peaks->find(key);
-  if (it != peaks->end()) return it->second;
   const int64_t n = ctx.device().is_cpu() ? 1024 : 8192;
   absl::StatusOr<double> measured = ops::MeasureGemmFlops(ctx, dtype, n);
-  const double peak = measured.ok() ? *measured : 0.0;
-  if (!measured.ok()) {
-    Log(absl::StrCat("cannot measure the GEMM peak on ", ctx.device().DebugString(), ": ",
-                     measured.status().ToString()));
-  }
-  peaks->emplace(key, peak);
-  return peak;
+  if (measured.ok()) return *measured;
+  Log(absl::StrCat("cannot measure the GEMM peak on ", ctx.device().DebugString(), ": ",
+                   measured.status().ToString()));
+  return 0.0;
 }
 
 void SetFp8Operand(const Fp8OperandStats& stats, v1::Fp8OperandStats* out) {
@@ -72,22 +58,25 @@ void SetFp8Stats(int64_t layer, int64_t expert,
 class ReportingObserver : public TrainObserver {
  public:
   ReportingObserver(const v1::Assignment& assignment, const RankEnvironment& environment,
-                    RankControl* control, double flops_per_token, double peak_flops,
-                    std::optional<double> best_possible_loss, RankMetrics* metrics)
+                    RankAgent* agent, RankControl* control, double flops_per_token,
+                    double peak_flops, std::optional<double> best_possible_loss,
+                    const DeviceRuntime* device)
       : assignment_(assignment),
         environment_(environment),
+        agent_(agent),
         control_(control),
         flops_per_token_(flops_per_token),
         peak_flops_(peak_flops),
         best_possible_loss_(best_possible_loss),
-        metrics_(metrics) {}
+        device_(device) {}
 
   void OnStepPhases(const StepPhaseSeconds& phases) override {
-    if (metrics_ != nullptr) metrics_->ObservePhases(phases);
+    if (environment_.metrics) agent_->ObservePhases(phases, device_);
   }
 
   void OnStep(const StepReport& report) override {
     control_->step.store(report.step);
+    agent_->Progress(report.step);
     if (assignment_.rank() != 0) return;  // rank 0 speaks for the job
     v1::ReportStepRequest request;
     Address(&request);
@@ -119,7 +108,7 @@ class ReportingObserver : public TrainObserver {
       SetFp8Stats(expert.layer, expert.expert, expert.roles, m->add_fp8_experts());
     }
     if (best_possible_loss_.has_value()) m->set_best_possible_loss(*best_possible_loss_);
-    environment_.reporter->Enqueue(std::move(request));
+    agent_->Report(std::move(request));
   }
 
   void OnCheckpoint(const CheckpointReport& report) override { ReportCheckpoint(report); }
@@ -129,13 +118,10 @@ class ReportingObserver : public TrainObserver {
     v1::ReportLogRequest request;
     Address(&request);
     request.add_lines(message);
-    environment_.reporter->Enqueue(std::move(request));
+    agent_->Report(std::move(request));
   }
 
-  absl::Status BeforeCheckpoint(int64_t step) override {
-    return environment_.may_write_checkpoints ? environment_.may_write_checkpoints()
-                                              : absl::OkStatus();
-  }
+  absl::Status BeforeCheckpoint(int64_t step) override { return agent_->MayWriteCheckpoints(); }
 
   void ReportCheckpoint(const CheckpointReport& report) {
     if (!environment_.reports_checkpoints) return;
@@ -145,7 +131,7 @@ class ReportingObserver : public TrainObserver {
     request.set_path(report.path);
     request.set_tokens_seen(report.tokens_seen);
     ToProtoDuration(absl::Seconds(report.write_seconds), request.mutable_write_duration());
-    environment_.reporter->Enqueue(std::move(request));
+    agent_->Report(std::move(request));
   }
 
   template <typename Request>
@@ -159,16 +145,34 @@ class ReportingObserver : public TrainObserver {
  private:
   const v1::Assignment& assignment_;
   const RankEnvironment& environment_;
+  RankAgent* const agent_;
   RankControl* const control_;
   const double flops_per_token_;
   const double peak_flops_;
   const std::optional<double> best_possible_loss_;
-  RankMetrics* const metrics_;  // null = no metrics
+  const DeviceRuntime* const device_;  // the rank's GPU; null on the CPU
 };
 
-void ReportEnd(const v1::Assignment& assignment, const RankEnvironment& environment,
-               v1::AttemptOutcome outcome, const std::string& message, int64_t step,
-               bool worker_draining, v1::FailureKind failure_kind = v1::FAILURE_KIND_UNSPECIFIED) {
+// The attempt's rendezvous, reached through the agent: the Gloo store and the NCCL id exchange.
+class AgentKeyValueStore final : public KeyValueStore {
+ public:
+  explicit AgentKeyValueStore(RankAgent* agent) : agent_(agent) {}
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    return agent_->KvSet(key, value);
+  }
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
+    return agent_->KvGet(key, timeout);
+  }
+
+ private:
+  RankAgent* const agent_;
+};
+
+v1::ReportAttemptEndRequest EndReport(const v1::Assignment& assignment,
+                                      const RankEnvironment& environment,
+                                      v1::AttemptOutcome outcome, const std::string& message,
+                                      int64_t step, bool worker_draining,
+                                      v1::FailureKind failure_kind = v1::FAILURE_KIND_UNSPECIFIED) {
   v1::ReportAttemptEndRequest request;
   request.set_worker_id(environment.worker_id);
   request.set_job_id(assignment.job_id());
@@ -179,11 +183,7 @@ void ReportEnd(const v1::Assignment& assignment, const RankEnvironment& environm
   request.set_step(step);
   request.set_failure_kind(failure_kind);
   request.set_worker_draining(worker_draining);
-  if (environment.on_end) {
-    environment.on_end(std::move(request));
-    return;
-  }
-  environment.reporter->Enqueue(std::move(request));
+  return request;
 }
 
 // Logs the job's memory estimate (rank 0 also reports it as a log line of the job) and refuses
@@ -191,7 +191,7 @@ void ReportEnd(const v1::Assignment& assignment, const RankEnvironment& environm
 // anything is allocated, so that a model too large for this worker fails the attempt, not the
 // worker.
 absl::Status CheckMemory(const v1::Assignment& assignment, const RankEnvironment& environment,
-                         const TrainerConfig& config) {
+                         RankAgent* agent, const TrainerConfig& config) {
   const MemoryEstimate estimate = EstimateTrainingMemory(config);
   const int64_t limit = environment.memory_limit_bytes;
   const std::string line =
@@ -206,7 +206,7 @@ absl::Status CheckMemory(const v1::Assignment& assignment, const RankEnvironment
     request.set_attempt(assignment.attempt());
     request.set_rank(assignment.rank());
     request.add_lines(line);
-    environment.reporter->Enqueue(std::move(request));
+    agent->Report(std::move(request));
   }
   // On a GPU the device part goes against the GPU's memory, the checkpoint's host copy against
   // the limit.
@@ -216,19 +216,17 @@ absl::Status CheckMemory(const v1::Assignment& assignment, const RankEnvironment
 // The gang's world: the ranks meet through the coordinator's rendezvous of this attempt, so a
 // restarted gang never meets the ranks of an earlier attempt.
 // On a GPU (`device`) it is NCCL, on the device's communication stream, its collectives ordered
-// after the compute stream's ops by events (a world of one included, without a store). With a
-// `meter`, it and its subgroups account their traffic there.
+// after the compute stream's ops by events (a world of one included, without a store). With
+// environment.metrics, it and its subgroups account their traffic to the agent.
 absl::StatusOr<std::shared_ptr<Communicator>> WorldCommunicator(const v1::Assignment& assignment,
                                                                 const RankEnvironment& environment,
-                                                                Device device,
-                                                                std::shared_ptr<CommMeter> meter) {
+                                                                RankAgent* agent, Device device) {
   CommOptions options;
   options.group.rank = assignment.rank();
   options.group.size = assignment.world_size();
   options.group.timeout = environment.comm_timeout;
   if (assignment.world_size() > 1) {
-    options.group.store = std::make_shared<CoordinatorKeyValueStore>(
-        environment.connection, assignment.job_id(), assignment.attempt());
+    options.group.store = std::make_shared<AgentKeyValueStore>(agent);
     options.listen_host = environment.comm_host.empty() ? "127.0.0.1" : environment.comm_host;
   }
   if (device.type == DeviceType::kCuda) {
@@ -239,7 +237,9 @@ absl::StatusOr<std::shared_ptr<Communicator>> WorldCommunicator(const v1::Assign
     options.order_after_stream = ctx.runtime()->compute_stream_handle();
   }
   MOETRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, CreateCommunicator(options));
-  if (meter != nullptr) {
+  if (environment.metrics) {
+    // The agent outlives the rank's communicators: no ownership to share.
+    std::shared_ptr<CommMeter> meter(agent, [](CommMeter*) {});
     return std::make_shared<MeteredCommunicator>(std::move(world), std::move(meter));
   }
   return std::shared_ptr<Communicator>(std::move(world));
@@ -247,8 +247,8 @@ absl::StatusOr<std::shared_ptr<Communicator>> WorldCommunicator(const v1::Assign
 
 // Builds, resumes and runs the trainer; returns how the rank ended (error = FAILED).
 absl::StatusOr<v1::AttemptOutcome> Train(const v1::Assignment& assignment,
-                                         const RankEnvironment& environment, RankControl* control,
-                                         int64_t* step) {
+                                         const RankEnvironment& environment, RankAgent* agent,
+                                         RankControl* control, int64_t* step) {
   // The trainer writes to <checkpoint_dir>/<job_id>: split the job's directory accordingly.
   const std::filesystem::path root(assignment.checkpoint_dir());
   const std::filesystem::path parent = root.has_parent_path() ? root.parent_path() : ".";
@@ -270,24 +270,11 @@ absl::StatusOr<v1::AttemptOutcome> Train(const v1::Assignment& assignment,
         "the assignment has ", assignment.world_size(), " ranks but the spec's layout ",
         config.parallel.DebugString(), " has ", config.parallel.world_size()));
   }
-  MOETRAIN_RETURN_IF_ERROR(CheckMemory(assignment, environment, config));
+  MOETRAIN_RETURN_IF_ERROR(CheckMemory(assignment, environment, agent, config));
   // A GPU this rank cannot use is said as such, not as a gang that could not meet.
   MOETRAIN_ASSIGN_OR_RETURN(const ExecContext device_ctx, ExecContext::ForDevice(config.device));
-  std::shared_ptr<RankMetrics> metrics;
-  if (environment.metrics != nullptr) {
-    absl::StatusOr<std::shared_ptr<RankMetrics>> started =
-        environment.metrics->StartRank(assignment.job_id(), assignment.rank());
-    // Metrics are for the operator: a rank trains without them rather than fail.
-    if (started.ok()) {
-      metrics = *std::move(started);
-    } else {
-      Log(absl::StrCat("job ", assignment.job_id(), " rank ", assignment.rank(),
-                       ": no metrics: ", started.status().message()));
-    }
-    if (device_ctx.runtime() != nullptr) environment.metrics->WatchDevice(device_ctx.runtime());
-  }
   absl::StatusOr<std::shared_ptr<Communicator>> world =
-      WorldCommunicator(assignment, environment, config.device, metrics);
+      WorldCommunicator(assignment, environment, agent, config.device);
   if (!world.ok()) {
     // The gang could not meet (a peer that never came, a fenced rendezvous, this worker's network
     // setup): another attempt, on other workers maybe, may well meet.
@@ -301,9 +288,9 @@ absl::StatusOr<v1::AttemptOutcome> Train(const v1::Assignment& assignment,
   const double peak_flops =
       PeakFlops(device_ctx, config.device.is_cpu() ? config.compute_dtype : DType::kBF16);
   MOETRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(config, *world));
-  ReportingObserver observer(assignment, environment, control,
+  ReportingObserver observer(assignment, environment, agent, control,
                              TrainingFlopsPerToken(config.model, config.data.seq_len), peak_flops,
-                             trainer->best_possible_loss(), metrics.get());
+                             trainer->best_possible_loss(), device_ctx.runtime());
   const absl::Status resumed = trainer->Resume(&observer);
   if (absl::IsNotFound(resumed)) {
     if (!assignment.resume_checkpoint().empty()) {
@@ -312,7 +299,13 @@ absl::StatusOr<v1::AttemptOutcome> Train(const v1::Assignment& assignment,
                                               ", but there is no checkpoint in ", root.string()));
     }
     if (!config.init_from.empty()) {
-      MOETRAIN_RETURN_IF_ERROR(trainer->InitializeFrom(config.init_from));
+      const absl::Status initialized = trainer->InitializeFrom(config.init_from);
+      // The spec names that checkpoint: missing or damaged, it is so for every attempt.
+      if (absl::IsNotFound(initialized) || absl::IsDataLoss(initialized)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("checkpoint.init_from = ", config.init_from, ": ", initialized.message()));
+      }
+      MOETRAIN_RETURN_IF_ERROR(initialized);
       observer.OnMessage(
           absl::StrCat("model weights from checkpoint.init_from = ", config.init_from));
     }
@@ -327,6 +320,7 @@ absl::StatusOr<v1::AttemptOutcome> Train(const v1::Assignment& assignment,
     }
   }
   control->step.store(trainer->step());
+  agent->Progress(trainer->step());
   const absl::Status ran = trainer->Run(&observer, &control->stop);
   *step = trainer->step();
   if (!ran.ok()) return ran;
@@ -355,15 +349,17 @@ v1::FailureKind FailureKindOf(const absl::Status& status) {
   }
 }
 
-void RunRank(const v1::Assignment& assignment, const RankEnvironment& environment,
-             RankControl* control) {
+v1::ReportAttemptEndRequest RunRank(const v1::Assignment& assignment,
+                                    const RankEnvironment& environment, RankAgent* agent,
+                                    RankControl* control) {
   omp_set_num_threads(environment.threads);
   int64_t step = 0;
   absl::StatusOr<v1::AttemptOutcome> outcome = absl::UnknownError("not run");
   // An allocation that fails (std::bad_alloc), or any other exception from below, ends this
-  // attempt; the worker process and its other duties carry on.
+  // attempt with its reason; what no exception catches (a crash) ends the process, and the
+  // worker reports how.
   try {
-    outcome = Train(assignment, environment, control, &step);
+    outcome = Train(assignment, environment, agent, control, &step);
   } catch (const std::bad_alloc&) {
     outcome = absl::ResourceExhaustedError(
         "out of memory: an allocation failed (std::bad_alloc); the model does not fit in this "
@@ -376,13 +372,12 @@ void RunRank(const v1::Assignment& assignment, const RankEnvironment& environmen
                                        assignment.attempt(), " rank ", assignment.rank());
   if (!outcome.ok()) {
     Log(absl::StrCat(who, " failed at step ", step, ": ", outcome.status().message()));
-    ReportEnd(assignment, environment, v1::ATTEMPT_OUTCOME_FAILED,
-              std::string(outcome.status().message()), step, control->worker_draining.load(),
-              FailureKindOf(outcome.status()));
-    return;
+    return EndReport(assignment, environment, v1::ATTEMPT_OUTCOME_FAILED,
+                     std::string(outcome.status().message()), step, control->worker_draining.load(),
+                     FailureKindOf(outcome.status()));
   }
   Log(absl::StrCat(who, " ended at step ", step, ": ", v1::AttemptOutcome_Name(*outcome)));
-  ReportEnd(assignment, environment, *outcome, "", step, control->worker_draining.load());
+  return EndReport(assignment, environment, *outcome, "", step, control->worker_draining.load());
 }
 
 }  // namespace moetrain

@@ -1,45 +1,60 @@
-// One rank of one attempt, from assignment to end report: builds the trainer from the job's spec,
-// resumes from the newest good checkpoint in the job's directory, trains, and turns what the
-// trainer reports into reports to the coordinator (through the Reporter, in order). Runs on a
-// thread of the worker's; the worker steers it through RankControl.
+// One rank of one attempt, from assignment to end report, inside the rank process
+// (worker/rank_main.h): builds the trainer from the job's spec, resumes from the newest good
+// checkpoint in the job's directory, trains, and turns what the trainer reports into reports to
+// the coordinator. Everything it needs from the worker that started it (the agent: reports, the
+// checkpoint lease, the rendezvous, metrics) goes through RankAgent, over the process's channel.
 #ifndef MOETRAIN_WORKER_RANK_RUNNER_H_
 #define MOETRAIN_WORKER_RANK_RUNNER_H_
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "engine/backend/device_runtime.h"
+#include "engine/comm/metered_communicator.h"
 #include "engine/core/device.h"
 #include "engine/train/trainer.h"
-#include "moetrain/v1/connect.h"
 #include "moetrain/v1/worker.pb.h"
 #include "worker/reporter.h"
-#include "worker/worker_metrics.h"
 
 namespace moetrain {
 
-// Shared between the rank's thread and the worker.
+// Shared between the rank's training and the thread that reads the agent's orders.
 struct RankControl {
-  // Set by the worker: a cancel (kStop) or its own shutdown (kCheckpointAndStop).
+  // The agent's order: a cancel (kStop) or its own shutdown (kCheckpointAndStop).
   std::atomic<StopRequest> stop{StopRequest::kNone};
-  // Set by the rank: the last optimizer step done, for heartbeats.
+  // The last optimizer step done.
   std::atomic<int64_t> step{0};
-  // Set by the worker's shutdown, before `stop`: the end report says the worker drains.
+  // Set before `stop` by the worker's shutdown, or by the rank at stop_after_step: the end
+  // report says the worker drains.
   std::atomic<bool> worker_draining{false};
+};
+
+// What a rank asks of the worker that started it. Thread-safe. The metering part (CommMeter::Add,
+// ObservePhases) is used only when RankEnvironment::metrics is set.
+class RankAgent : public CommMeter {
+ public:
+  // Queued for the coordinator, in the order made (step, log and checkpoint reports).
+  virtual void Report(Reporter::Report report) = 0;
+  // The last optimizer step done, for the worker's heartbeats.
+  virtual void Progress(int64_t step) = 0;
+  // OK while the worker may write into the job's directory; asked before every checkpoint.
+  virtual absl::Status MayWriteCheckpoints() = 0;
+  // The attempt's rendezvous at the coordinator (KeyValueStore's contract).
+  virtual absl::Status KvSet(const std::string& key, const std::string& value) = 0;
+  virtual absl::StatusOr<std::string> KvGet(const std::string& key, absl::Duration timeout) = 0;
+  // After every step: its phase times, and the memory of the rank's GPU (null on the CPU).
+  virtual void ObservePhases(const StepPhaseSeconds& phases, const DeviceRuntime* device) = 0;
 };
 
 struct RankEnvironment {
   std::string worker_id;  // the id the reports carry
   int threads = 1;        // the rank's OpenMP team
-  Reporter* reporter = nullptr;
-  // OK while the worker may write into the job's directory; asked before every checkpoint.
-  std::function<absl::Status()> may_write_checkpoints;
   // A gang of several ranks meets through the coordinator's rendezvous and talks over TCP.
-  Connection connection;
   std::string comm_host;  // see WorkerOptions::comm_host
   absl::Duration comm_timeout = absl::Seconds(60);
   std::vector<std::string> data_roots;  // see WorkerOptions::data_roots
@@ -50,14 +65,11 @@ struct RankEnvironment {
   Device device = Device::Cpu();
   // A worker running several ranks of one assignment speaks for them as its first rank, which is
   // all the coordinator takes from it: the other ranks leave checkpoint reports to the first (the
-  // checkpoint is committed collectively, so the first's report covers every rank's part), and
-  // every rank hands its end report to on_end, which the worker combines into one. Unset: the
-  // rank enqueues its own end report.
+  // checkpoint is committed collectively, so the first's report covers every rank's part).
   bool reports_checkpoints = true;
-  std::function<void(v1::ReportAttemptEndRequest)> on_end;
-  // Where the rank's phase times, communication and device go (WorkerOptions::metrics); null =
-  // nowhere.
-  WorkerMetrics* metrics = nullptr;
+  // The worker keeps metrics (--metrics-listen): the rank meters its collectives and phases into
+  // the agent.
+  bool metrics = false;
 };
 
 // Whether another attempt could succeed where one failed with `status`: PERMANENT for the codes
@@ -66,11 +78,12 @@ struct RankEnvironment {
 // memory on this worker, I/O). A failure to meet the gang is TRANSIENT whatever its code.
 v1::FailureKind FailureKindOf(const absl::Status& status);
 
-// Runs the rank to its end and enqueues its reports, the end report last. Never throws; every
-// failure becomes an ATTEMPT_OUTCOME_FAILED end report whose message names the cause and whose
-// failure_kind is FailureKindOf the rank's error.
-void RunRank(const v1::Assignment& assignment, const RankEnvironment& environment,
-             RankControl* control);
+// Runs the rank to its end, its reports going to `agent`; returns the end report. Never throws;
+// every failure becomes an ATTEMPT_OUTCOME_FAILED end report whose message names the cause and
+// whose failure_kind is FailureKindOf the rank's error.
+v1::ReportAttemptEndRequest RunRank(const v1::Assignment& assignment,
+                                    const RankEnvironment& environment, RankAgent* agent,
+                                    RankControl* control);
 
 }  // namespace moetrain
 

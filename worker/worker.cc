@@ -9,6 +9,8 @@
 #include "moetrain/v1/backoff.h"
 #include "moetrain/v1/proto_time.h"
 #include "worker/assignment_ranks.h"
+#include "worker/rank_runner.h"
+#include "worker/rendezvous_store.h"
 
 namespace moetrain {
 namespace {
@@ -32,6 +34,7 @@ absl::Status WorkerOptions::Validate() const {
   if (threads < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--threads = ", threads, " is below 1"));
   }
+  if (rank_executable.empty()) return absl::InvalidArgumentError("rank_executable is empty");
   for (const auto& [name, value] : {std::pair<const char*, absl::Duration>{"poll_wait", poll_wait},
                                     {"call_timeout", call_timeout},
                                     {"max_backoff", max_backoff},
@@ -72,16 +75,16 @@ Worker::~Worker() {
   std::map<AttemptKey, std::unique_ptr<AssignmentEntry>> assignments;
   {
     absl::MutexLock lock(&mu_);
+    // Run has returned (or never ran): a rank still running has nobody left to report to.
     for (auto& [key, entry] : assignments_) {
-      for (auto& rank : entry->ranks) rank->control.stop.store(StopRequest::kStop);
+      for (auto& rank : entry->ranks) rank->process->Kill();
     }
     assignments.swap(assignments_);
   }
-  // Joined without the lock: a rank's thread takes it as it ends.
+  // Joined without the lock, which a rank's serving thread takes as it ends, and before any
+  // entry goes: that thread writes into its entry.
   for (auto& [key, entry] : assignments) {
-    for (auto& rank : entry->ranks) {
-      if (rank->thread.joinable()) rank->thread.join();
-    }
+    for (auto& rank : entry->ranks) rank->process->Join();
   }
 }
 
@@ -96,9 +99,8 @@ void Worker::Shutdown() {
   shutting_down_ = true;
   for (auto& [key, entry] : assignments_) {
     for (auto& rank : entry->ranks) {
-      rank->control.worker_draining.store(true);
-      StopRequest none = StopRequest::kNone;
-      rank->control.stop.compare_exchange_strong(none, StopRequest::kCheckpointAndStop);
+      // A cancel already ordered stays: kStop is the stronger order.
+      rank->process->Stop(StopRequest::kCheckpointAndStop, /*worker_draining=*/true);
     }
   }
   if (call_context_ != nullptr) call_context_->TryCancel();
@@ -302,55 +304,58 @@ void Worker::StartAssignment(const v1::Assignment& assignment) {
                    assignment.resume_checkpoint().empty()
                        ? ""
                        : absl::StrCat(", resuming from ", assignment.resume_checkpoint())));
-  RankEnvironment environment;
-  environment.worker_id = worker_id_;
-  environment.threads = options_.threads;
-  environment.reporter = reporter_.get();
-  environment.may_write_checkpoints = [this] { return MayWriteCheckpoints(); };
-  environment.connection = RegisteredConnection();  // the rendezvous calls carry the identity
-  environment.comm_host = options_.comm_host;
-  environment.comm_timeout = options_.comm_timeout;
-  environment.memory_limit_bytes = options_.memory_limit_bytes;
-  environment.stop_after_step = options_.stop_after_step;
-  environment.data_roots = options_.data_roots;
-  environment.metrics = options_.metrics;
   // The coordinator takes one end report per worker and attempt, from its first rank: a single
-  // rank reports its own; several hand theirs to the worker, which enqueues them combined when
-  // the last one ends. Only the first reports checkpoints (RankEnvironment).
+  // rank's own end report goes as it is; several are combined once the last of them has ended.
+  // Only the first reports checkpoints (RankEnvironment::reports_checkpoints).
   entry->end_reports = 1;
   for (LocalRank& local : *ranks) {
-    auto owned_rank = std::make_unique<RankThread>();
-    RankThread* rank = owned_rank.get();
-    rank->assignment = std::move(local.assignment);
-    entry->ranks.push_back(std::move(owned_rank));
-    RankEnvironment rank_environment = environment;
-    rank_environment.device = local.device;
-    if (count > 1) {
-      rank_environment.reports_checkpoints = rank->assignment.rank() == first;
-      // Written by the rank's own thread before it marks itself finished (under mu_ below).
-      rank_environment.on_end = [rank](v1::ReportAttemptEndRequest end) {
-        rank->end = std::move(end);
-      };
+    rank::RankStart start;
+    start.set_worker_id(worker_id_);
+    start.set_threads(options_.threads);
+    start.set_comm_host(options_.comm_host);
+    ToProtoDuration(options_.comm_timeout, start.mutable_comm_timeout());
+    for (const std::string& root : options_.data_roots) start.add_data_roots(root);
+    start.set_memory_limit_bytes(options_.memory_limit_bytes);
+    start.set_stop_after_step(options_.stop_after_step);
+    start.set_cuda(local.device.type == DeviceType::kCuda);
+    start.set_cuda_device(local.device.index);
+    start.set_reports_checkpoints(local.assignment.rank() == first);
+    start.set_log(LogEnabled().load());
+    RankProcessHooks hooks;
+    hooks.report = [this](Reporter::Report report) { reporter_->Enqueue(std::move(report)); };
+    hooks.may_write_checkpoints = [this] { return MayWriteCheckpoints(); };
+    if (assignment.world_size() > 1) {
+      // The rendezvous calls carry the worker's identity.
+      hooks.rendezvous = std::make_shared<CoordinatorKeyValueStore>(
+          RegisteredConnection(), assignment.job_id(), assignment.attempt());
     }
-    rank->thread = std::thread(
-        [this, entry, rank, first, count, rank_environment = std::move(rank_environment)] {
-          RunRank(rank->assignment, rank_environment, &rank->control);
-          // A rank that ended at stop_after_step ended draining: the worker winds down.
-          if (rank->control.worker_draining.load()) Shutdown();
-          absl::MutexLock lock(&mu_);
-          rank->finished = true;
-          if (count > 1) {
-            entry->rank_ends.push_back(std::move(rank->end));
-            // Queued before the last rank counts as finished, as a single rank's own report is:
-            // Run's wind-down flushes the reporter once every rank has finished and must find it
-            // there. Enqueue only queues (the reporter calls back from its own thread, unlocked),
-            // so calling it under mu_ is safe, as StartAssignment's refusal does.
-            if (static_cast<int32_t>(entry->rank_ends.size()) == count) {
-              reporter_->Enqueue(CombineRankEnds(first, entry->rank_ends));
-            }
-          }
-          changed_.SignalAll();
-        });
+    hooks.metrics = options_.metrics;
+    auto owned_rank = std::make_unique<RankEntry>();
+    RankEntry* rank = owned_rank.get();
+    entry->ranks.push_back(std::move(owned_rank));
+    // On the rank's serving thread, once its process is gone; it waits for mu_, which this
+    // function holds, so `rank->process` is set before it runs.
+    hooks.on_exit = [this, entry, rank, first, count](v1::ReportAttemptEndRequest end) {
+      // A rank that ended at stop_after_step ended draining: the worker winds down.
+      if (end.worker_draining()) Shutdown();
+      absl::MutexLock lock(&mu_);
+      // Queued before the rank counts as finished: Run's wind-down flushes the reporter once every
+      // rank has finished and must find it there. Enqueue only queues (the reporter calls back
+      // from its own thread, unlocked), so calling it under mu_ is safe.
+      if (count == 1) {
+        reporter_->Enqueue(std::move(end));
+      } else {
+        entry->rank_ends.push_back(std::move(end));
+        if (static_cast<int32_t>(entry->rank_ends.size()) == count) {
+          reporter_->Enqueue(CombineRankEnds(first, entry->rank_ends));
+        }
+      }
+      rank->finished = true;
+      changed_.SignalAll();
+    };
+    *start.mutable_assignment() = std::move(local.assignment);
+    rank->process =
+        std::make_unique<RankProcess>(options_.rank_executable, std::move(start), std::move(hooks));
   }
   // Tell the coordinator at once that the ranks started.
   heartbeat_now_ = true;
@@ -363,7 +368,7 @@ void Worker::StopAssignment(const std::string& job_id, int64_t attempt, StopRequ
   bool changed = false;
   for (auto& rank : it->second->ranks) {
     if (rank->finished) continue;
-    if (rank->control.stop.exchange(request) != request) changed = true;
+    changed |= rank->process->Stop(request, /*worker_draining=*/false);
   }
   if (changed) {
     Log(absl::StrCat("stopping job ", job_id, " attempt ", attempt,
@@ -395,10 +400,8 @@ void Worker::OnAttemptResolved(const std::string& job_id, int64_t attempt) {
     assignments_.erase(it);
     changed_.SignalAll();
   }
-  // The end reports were the ranks' last acts: their threads are ending.
-  for (auto& rank : done->ranks) {
-    if (rank->thread.joinable()) rank->thread.join();
-  }
+  // The end reports were the ranks' last acts: their serving threads are ending.
+  for (auto& rank : done->ranks) rank->process->Join();
 }
 
 absl::Status Worker::MayWriteCheckpoints() {
@@ -457,7 +460,7 @@ void Worker::HeartbeatLoop() {
         running->set_job_id(key.first);
         running->set_attempt(key.second);
         running->set_rank(entry->assignment.rank());
-        running->set_step(entry->ranks.front()->control.step.load());
+        running->set_step(entry->ranks.front()->process->step());
       }
     }
     grpc::ClientContext context;

@@ -1,10 +1,14 @@
 // The worker daemon's logic: registers with the coordinator, heartbeats, takes assignments by
 // long poll, runs one assignment at a time, and delivers its reports in order through a Reporter.
-// An assignment is ranks [rank, rank + devices_per_worker) of one attempt: each rank runs RunRank
-// on a thread of its own, on its own device of the worker (assignment_ranks.h), and the ranks are
-// stopped together and done together. Used by `moetrain-worker` and, in-process, by `moetrain run`.
+// An assignment is ranks [rank, rank + devices_per_worker) of one attempt: each rank runs in a
+// process of its own (rank_process.h), on its own device of the worker (assignment_ranks.h), and
+// the ranks are stopped together and done together. Used by `moetrain-worker` and, in-process, by
+// `moetrain run`.
 //
 // Faults:
+//   a rank's process dies    (a crash, SIGBUS, the kernel's OOM killer) its attempt fails,
+//                             TRANSIENT, the message naming the signal; the worker lives on and
+//                             takes its next assignment.
 //   coordinator unreachable   training goes on; calls are retried with backoff. Checkpoints are
 //                             written only while the lease holds: no heartbeat has reached the
 //                             coordinator for heartbeat_timeout means the job may already run
@@ -38,7 +42,7 @@
 #include "absl/time/time.h"
 #include "moetrain/v1/connect.h"
 #include "moetrain/v1/worker.grpc.pb.h"
-#include "worker/rank_runner.h"
+#include "worker/rank_process.h"
 #include "worker/reporter.h"
 #include "worker/worker_metrics.h"
 
@@ -80,6 +84,9 @@ struct WorkerOptions {
   // Where the ranks' metrics go (moetrain-worker --metrics-listen); not owned, outlives the
   // Worker; null = none.
   WorkerMetrics* metrics = nullptr;
+  // The program each rank runs in (rank_main.h): this process's own executable, which hands a
+  // rank process's invocation to RankProcessMain first thing in main.
+  std::string rank_executable = "/proc/self/exe";
 
   // InvalidArgument naming the option.
   absl::Status Validate() const;
@@ -104,20 +111,16 @@ class Worker {
 
  private:
   // One rank of an assignment.
-  struct RankThread {
-    v1::Assignment assignment;  // rank() = this rank
-    RankControl control;
-    std::thread thread;
-    bool finished = false;  // RunRank returned: its end report is queued (or kept in `end`)
-    // Of an assignment of several ranks: the rank's end report, combined with its siblings' into
-    // the assignment's one when the last of them ends.
-    v1::ReportAttemptEndRequest end;
+  struct RankEntry {
+    bool finished = false;  // its process is gone: its end report is queued (or in rank_ends)
+    // Last: destroyed first, killing and joining the rank while the entry is whole.
+    std::unique_ptr<RankProcess> process;
   };
   // An assignment: its ranks, in order (rank first + i on device i), or none when it was refused.
   struct AssignmentEntry {
     v1::Assignment assignment;  // as delivered: rank() = the first rank
     std::string worker_id;      // the registration it was started under
-    std::vector<std::unique_ptr<RankThread>> ranks;
+    std::vector<std::unique_ptr<RankEntry>> ranks;
     int end_reports = 0;  // enqueued or to come: one (the ranks' combined, or the refusal's)
     int resolved = 0;     // end reports delivered or dropped; at end_reports the entry goes
     // Of several ranks: their end reports in the order they ended, combined once all are in.

@@ -28,6 +28,7 @@
 #include "server/http/http_server.h"
 #include "server/http/metrics.h"
 #include "worker/job_config.h"
+#include "worker/rank_main.h"
 #include "worker/rendezvous_store.h"
 #include "worker/worker.h"
 #include "worker/worker_metrics.h"
@@ -72,6 +73,8 @@ const char* Env(const char* name, const char* fallback) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A rank of this worker's, in the process the worker started for it (worker/rank_main.h).
+  if (moetrain::IsRankProcess(argc, argv)) return moetrain::RankProcessMain(argc, argv);
   // Blocked before any thread starts, so that every thread inherits the mask and only the signal
   // thread below takes them; a thread that did not block them would let the default action kill
   // the worker mid-step.

@@ -16,17 +16,17 @@ namespace {
 
 constexpr const char* kPhaseNames[] = {"forward", "backward", "communication", "optimizer"};
 
-// This process's resident memory now (/proc/self/statm) and at most (VmHWM in
-// /proc/self/status); -1 where Linux does not say.
-int64_t ResidentBytes() {
-  std::ifstream statm("/proc/self/statm");
+// A process's resident memory now (/proc/<pid>/statm) and at most (VmHWM in
+// /proc/<pid>/status); -1 where Linux does not say (a process that has ended).
+int64_t ResidentBytes(const std::string& process) {
+  std::ifstream statm(absl::StrCat("/proc/", process, "/statm"));
   int64_t size_pages = 0, resident_pages = -1;
   if (!(statm >> size_pages >> resident_pages)) return -1;
   return resident_pages * sysconf(_SC_PAGESIZE);
 }
 
-int64_t PeakResidentBytes() {
-  std::ifstream status("/proc/self/status");
+int64_t PeakResidentBytes(const std::string& process) {
+  std::ifstream status(absl::StrCat("/proc/", process, "/status"));
   for (std::string line; std::getline(status, line);) {
     if (line.rfind("VmHWM:", 0) != 0) continue;
     std::string number = line.substr(6);
@@ -41,19 +41,24 @@ int64_t PeakResidentBytes() {
 
 }  // namespace
 
-RankMetrics::~RankMetrics() { owner_->RankEnded(job_id_); }
+RankMetrics::~RankMetrics() { owner_->RankEnded(job_id_, pid_); }
 
-void RankMetrics::ObservePhases(const StepPhaseSeconds& phases) {
-  const double seconds[] = {phases.forward, phases.backward, phases.communication,
-                            phases.optimizer};
-  for (size_t i = 0; i < phases_.size(); ++i) phases_[i]->Observe(seconds[i]);
-}
-
-void RankMetrics::Add(CommOp op, int64_t bytes_sent, int64_t bytes_received, double seconds) {
-  const int i = static_cast<int>(op);
-  if (bytes_sent > 0) sent_[i]->Increment(static_cast<double>(bytes_sent));
-  if (bytes_received > 0) received_[i]->Increment(static_cast<double>(bytes_received));
-  seconds_[i]->Increment(seconds);
+void RankMetrics::Observe(const rank::Metrics& metrics) {
+  if (metrics.phase_seconds_size() == static_cast<int>(phases_.size())) {
+    for (size_t i = 0; i < phases_.size(); ++i) {
+      phases_[i]->Observe(metrics.phase_seconds(static_cast<int>(i)));
+    }
+  }
+  for (const rank::CommTraffic& traffic : metrics.comm()) {
+    const int i = traffic.op();
+    if (i < 0 || i >= kNumCommOps) continue;  // not an op of this build's: nothing to count
+    if (traffic.bytes_sent() > 0) sent_[i]->Increment(static_cast<double>(traffic.bytes_sent()));
+    if (traffic.bytes_received() > 0) {
+      received_[i]->Increment(static_cast<double>(traffic.bytes_received()));
+    }
+    if (traffic.seconds() > 0) seconds_[i]->Increment(traffic.seconds());
+  }
+  if (metrics.has_device()) owner_->SetDeviceMemory(metrics.device());
 }
 
 absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(
@@ -109,7 +114,7 @@ absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(
 }
 
 absl::StatusOr<std::shared_ptr<RankMetrics>> WorkerMetrics::StartRank(const std::string& job_id,
-                                                                      int rank) {
+                                                                      int rank, pid_t pid) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto it = live_ranks_.begin(); it != live_ranks_.end();) {
@@ -126,8 +131,9 @@ absl::StatusOr<std::shared_ptr<RankMetrics>> WorkerMetrics::StartRank(const std:
     // Counted before its children are looked up: a lookup that fails ends the RankMetrics, and
     // its end (RankEnded, which takes mu_) takes the count back.
     ++live_ranks_[job_id];
+    rank_processes_.push_back(pid);
   }
-  std::shared_ptr<RankMetrics> metrics(new RankMetrics(this, job_id));
+  std::shared_ptr<RankMetrics> metrics(new RankMetrics(this, job_id, pid));
   const std::string rank_text = absl::StrCat(rank);
   for (size_t i = 0; i < metrics->phases_.size(); ++i) {
     MOETRAIN_ASSIGN_OR_RETURN(metrics->phases_[i],
@@ -144,31 +150,43 @@ absl::StatusOr<std::shared_ptr<RankMetrics>> WorkerMetrics::StartRank(const std:
   return metrics;
 }
 
-void WorkerMetrics::RankEnded(const std::string& job_id) {
+void WorkerMetrics::RankEnded(const std::string& job_id, pid_t pid) {
   std::lock_guard<std::mutex> lock(mu_);
   --live_ranks_[job_id];
+  auto it = std::find(rank_processes_.begin(), rank_processes_.end(), pid);
+  if (it != rank_processes_.end()) rank_processes_.erase(it);
 }
 
-void WorkerMetrics::WatchDevice(DeviceRuntime* runtime) {
+void WorkerMetrics::SetDeviceMemory(const rank::DeviceMemory& memory) {
+  DeviceMemoryStats stats;
+  stats.in_use_bytes = memory.in_use_bytes();
+  stats.peak_bytes = memory.peak_bytes();
+  stats.total_bytes = memory.total_bytes();
   std::lock_guard<std::mutex> lock(mu_);
-  if (std::find(devices_.begin(), devices_.end(), runtime) == devices_.end()) {
-    devices_.push_back(runtime);
-  }
+  // Bounded by the worker's GPUs: a rank reports the one it computes on.
+  devices_[memory.device()] = stats;
 }
 
 void WorkerMetrics::CollectMemory() {
   std::vector<std::pair<std::string, DeviceMemoryStats>> devices;
   DeviceMemoryStats host;
-  host.in_use_bytes = ResidentBytes();
-  host.peak_bytes = PeakResidentBytes();
   host.total_bytes = host_memory_limit_bytes_ > 0 ? host_memory_limit_bytes_ : -1;
-  devices.emplace_back("cpu", host);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (DeviceRuntime* runtime : devices_) {
-      devices.emplace_back(runtime->device().DebugString(), runtime->memory_stats());
+    // The worker and its rank processes: what the CPU's memory holds for this worker.
+    host.in_use_bytes = ResidentBytes("self");
+    int64_t peaks = PeakResidentBytes("self");
+    for (pid_t pid : rank_processes_) {
+      const std::string process = absl::StrCat(pid);
+      const int64_t in_use = ResidentBytes(process), peak = PeakResidentBytes(process);
+      if (in_use > 0 && host.in_use_bytes >= 0) host.in_use_bytes += in_use;
+      if (peak > 0 && peaks >= 0) peaks += peak;
     }
+    host_peak_bytes_ = std::max({host_peak_bytes_, peaks, host.in_use_bytes});
+    host.peak_bytes = host_peak_bytes_ > 0 ? host_peak_bytes_ : -1;
+    for (const auto& [device, stats] : devices_) devices.emplace_back(device, stats);
   }
+  devices.insert(devices.begin(), {"cpu", host});
   for (const auto& [device, stats] : devices) {
     const absl::string_view label = device;
     const std::pair<server::Family<server::Gauge>*, int64_t> values[] = {

@@ -13,20 +13,23 @@
 //   moetrain_worker_device_memory_used_bytes{device}
 //   moetrain_worker_device_memory_peak_bytes{device}
 //   moetrain_worker_device_memory_capacity_bytes{device}
-//       device "cpu": this process's resident memory, its peak, and the --memory-limit;
-//       "cuda:N": the allocator's bytes in tensors, their peak, and the GPU's memory
+//       device "cpu": the resident memory of the worker and its rank processes together, the
+//       most of their peaks summed, and the --memory-limit; "cuda:N": the allocator's bytes in
+//       tensors, their peak, and the GPU's memory, as its rank last reported them (every step)
 //
 // The CPU's capacity is the worker's --memory-limit (the machine's memory by default). A GPU
-// appears once a rank has opened it. A rank's series start at zero when a rank of
+// appears once a rank has reported it. A rank's series start at zero when a rank of
 // its job first starts on this worker (a later attempt of the job adds to them) and stay until
 // the worker starts a rank of another job after it ended. The job's label is job_id, as on the
 // coordinator's series: Prometheus gives every scraped series a `job` label of its own.
 //
 //   MOETRAIN_ASSIGN_OR_RETURN(std::unique_ptr<WorkerMetrics> metrics,
 //                             WorkerMetrics::Create(&registry, memory_limit_bytes));
-//   options.metrics = metrics.get();   // WorkerOptions: every rank reports into it
+//   options.metrics = metrics.get();   // WorkerOptions: every rank process reports into it
 #ifndef MOETRAIN_WORKER_WORKER_METRICS_H_
 #define MOETRAIN_WORKER_WORKER_METRICS_H_
+
+#include <sys/types.h>
 
 #include <array>
 #include <cstdint>
@@ -43,28 +46,31 @@
 #include "engine/comm/metered_communicator.h"
 #include "engine/train/trainer.h"
 #include "server/http/metrics.h"
+#include "worker/rank_channel.pb.h"
 
 namespace moetrain {
 
 class WorkerMetrics;
 
-// The series of one rank, and the meter of its communicators. Thread-safe.
-class RankMetrics final : public CommMeter {
+// The series of one rank, alive as long as its process. Thread-safe.
+class RankMetrics final {
  public:
-  ~RankMetrics() override;
+  ~RankMetrics();
   RankMetrics(const RankMetrics&) = delete;
   RankMetrics& operator=(const RankMetrics&) = delete;
 
-  void ObservePhases(const StepPhaseSeconds& phases);
-  void Add(CommOp op, int64_t bytes_sent, int64_t bytes_received, double seconds) override;
+  // What the rank process sent after a step: its phase times, its collectives' traffic since the
+  // last step, its GPU's memory.
+  void Observe(const rank::Metrics& metrics);
 
  private:
   friend class WorkerMetrics;
-  RankMetrics(WorkerMetrics* owner, std::string job_id)
-      : owner_(owner), job_id_(std::move(job_id)) {}
+  RankMetrics(WorkerMetrics* owner, std::string job_id, pid_t pid)
+      : owner_(owner), job_id_(std::move(job_id)), pid_(pid) {}
 
   WorkerMetrics* const owner_;
   const std::string job_id_;
+  const pid_t pid_;  // the rank's process, whose memory the CPU's gauges count
   // forward, backward, communication, optimizer
   std::array<server::Histogram*, 4> phases_ = {};
   std::array<server::Counter*, kNumCommOps> sent_ = {};
@@ -82,21 +88,18 @@ class WorkerMetrics {
   WorkerMetrics(const WorkerMetrics&) = delete;
   WorkerMetrics& operator=(const WorkerMetrics&) = delete;
 
-  // The series of rank `rank` of `job_id`, which its communicators meter into and its trainer's
-  // phase times go to; they outlive every RankMetrics of this object. Drops first the series of
-  // the jobs no RankMetrics is alive for (any but `job_id`). InvalidArgument for a job id that is
-  // not UTF-8.
-  absl::StatusOr<std::shared_ptr<RankMetrics>> StartRank(const std::string& job_id, int rank);
-
-  // From now on the memory gauges show `runtime`'s device too (a GPU a rank has opened). The
-  // runtime lives as long as the process; a device already watched is ignored.
-  void WatchDevice(DeviceRuntime* runtime);
+  // The series of rank `rank` of `job_id`, running as process `pid`, which its metrics go to;
+  // they outlive every RankMetrics of this object. Drops first the series of the jobs no
+  // RankMetrics is alive for (any but `job_id`). InvalidArgument for a job id that is not UTF-8.
+  absl::StatusOr<std::shared_ptr<RankMetrics>> StartRank(const std::string& job_id, int rank,
+                                                         pid_t pid);
 
  private:
   friend class RankMetrics;
   explicit WorkerMetrics(int64_t host_memory_limit_bytes)
       : host_memory_limit_bytes_(host_memory_limit_bytes) {}
-  void RankEnded(const std::string& job_id);
+  void RankEnded(const std::string& job_id, pid_t pid);
+  void SetDeviceMemory(const rank::DeviceMemory& memory);
   // Sets the memory gauges: the collector's body.
   void CollectMemory();
 
@@ -111,7 +114,10 @@ class WorkerMetrics {
 
   std::mutex mu_;
   std::map<std::string, int> live_ranks_ ABSL_GUARDED_BY(mu_);  // by job id; 0 = ended
-  std::vector<DeviceRuntime*> devices_ ABSL_GUARDED_BY(mu_);
+  std::vector<pid_t> rank_processes_ ABSL_GUARDED_BY(mu_);      // of the live RankMetrics
+  // The CPU's peak gauge: the most that the worker's and its ranks' peaks have summed to.
+  int64_t host_peak_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, DeviceMemoryStats> devices_ ABSL_GUARDED_BY(mu_);  // by "cuda:N"
 };
 
 }  // namespace moetrain

@@ -197,11 +197,19 @@ absl::StatusOr<StepReport> Trainer::TrainStep(StepPhaseSeconds* phases) {
   if (!stats.finite_losses() || !std::isfinite(grad_norm)) {
     if (!config_.skip_nonfinite_steps) {
       const std::string& detail = stats.non_finite_detail();
-      return absl::DataLossError(absl::StrCat(
+      const std::string message = absl::StrCat(
           "step ", step_ + 1, ": the ", stats.finite_losses() ? "gradient" : "loss",
           " is not finite (loss = ", report.loss, detail.empty() ? "" : absl::StrCat(": ", detail),
           "); stopping without a checkpoint of this state (set train.skip_nonfinite_steps to "
-          "skip such steps)"));
+          "skip such steps)");
+      // The job's first step computes from its initial weights and first batch alone, which
+      // every attempt recomputes the same: the spec (its scales, its data) makes the NaN, and no
+      // restart can get past it. A later one resumes from a checkpoint and may.
+      if (step_ == 0) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(message, "; at the job's first step no restart can help"));
+      }
+      return absl::DataLossError(message);
     }
     report.skipped = true;
     report.grad_norm = std::nan("");

@@ -3,6 +3,7 @@
 // vocabulary, a resume over another model's checkpoint, a precision or device the trainer lacks)
 // and for some that may be (a missing data file, on this worker).
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -139,6 +140,45 @@ TEST_F(FailureKindTest, ResumeOverAnotherModelsCheckpointIsPermanent) {
   ASSERT_FALSE(status.ok());
   EXPECT_NE(status.message().find("different model"), std::string::npos) << status;
   EXPECT_EQ(FailureKindOf(status), v1::FAILURE_KIND_PERMANENT) << status;
+}
+
+// NaN everywhere in the embedding: the step's loss is NaN.
+void Poison(Trainer& trainer) {
+  TensorView embed = trainer.model().parameters()[0].value;
+  for (int64_t i = 0; i < embed.numel(); ++i) embed.data<float>()[i] = std::nanf("");
+  ASSERT_OK(trainer.model().SyncComputeWeights());
+}
+
+// The job's first step computes from what every attempt starts with: a NaN there is the spec's
+// (its scales, its data, its init_from) and no restart helps. A later one resumes from a
+// checkpoint, which may get past it.
+TEST_F(FailureKindTest, ANonFiniteLossAtTheFirstStepIsPermanentALaterOneIsNot) {
+  absl::StatusOr<TrainerConfig> config = Config("32");
+  ASSERT_OK(config);
+  config->checkpoint_every = 1;
+  absl::StatusOr<std::unique_ptr<Trainer>> first = Trainer::Create(*config);
+  ASSERT_OK(first);
+  Poison(**first);
+  const absl::Status at_first = (*first)->Run(nullptr);
+  ASSERT_FALSE(at_first.ok());
+  EXPECT_NE(at_first.message().find("step 1: the loss is not finite"), std::string::npos)
+      << at_first;
+  EXPECT_EQ(FailureKindOf(at_first), v1::FAILURE_KIND_PERMANENT) << at_first;
+
+  config->stop_after_step = 1;
+  absl::StatusOr<std::unique_ptr<Trainer>> healthy = Trainer::Create(*config);
+  ASSERT_OK(healthy);
+  ASSERT_OK((*healthy)->Run(nullptr));
+  config->stop_after_step = 0;
+  absl::StatusOr<std::unique_ptr<Trainer>> resumed = Trainer::Create(*config);
+  ASSERT_OK(resumed);
+  ASSERT_OK((*resumed)->Resume(nullptr));
+  ASSERT_EQ((*resumed)->step(), 1);
+  Poison(**resumed);
+  const absl::Status later = (*resumed)->Run(nullptr);
+  ASSERT_FALSE(later.ok());
+  EXPECT_NE(later.message().find("step 2: the loss is not finite"), std::string::npos) << later;
+  EXPECT_EQ(FailureKindOf(later), v1::FAILURE_KIND_TRANSIENT) << later;
 }
 
 }  // namespace
