@@ -19,10 +19,10 @@
 //   http->Stop();
 //
 // Nobody needs a token to reach this port, so every request is read under the limits of
-// HttpServerOptions, for every method, before any of it is kept: Boost.Beast's parser bounds the
-// header's bytes and the body's, the server bounds the header's fields, the connections and the
-// time each request and answer may take. Sockets are served asynchronously by two I/O threads, so
-// a slow client holds a socket and a few KiB, never a thread.
+// HttpServerOptions, for every method, before any of it is kept: Boost.Beast's parser (as
+// server/http/request_parser.h sets it up) bounds the header's bytes and fields and the body's, the
+// server the connections and the time each request and answer may take. Sockets are served
+// asynchronously by two I/O threads, so a slow client holds a socket and a few KiB, never a thread.
 //
 // Create adds to the registry `moetrain_http_requests_total{path,code}`, `moetrain_up` and
 // `moetrain_readiness_state{state}` (1 for the current state, 0 for the others), so one registry
@@ -101,11 +101,13 @@ struct HttpServerOptions {
   // holds for every method and is checked as the bytes arrive, before they are kept.
   //
   // No route reads a body: one of at most this many bytes is read and discarded as it arrives; a
-  // larger Content-Length is answered 413 before any of the body is read; a chunked request, or a
-  // POST, PUT, PATCH or DELETE without a Content-Length, is answered 411 and its body never read.
+  // larger Content-Length is answered 413 as soon as it is read, without waiting for the body. A
+  // request with a Transfer-Encoding (chunked or another), or a POST, PUT, PATCH or DELETE without
+  // a Content-Length, is answered 411 the same way. After such a refusal (and a 431 or a 400) the
+  // server drops what the client still sends, for read_timeout at most, and closes.
   int64_t max_request_body_bytes = 8 << 10;
-  // The request line (its target included) and the header fields together; more is answered 431.
-  // Also the size of a connection's read buffer.
+  // The request line (its target included) and the header fields together, counted as
+  // RequestParser does; more is answered 431. Also the size of a connection's read buffer.
   int max_header_bytes = 16 << 10;
   // Header fields in one request; more is answered 431.
   int max_header_count = 100;
