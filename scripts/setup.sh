@@ -8,7 +8,8 @@ packages=(
   libabsl-dev libdnnl-dev libgtest-dev nlohmann-json3-dev libssl-dev
   libprotobuf-dev protobuf-compiler libyaml-cpp-dev libcli11-dev libsqlite3-dev
   libgrpc++-dev protobuf-compiler-grpc  # proto/ moetrain_grpc: the coordinator and worker services
-  libcpp-httplib-dev  # server/http moetrain_http: /metrics, /healthz, /readyz
+  libboost-dev  # server/http moetrain_http: /metrics, /healthz, /readyz on Boost.Beast (headers)
+  libcpp-httplib-dev  # the tests' HTTP client (tests/server/http_server, tests/integration)
   prometheus-cpp-dev  # server/http metrics: the registry and text exposition (prometheus-cpp::core)
   prometheus  # promtool and the Prometheus server the metrics and service tests run
   openssl  # the TLS test certificates of tests/server/coordinator_server

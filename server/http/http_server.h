@@ -1,12 +1,15 @@
-// The coordinator's HTTP endpoint: Prometheus metrics, health probes, and the routes of the
-// handlers it is given (the dashboard page and its JSON API, server/http/json_api.h).
+// The HTTP endpoint of the coordinator (--http-listen) and of the worker (--metrics-listen):
+// Prometheus metrics, health probes, and the routes of the handlers it is given (the dashboard page
+// and its JSON API, server/http/json_api.h).
 //
 //   GET /metrics   the registry in the text format 0.0.4
 //   GET /healthz   200 "ok" while the process is up (any readiness state but STOPPED), else 503
 //   GET /readyz    200 while SERVING, else 503 with the state and its reason
 //   a handler's    whatever the first handler whose Route claims the path answers
 //   anything else  404 (405 for another method on one of the paths above)
-//   a request body over max_request_body_bytes: 413; a body without a Content-Length: 411
+//   a request body over max_request_body_bytes: 413; a body without a Content-Length: 411;
+//   a request line and header fields over max_header_bytes, or over max_header_count fields: 431;
+//   a request that is not HTTP/1.x: 400
 //
 //   MOETRAIN_ASSIGN_OR_RETURN(std::unique_ptr<HttpServer> http,
 //       HttpServer::Create({.host = "0.0.0.0", .port = 9090, .handlers = {&page, &api},
@@ -14,6 +17,12 @@
 //   MOETRAIN_RETURN_IF_ERROR(http->Start());   // http->port() is the bound port
 //   ...
 //   http->Stop();
+//
+// Nobody needs a token to reach this port, so every request is read under the limits of
+// HttpServerOptions, for every method, before any of it is kept: Boost.Beast's parser (as
+// server/http/request_parser.h sets it up) bounds the header's bytes and fields and the body's, the
+// server the connections and the time each request and answer may take. Sockets are served
+// asynchronously by two I/O threads, so a slow client holds a socket and a few KiB, never a thread.
 //
 // Create adds to the registry `moetrain_http_requests_total{path,code}`, `moetrain_up` and
 // `moetrain_readiness_state{state}` (1 for the current state, 0 for the others), so one registry
@@ -28,7 +37,6 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -39,12 +47,6 @@
 #include "absl/time/time.h"
 #include "server/core/readiness.h"
 #include "server/http/metrics.h"
-
-namespace httplib {
-class Server;
-struct Request;
-struct Response;
-}  // namespace httplib
 
 namespace moetrain::server {
 
@@ -95,20 +97,36 @@ struct HttpServerOptions {
   MetricsRegistry* registry = nullptr;  // not owned
   Readiness* readiness = nullptr;       // not owned
 
-  // What one client can make the server hold; nobody needs a token to send a request. No route
-  // reads a body: a larger one is answered 413 and discarded as it arrives, never buffered; a
-  // chunked request, or a POST, PUT, PATCH or DELETE without a Content-Length (which cpp-httplib
-  // would read to the end of the connection), is answered 411 and its body never read.
+  // What one client can make the server hold; nobody needs a token to send a request. Every limit
+  // holds for every method and is checked as the bytes arrive, before they are kept.
+  //
+  // No route reads a body: one of at most this many bytes is read and discarded as it arrives; a
+  // larger Content-Length is answered 413 as soon as it is read, without waiting for the body. A
+  // request with a Transfer-Encoding (chunked or another), or a POST, PUT, PATCH or DELETE without
+  // a Content-Length, is answered 411 the same way. After such a refusal (and a 431 or a 400) the
+  // server drops what the client still sends, for read_timeout at most, and closes.
   int64_t max_request_body_bytes = 8 << 10;
-  // Connections served at once; more wait for a thread. A slow client holds a thread until it
-  // finishes its request or is silent for read_timeout, so this many slow clients must be open
-  // before /healthz waits.
-  int threads = 64;
-  absl::Duration read_timeout = absl::Seconds(5);   // silence while a request is read
-  absl::Duration write_timeout = absl::Seconds(5);  // stall while an answer is written
+  // The request line (its target included) and the header fields together, counted as
+  // RequestParser does; more is answered 431. Also the size of a connection's read buffer.
+  int max_header_bytes = 16 << 10;
+  // Header fields in one request; more is answered 431.
+  int max_header_count = 100;
+  // Connections open at once; one more is closed as soon as it is accepted. With the buffer above,
+  // this bounds what all clients together can make the server hold.
+  int max_connections = 256;
+  // Threads that make the answers of /metrics and of the handlers' routes, which may take
+  // milliseconds (the registry's text, the store's rows). The two I/O threads answer /healthz and
+  // /readyz themselves, so that neither slow clients nor slow handlers delay a probe.
+  int threads = 4;
+  // The whole of a request, head and body, must arrive within read_timeout of when the server
+  // starts waiting for it (on a kept-alive connection, from the end of the previous answer), and
+  // the whole answer must be written within write_timeout; else the connection is closed. So a
+  // client that sends or reads slowly holds its connection for at most these.
+  absl::Duration read_timeout = absl::Seconds(5);
+  absl::Duration write_timeout = absl::Seconds(5);
 
   // InvalidArgument for an empty host, a port outside [0, 65535], a missing registry or
-  // readiness, or a limit that is not positive.
+  // readiness, a null handler, a limit that is not positive, or a timeout outside (0, 1 h].
   absl::Status Validate() const;
 };
 
@@ -122,11 +140,12 @@ class HttpServer {
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
-  // Binds host:port and serves on a thread of its own until Stop. FailedPrecondition when already
+  // Binds host:port and serves on threads of its own until Stop. FailedPrecondition when already
   // started; Unavailable when the address cannot be bound (in use, not local). A stopped server
   // may be started again.
   absl::Status Start();
-  // Stops accepting, finishes the requests in flight and joins. Does nothing when not started.
+  // Stops accepting, closes the connections waiting for a request, finishes the answers in flight
+  // and joins. Does nothing when not started.
   void Stop();
 
   // The bound port while started, else 0.
@@ -134,20 +153,27 @@ class HttpServer {
 
  private:
   struct RouteMetrics;
+  // One Start's sockets, threads and open connections (http_server.cc).
+  struct Running;
+  // One client's connection: reads its requests and writes the answers (http_server.cc).
+  class Connection;
 
   HttpServer(const HttpServerOptions& options, std::unique_ptr<RouteMetrics> route_metrics);
-  void Handle(const httplib::Request& request, httplib::Response* response);
+  // Accepts the next connection, or closes it at once when max_connections are open.
+  void Accept(Running& running);
+  // The answer to a request, counted in moetrain_http_requests_total.
+  HttpResponse Respond(const HttpRequest& request);
   // A path one of the handlers claimed, counted under `route`.
-  void HandleRoute(HttpHandler& handler, const std::string& route, const httplib::Request& request,
-                   httplib::Response* response);
+  HttpResponse RespondToRoute(HttpHandler& handler, const std::string& route,
+                              const HttpRequest& request);
+  void CountRequest(const std::string& path, int code);
 
   const HttpServerOptions options_;
   const std::unique_ptr<RouteMetrics> metrics_;
   Readiness::ListenerId readiness_listener_ = 0;
 
   std::mutex lifecycle_mu_;  // serializes Start and Stop
-  std::unique_ptr<httplib::Server> server_ ABSL_GUARDED_BY(lifecycle_mu_);
-  std::thread listen_thread_ ABSL_GUARDED_BY(lifecycle_mu_);
+  std::unique_ptr<Running> running_ ABSL_GUARDED_BY(lifecycle_mu_);
   std::atomic<int> port_{0};
 };
 

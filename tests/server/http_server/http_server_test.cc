@@ -241,6 +241,28 @@ TEST(HttpServerStandaloneTest, CreateValidatesItsOptions) {
             absl::StatusCode::kAlreadyExists);
 }
 
+TEST(HttpServerStandaloneTest, CreateNamesABadLimitAndItsValue) {
+  MetricsRegistry registry;
+  Readiness readiness;
+  auto refusal = [&](HttpServerOptions options) {
+    options.registry = &registry;
+    options.readiness = &readiness;
+    absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Create(options);
+    EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(server.status().message());
+  };
+  EXPECT_EQ(refusal({.max_request_body_bytes = 0}),
+            "http.max_request_body_bytes = 0 must be positive");
+  EXPECT_EQ(refusal({.max_header_bytes = 0}), "http.max_header_bytes = 0 must be positive");
+  EXPECT_EQ(refusal({.max_header_count = -1}), "http.max_header_count = -1 must be positive");
+  EXPECT_EQ(refusal({.max_connections = 0}), "http.max_connections = 0 must be positive");
+  EXPECT_EQ(refusal({.threads = 0}), "http.threads = 0 must be positive");
+  EXPECT_EQ(refusal({.read_timeout = absl::InfiniteDuration()}),
+            "http.read_timeout = inf is outside (0, 1h]");
+  EXPECT_EQ(refusal({.write_timeout = absl::ZeroDuration()}),
+            "http.write_timeout = 0 is outside (0, 1h]");
+}
+
 // Claims the paths under `prefix`, counted under "<prefix>*", and echoes what it was given.
 class EchoHandler : public HttpHandler {
  public:
