@@ -1,9 +1,11 @@
 #include "worker/rank_main.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <condition_variable>
 #include <cstdio>
@@ -70,13 +72,13 @@ class ChannelAgent final : public RankAgent {
           }
         },
         std::move(report));
-    Send(message);
+    Send(message).IgnoreError();
   }
 
   void Progress(int64_t step) override {
     rank::FromRank message;
     message.set_progress(step);
-    Send(message);
+    Send(message).IgnoreError();
   }
 
   absl::Status MayWriteCheckpoints() override {
@@ -115,16 +117,7 @@ class ChannelAgent final : public RankAgent {
          {phases.forward, phases.backward, phases.communication, phases.optimizer}) {
       metrics->add_phase_seconds(seconds);
     }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (rank::CommTraffic& traffic : traffic_) {
-        if (traffic.bytes_sent() == 0 && traffic.bytes_received() == 0 && traffic.seconds() == 0) {
-          continue;  // no operation of this kind since the last step
-        }
-        *metrics->add_comm() = traffic;
-        traffic.Clear();
-      }
-    }
+    AddTraffic(metrics);
     if (device != nullptr) {
       const DeviceMemoryStats stats = device->memory_stats();
       rank::DeviceMemory* memory = metrics->mutable_device();
@@ -133,13 +126,36 @@ class ChannelAgent final : public RankAgent {
       memory->set_peak_bytes(stats.peak_bytes);
       memory->set_total_bytes(stats.total_bytes);
     }
-    Send(message);
+    Send(message).IgnoreError();
+  }
+
+  // The traffic since the last step (the last checkpoint's collectives), before the end report.
+  void FlushTraffic() {
+    rank::FromRank message;
+    AddTraffic(message.mutable_metrics());
+    if (message.metrics().comm_size() > 0) Send(message).IgnoreError();
   }
 
  private:
-  void Send(const rank::FromRank& message) {
+  // Moves the traffic counted since the last Metrics into `metrics`.
+  void AddTraffic(rank::Metrics* metrics) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (rank::CommTraffic& traffic : traffic_) {
+      if (traffic.bytes_sent() == 0 && traffic.bytes_received() == 0 && traffic.seconds() == 0) {
+        continue;  // no operation of this kind since the last step
+      }
+      *metrics->add_comm() = traffic;
+      traffic.Clear();
+    }
+  }
+
+  absl::Status Send(const rank::FromRank& message) {
     const absl::Status sent = channel_->Send(message);
-    if (!sent.ok()) AgentGone(sent);
+    if (absl::IsUnavailable(sent)) AgentGone(sent);
+    // Too large a message (a report of a model far beyond any real one): that message is lost,
+    // the rank goes on.
+    if (!sent.ok()) Log(absl::StrCat("rank process ", getpid(), ": ", sent.message()));
+    return sent;
   }
 
   // Sends the question and waits for its answer: the Reply's status, and its value when OK.
@@ -153,7 +169,11 @@ class ChannelAgent final : public RankAgent {
     call.set_call_id(id);
     rank::FromRank message;
     *message.mutable_call() = std::move(call);
-    Send(message);
+    if (const absl::Status sent = Send(message); !sent.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      replies_.erase(id);
+      return sent;
+    }
     std::unique_lock<std::mutex> lock(mu_);
     answered_.wait(lock, [&] { return replies_.at(id).has_value(); });
     rank::Reply reply = *std::move(replies_.at(id));
@@ -194,6 +214,19 @@ class ChannelAgent final : public RankAgent {
   std::map<uint64_t, std::optional<rank::Reply>> replies_;  // guarded by mu_
   std::array<rank::CommTraffic, kNumCommOps> traffic_;      // guarded by mu_: since last sent
 };
+
+// oom_score_adj + 500, at most 1000: raising it needs no privilege.
+void RaiseOomScore() {
+  int score = 0;
+  if (FILE* in = std::fopen("/proc/self/oom_score_adj", "r")) {
+    if (std::fscanf(in, "%d", &score) != 1) score = 0;
+    std::fclose(in);
+  }
+  if (FILE* out = std::fopen("/proc/self/oom_score_adj", "w")) {
+    std::fprintf(out, "%d", std::min(score + 500, 1000));
+    std::fclose(out);
+  }
+}
 
 RankEnvironment EnvironmentOf(const rank::RankStart& start) {
   RankEnvironment environment;
@@ -243,6 +276,11 @@ int RankProcessMain(int argc, char** argv) {
                  static_cast<int>(agent));
     return kExitAgentGone;
   }
+  // Nothing the rank starts inherits the channel: the worker must see it close when the rank ends.
+  fcntl(fd, F_SETFD, FD_CLOEXEC);
+  // A rank holds most of the memory: when the kernel's OOM killer must choose, it chooses the rank
+  // (which fails its attempt) before the worker (which would take every rank with it).
+  RaiseOomScore();
   MessageChannel channel(fd);
   rank::ToRank first;
   if (const absl::Status received = channel.Receive(&first); !received.ok() || !first.has_start()) {
@@ -256,6 +294,7 @@ int RankProcessMain(int argc, char** argv) {
   ChannelAgent agent_link(&channel, &control);
   const v1::ReportAttemptEndRequest end =
       RunRank(start.assignment(), EnvironmentOf(start), &agent_link, &control);
+  if (start.metrics()) agent_link.FlushTraffic();
   agent_link.Report(end);
   // Out without running destructors: the reading thread still waits on the channel, and the
   // engine's libraries (OpenMP, CUDA) need no orderly goodbye from a process that ends here.

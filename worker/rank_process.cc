@@ -96,6 +96,7 @@ void RankProcess::Join() {
 
 void RankProcess::Kill() {
   std::lock_guard<std::mutex> lock(mu_);
+  kill_requested_ = true;  // a process not started yet is killed as it starts
   if (pid_ > 0 && !exited_) {
     kill(pid_, SIGKILL);
     killed_ = true;
@@ -114,14 +115,29 @@ bool RankProcess::Stop(StopRequest request, bool worker_draining) {
     stop_.set_worker_draining(true);
     changed = true;
   }
-  // Before the start, the order goes with it; after the end, it is too late to matter.
-  if (changed && channel_ != nullptr) {
-    rank::ToRank order;
-    *order.mutable_stop() = stop_;
-    // A rank that cannot be told is gone: its end is reported as it is found.
-    channel_->Send(order).IgnoreError();
-  }
+  // Sent by the writer, never here: the callers hold the worker's lock, and a rank that does not
+  // read (stopped, or busy with a large answer) must not hold it up.
+  if (changed) stop_changed_.notify_all();
   return changed;
+}
+
+void RankProcess::WriteStopOrders(MessageChannel* channel) {
+  rank::StopOrder sent;
+  for (;;) {
+    rank::ToRank order;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      stop_changed_.wait(lock, [&] {
+        return exited_ || stop_.kind() != sent.kind() ||
+               stop_.worker_draining() != sent.worker_draining();
+      });
+      if (exited_) return;
+      sent = stop_;
+      *order.mutable_stop() = stop_;
+    }
+    // A rank that cannot be told is gone: its end is reported as it is found.
+    channel->Send(order).IgnoreError();
+  }
 }
 
 absl::StatusOr<pid_t> RankProcess::Spawn(int* agent_fd) {
@@ -175,7 +191,7 @@ void RankProcess::Serve() {
   if (!pid.ok()) {
     v1::ReportAttemptEndRequest end = DeathReport(0, "");
     end.set_message(std::string(pid.status().message()));
-    hooks_.on_exit(std::move(end));
+    hooks_.on_exit(std::move(end), /*reported=*/false);
     return;
   }
   std::shared_ptr<RankMetrics> metrics;
@@ -190,34 +206,33 @@ void RankProcess::Serve() {
                        ": no metrics: ", started.status().message()));
     }
   }
-  MessageChannel* channel = nullptr;
+  MessageChannel channel(agent_fd);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    channel_ = std::make_unique<MessageChannel>(agent_fd);
-    channel = channel_.get();
     pid_ = *pid;
-    rank::ToRank start;
-    *start.mutable_start() = start_;
-    start.mutable_start()->set_metrics(metrics != nullptr);
-    // A process that cannot be told its start is gone: the loop below finds the channel closed.
-    channel->Send(start).IgnoreError();
-    if (stop_.kind() != rank::STOP_KIND_NONE || stop_.worker_draining()) {
-      rank::ToRank order;
-      *order.mutable_stop() = stop_;
-      channel->Send(order).IgnoreError();
+    if (kill_requested_) {
+      kill(pid_, SIGKILL);
+      killed_ = true;
     }
   }
+  rank::ToRank start;
+  *start.mutable_start() = start_;
+  start.mutable_start()->set_metrics(metrics != nullptr);
+  // A process that cannot be told its start is gone: the loop below finds the channel closed.
+  channel.Send(start).IgnoreError();
+  // Stop orders follow the start, whenever they come.
+  std::thread writer([this, &channel] { WriteStopOrders(&channel); });
   std::string broken;
   for (;;) {
     rank::FromRank message;
-    const absl::Status received = channel->Receive(&message);
+    const absl::Status received = channel.Receive(&message);
     if (!received.ok()) {
       // Closed, or reset (a process that ended with the worker's messages unread): gone. A frame
       // that does not parse comes from a rank that is broken beyond trusting its end.
       if (absl::IsDataLoss(received)) broken = std::string(received.message());
       break;
     }
-    Handle(message, metrics.get());
+    Handle(message, &channel, metrics.get());
   }
   if (!broken.empty()) Kill();
   // Waited for without reaping first, so that Kill never signals a reused pid.
@@ -229,14 +244,17 @@ void RankProcess::Serve() {
     std::lock_guard<std::mutex> lock(mu_);
     exited_ = true;
     killed = killed_;
-    channel_.reset();
   }
+  stop_changed_.notify_all();
+  writer.join();
+  // The rank's series stay; its process is no longer counted, before its pid can be reused.
+  metrics.reset();
   int status = 0;
   while (waitpid(*pid, &status, 0) < 0 && errno == EINTR) {
   }
-  metrics.reset();  // the rank's series stay; its process is no longer counted
   v1::ReportAttemptEndRequest end;
-  if (end_ != nullptr && broken.empty()) {
+  const bool reported = end_ != nullptr && broken.empty();
+  if (reported) {
     end = *end_;
     if (status != 0) {
       Log(absl::StrCat("job ", start_.assignment().job_id(), " rank ", start_.assignment().rank(),
@@ -251,10 +269,11 @@ void RankProcess::Serve() {
                      start_.assignment().attempt(), " rank ", start_.assignment().rank(), ": ",
                      end.message()));
   }
-  hooks_.on_exit(std::move(end));
+  hooks_.on_exit(std::move(end), reported);
 }
 
-void RankProcess::Handle(rank::FromRank& message, RankMetrics* metrics) {
+void RankProcess::Handle(rank::FromRank& message, MessageChannel* channel,
+                         RankMetrics* metrics) {
   switch (message.kind_case()) {
     case rank::FromRank::kStep:
       hooks_.report(std::move(*message.mutable_step()));
@@ -272,7 +291,7 @@ void RankProcess::Handle(rank::FromRank& message, RankMetrics* metrics) {
       step_.store(message.progress());
       break;
     case rank::FromRank::kCall:
-      Answer(message.call());
+      Answer(message.call(), channel);
       break;
     case rank::FromRank::kMetrics:
       if (metrics != nullptr) metrics->Observe(message.metrics());
@@ -282,7 +301,7 @@ void RankProcess::Handle(rank::FromRank& message, RankMetrics* metrics) {
   }
 }
 
-void RankProcess::Answer(const rank::Call& call) {
+void RankProcess::Answer(const rank::Call& call, MessageChannel* channel) {
   absl::Status status = absl::OkStatus();
   rank::ToRank answer;
   rank::Reply* reply = answer.mutable_reply();
@@ -316,8 +335,7 @@ void RankProcess::Answer(const rank::Call& call) {
   }
   reply->set_code(static_cast<int32_t>(status.code()));
   reply->set_message(std::string(status.message()));
-  std::lock_guard<std::mutex> lock(mu_);
-  if (channel_ != nullptr) channel_->Send(answer).IgnoreError();
+  channel->Send(answer).IgnoreError();
 }
 
 v1::ReportAttemptEndRequest RankProcess::DeathReport(int wait_status,

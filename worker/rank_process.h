@@ -19,6 +19,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -48,8 +49,8 @@ struct RankProcessHooks {
   std::shared_ptr<KeyValueStore> rendezvous;
   // Where the rank's phase times, traffic and device memory go; null = nowhere.
   WorkerMetrics* metrics = nullptr;
-  // Once the process is gone: its own end report, or one saying how it died.
-  std::function<void(v1::ReportAttemptEndRequest)> on_exit;
+  // Once the process is gone: its own end report (`reported`), or one saying how it died.
+  std::function<void(v1::ReportAttemptEndRequest end, bool reported)> on_exit;
 };
 
 class RankProcess {
@@ -66,7 +67,8 @@ class RankProcess {
   bool Stop(StopRequest request, bool worker_draining);
   // The last optimizer step the rank reported done.
   int64_t step() const { return step_.load(); }
-  // SIGKILL to the process, if it still runs; on_exit then reports it killed.
+  // SIGKILL to the process, if it still runs, or as soon as it starts; on_exit then reports it
+  // killed.
   void Kill();
   // Waits for the serving thread (after on_exit). Not from on_exit itself.
   void Join();
@@ -76,9 +78,11 @@ class RankProcess {
   // Starts the process; its pid, or why not.
   absl::StatusOr<pid_t> Spawn(int* agent_fd);
   // Acts on one message of the rank; `metrics` null = none.
-  void Handle(rank::FromRank& message, RankMetrics* metrics);
+  void Handle(rank::FromRank& message, MessageChannel* channel, RankMetrics* metrics);
   // Answers the rank's question (it waits for the answer).
-  void Answer(const rank::Call& call);
+  void Answer(const rank::Call& call, MessageChannel* channel);
+  // Sends each new stop order (a thread of its own, from the start until the process is gone).
+  void WriteStopOrders(MessageChannel* channel);
   // The end report of a process that ended without sending its own.
   v1::ReportAttemptEndRequest DeathReport(int wait_status, const std::string& cause) const;
 
@@ -88,11 +92,12 @@ class RankProcess {
   std::atomic<int64_t> step_{0};
 
   mutable std::mutex mu_;
-  std::unique_ptr<MessageChannel> channel_ ABSL_GUARDED_BY(mu_);  // set once started
-  pid_t pid_ ABSL_GUARDED_BY(mu_) = 0;
+  std::condition_variable stop_changed_;  // stop_ changed, or the process exited
+  pid_t pid_ ABSL_GUARDED_BY(mu_) = 0;        // set once started
   bool exited_ ABSL_GUARDED_BY(mu_) = false;  // the pid may be reused: never signal it then
+  bool kill_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool killed_ ABSL_GUARDED_BY(mu_) = false;
-  rank::StopOrder stop_ ABSL_GUARDED_BY(mu_);
+  rank::StopOrder stop_ ABSL_GUARDED_BY(mu_);  // the order in force
   std::unique_ptr<v1::ReportAttemptEndRequest> end_;  // the rank's own; the serving thread's
   std::thread thread_;
 };

@@ -335,10 +335,19 @@ void Worker::StartAssignment(const v1::Assignment& assignment) {
     entry->ranks.push_back(std::move(owned_rank));
     // On the rank's serving thread, once its process is gone; it waits for mu_, which this
     // function holds, so `rank->process` is set before it runs.
-    hooks.on_exit = [this, entry, rank, first, count](v1::ReportAttemptEndRequest end) {
+    hooks.on_exit = [this, entry, rank, first, count](v1::ReportAttemptEndRequest end,
+                                                      bool reported) {
       // A rank that ended at stop_after_step ended draining: the worker winds down.
       if (end.worker_draining()) Shutdown();
       absl::MutexLock lock(&mu_);
+      if (!reported) {
+        // A rank that died took the gang's collectives with it: its siblings here would only
+        // wait out --comm-timeout in them before failing too (torchrun's agent, likewise, ends
+        // every worker when one fails).
+        for (auto& sibling : entry->ranks) {
+          if (sibling.get() != rank && !sibling->finished) sibling->process->Kill();
+        }
+      }
       // Queued before the rank counts as finished: Run's wind-down flushes the reporter once every
       // rank has finished and must find it there. Enqueue only queues (the reporter calls back
       // from its own thread, unlocked), so calling it under mu_ is safe.

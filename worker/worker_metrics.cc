@@ -41,7 +41,7 @@ int64_t PeakResidentBytes(const std::string& process) {
 
 }  // namespace
 
-RankMetrics::~RankMetrics() { owner_->RankEnded(job_id_, pid_); }
+RankMetrics::~RankMetrics() { owner_->RankEnded(job_id_, pid_, device_); }
 
 void RankMetrics::Observe(const rank::Metrics& metrics) {
   if (metrics.phase_seconds_size() == static_cast<int>(phases_.size())) {
@@ -58,7 +58,10 @@ void RankMetrics::Observe(const rank::Metrics& metrics) {
     }
     if (traffic.seconds() > 0) seconds_[i]->Increment(traffic.seconds());
   }
-  if (metrics.has_device()) owner_->SetDeviceMemory(metrics.device());
+  if (metrics.has_device()) {
+    device_ = metrics.device().device();
+    owner_->SetDeviceMemory(metrics.device());
+  }
 }
 
 absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(
@@ -150,11 +153,14 @@ absl::StatusOr<std::shared_ptr<RankMetrics>> WorkerMetrics::StartRank(const std:
   return metrics;
 }
 
-void WorkerMetrics::RankEnded(const std::string& job_id, pid_t pid) {
+void WorkerMetrics::RankEnded(const std::string& job_id, pid_t pid, const std::string& device) {
   std::lock_guard<std::mutex> lock(mu_);
   --live_ranks_[job_id];
   auto it = std::find(rank_processes_.begin(), rank_processes_.end(), pid);
   if (it != rank_processes_.end()) rank_processes_.erase(it);
+  // Its tensors went with its process; the peak and the capacity stay shown.
+  auto gpu = devices_.find(device);
+  if (gpu != devices_.end()) gpu->second.in_use_bytes = 0;
 }
 
 void WorkerMetrics::SetDeviceMemory(const rank::DeviceMemory& memory) {

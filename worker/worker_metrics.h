@@ -15,7 +15,8 @@
 //   moetrain_worker_device_memory_capacity_bytes{device}
 //       device "cpu": the resident memory of the worker and its rank processes together, the
 //       most of their peaks summed, and the --memory-limit; "cuda:N": the allocator's bytes in
-//       tensors, their peak, and the GPU's memory, as its rank last reported them (every step)
+//       tensors, their peak, and the GPU's memory, as the rank on it last reported them (every
+//       step; in use 0 once that rank has ended)
 //
 // The CPU's capacity is the worker's --memory-limit (the machine's memory by default). A GPU
 // appears once a rank has reported it. A rank's series start at zero when a rank of
@@ -70,7 +71,8 @@ class RankMetrics final {
 
   WorkerMetrics* const owner_;
   const std::string job_id_;
-  const pid_t pid_;  // the rank's process, whose memory the CPU's gauges count
+  const pid_t pid_;     // the rank's process, whose memory the CPU's gauges count
+  std::string device_;  // the GPU it reported ("cuda:0"); empty on the CPU
   // forward, backward, communication, optimizer
   std::array<server::Histogram*, 4> phases_ = {};
   std::array<server::Counter*, kNumCommOps> sent_ = {};
@@ -98,7 +100,8 @@ class WorkerMetrics {
   friend class RankMetrics;
   explicit WorkerMetrics(int64_t host_memory_limit_bytes)
       : host_memory_limit_bytes_(host_memory_limit_bytes) {}
-  void RankEnded(const std::string& job_id, pid_t pid);
+  // `device`: the GPU the rank reported, in use no more.
+  void RankEnded(const std::string& job_id, pid_t pid, const std::string& device);
   void SetDeviceMemory(const rank::DeviceMemory& memory);
   // Sets the memory gauges: the collector's body.
   void CollectMemory();

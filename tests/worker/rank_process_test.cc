@@ -147,6 +147,7 @@ rank::RankStart StartOf(const std::string& job_id) {
 struct RankRun {
   std::vector<Reporter::Report> reports;
   v1::ReportAttemptEndRequest end;
+  bool reported = false;  // the end is the rank's own
 };
 
 RankRun RunRankProcess(const std::string& executable, const rank::RankStart& start) {
@@ -154,10 +155,16 @@ RankRun RunRankProcess(const std::string& executable, const rank::RankStart& sta
   std::promise<v1::ReportAttemptEndRequest> ended;
   RankProcessHooks hooks;
   hooks.report = [&run](Reporter::Report report) { run.reports.push_back(std::move(report)); };
-  hooks.on_exit = [&ended](v1::ReportAttemptEndRequest end) { ended.set_value(std::move(end)); };
+  hooks.on_exit = [&ended, &run](v1::ReportAttemptEndRequest end, bool reported) {
+    run.reported = reported;
+    ended.set_value(std::move(end));
+  };
   RankProcess process(executable, start, std::move(hooks));
   std::future<v1::ReportAttemptEndRequest> end = ended.get_future();
-  EXPECT_EQ(end.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  if (end.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    ADD_FAILURE() << "the rank process did not end within 60 s";
+    process.Kill();
+  }
   run.end = end.get();
   process.Join();
   return run;
@@ -167,6 +174,7 @@ TEST(RankProcessTest, ARankThatFailsReportsItsOwnEnd) {
   // The real rank program, given an assignment whose spec does not make a model.
   const RankRun run =
       RunRankProcess(std::string(MOETRAIN_BIN_DIR) + "/moetrain-worker", StartOf("job-a"));
+  EXPECT_TRUE(run.reported);
   EXPECT_EQ(run.end.job_id(), "job-a");
   EXPECT_EQ(run.end.attempt(), 3);
   EXPECT_EQ(run.end.worker_id(), "w-1");
@@ -177,6 +185,7 @@ TEST(RankProcessTest, ARankThatFailsReportsItsOwnEnd) {
 
 TEST(RankProcessTest, AProgramThatIsNoRankIsReportedAsExitingWithoutAnEnd) {
   const RankRun run = RunRankProcess("/bin/true", StartOf("job-b"));
+  EXPECT_FALSE(run.reported);
   EXPECT_EQ(run.end.outcome(), v1::ATTEMPT_OUTCOME_FAILED);
   EXPECT_EQ(run.end.failure_kind(), v1::FAILURE_KIND_TRANSIENT);
   EXPECT_EQ(run.end.job_id(), "job-b");
