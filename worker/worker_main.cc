@@ -95,6 +95,9 @@ int main(int argc, char** argv) {
 
   CLI::App app{"moetrain-worker: runs ranks of MoE training jobs for a moetrain coordinator"};
   app.set_version_flag("--version", MOETRAIN_VERSION);
+  app.footer(
+      "Each rank runs in a process of its own: this program, started by the worker as\n"
+      "`moetrain-worker --moetrain-rank-process=3,<worker pid>` (not for starting by hand).");
   app.add_option("--coordinator", connect.address,
                  "coordinator gRPC address (env MOETRAIN_COORDINATOR)")
       ->capture_default_str();

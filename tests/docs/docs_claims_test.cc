@@ -53,6 +53,7 @@ const std::map<std::string, std::string> kExternalFlags = {
     {"--dry-run", "kubectl create"},
     {"--replicas", "kubectl scale"},
     {"--web.enable-lifecycle", "prometheus (its /-/reload endpoint)"},
+    {"--ppid", "ps --ppid (a worker's rank processes)"},
 };
 
 // Dotted names in backticks that begin like a spec path but are not one.
