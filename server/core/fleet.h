@@ -168,8 +168,9 @@ class Fleet {
   absl::StatusOr<JobRecord> Cancel(absl::string_view job_id, absl::string_view reason);
   // JobService (fleet_delete.cc): removes a final job from the store (Store::DeleteJob) and its
   // metric series at once; with `delete_checkpoints`, also its checkpoint directory
-  // <root>/<job id>, never following a symbolic link (FailedPrecondition, nothing deleted): moved
-  // aside first, removed after the store rows, outside the fleet's lock.
+  // <dir>/<job id>, where <dir> is resolved as the workers resolve it and must lie under the
+  // checkpoint root, and the job's directory is no symbolic link (else FailedPrecondition,
+  // nothing deleted): moved aside first, removed after the store rows, outside the fleet's lock.
   // Unavailable while a rank of the job is still stopping on a worker.
   absl::StatusOr<DeletedJob> Delete(absl::string_view job_id, bool delete_checkpoints);
   // JobService, at submit: FailedPrecondition when one rank of `spec` needs more device memory

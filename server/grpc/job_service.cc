@@ -92,15 +92,18 @@ absl::Status CheckSpecPaths(const v1::JobSpec& spec, const JobServiceOptions& op
                        "': leave it empty, or name a directory under the root"));
     }
   }
-  const std::string& data = spec.data().path();
-  if (!data.empty() && !options.data_roots.empty()) {
+  // What a job reads, as the workers' --data-root confines it.
+  const std::pair<const char*, const std::string&> reads[] = {
+      {"data.path", spec.data().path()}, {"checkpoint.init_from", spec.checkpoint().init_from()}};
+  for (const auto& [field, path] : reads) {
+    if (path.empty() || options.data_roots.empty()) continue;
     bool maybe_inside = false;
     for (const std::string& root : options.data_roots) {
-      maybe_inside = maybe_inside || LexicallyUnder(data, root) != Containment::kOutside;
+      maybe_inside = maybe_inside || LexicallyUnder(path, root) != Containment::kOutside;
     }
     if (!maybe_inside) {
       return absl::InvalidArgumentError(
-          absl::StrCat("data.path = '", data.substr(0, 256),
+          absl::StrCat(field, " = '", path.substr(0, 256),
                        "' is outside every --data-root of the coordinator ('",
                        absl::StrJoin(options.data_roots, "', '"), "')"));
     }
