@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <string>
+#include <utility>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
@@ -35,6 +36,7 @@ int main(int argc, char** argv) {
   using moetrain::server::CheckpointNaming;
   moetrain::server::CoordinatorServerOptions options;
   std::string token_file, heartbeat_timeout = "10s", grace, metrics_retention = "1h";
+  std::string worker_token_file;
 
   CLI::App app{"moetrain-coordinator: accepts MoE training jobs and schedules them onto workers"};
   app.set_version_flag("--version", MOETRAIN_VERSION);
@@ -52,7 +54,11 @@ int main(int argc, char** argv) {
                  "a directory, as the workers see it, that a spec's data.path must lie in "
                  "(repeatable; checked at submit); none = not checked");
   app.add_option("--token-file", token_file,
-                 "file holding the bearer token every call must carry (workers included)");
+                 "file holding the users' bearer token every call must carry (workers too, "
+                 "unless --worker-token-file is given)");
+  app.add_option("--worker-token-file", worker_token_file,
+                 "file holding the workers' bearer token: WorkerService calls (registering a "
+                 "worker, its reports) must carry it and no other, JobService calls must not");
   app.add_option("--tls-cert", options.tls_cert_file, "PEM server certificate (enables TLS)");
   app.add_option("--tls-key", options.tls_key_file, "PEM private key of --tls-cert");
   app.add_option("--tls-client-ca", options.tls_client_ca_file,
@@ -92,14 +98,16 @@ int main(int argc, char** argv) {
                          &options.fleet.metrics_retention)) {
     return 2;
   }
-  if (!token_file.empty()) {
-    absl::StatusOr<std::string> token = moetrain::ReadTokenFile(token_file);
-    if (!token.ok()) {
+  for (const auto& [file, token] : {std::pair{&token_file, &options.bearer_token},
+                                    std::pair{&worker_token_file, &options.worker_token}}) {
+    if (file->empty()) continue;
+    absl::StatusOr<std::string> read = moetrain::ReadTokenFile(*file);
+    if (!read.ok()) {
       std::fprintf(stderr, "moetrain-coordinator: %s\n",
-                   std::string(token.status().message()).c_str());
+                   std::string(read.status().message()).c_str());
       return 2;
     }
-    options.bearer_token = *token;
+    *token = *std::move(read);
   }
   if (absl::Status valid = options.Validate(); !valid.ok()) {
     std::fprintf(stderr, "moetrain-coordinator: %s\n", std::string(valid.message()).c_str());

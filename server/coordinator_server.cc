@@ -65,6 +65,11 @@ absl::Status CoordinatorServerOptions::Validate() const {
     return absl::InvalidArgumentError(
         "--tls-client-ca needs --tls-cert and --tls-key (mTLS is TLS with client certificates)");
   }
+  if (!worker_token.empty() && worker_token == bearer_token) {
+    return absl::InvalidArgumentError(
+        "--worker-token-file holds the same token as --token-file: the worker token must differ, "
+        "or a user could act as a worker");
+  }
   if (max_receive_message_bytes < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_receive_message_bytes = ", max_receive_message_bytes, " must be positive"));
@@ -135,10 +140,12 @@ absl::Status CoordinatorServer::Build(const CoordinatorServerOptions& options) {
 
   JobServiceOptions job_options;
   job_options.bearer_token = options.bearer_token;
+  job_options.worker_token = options.worker_token;
   job_options.checkpoint_root = options.fleet.checkpoint_dir;
   job_options.data_roots = options.data_roots;
   job_service_ = std::make_unique<JobService>(coordinator_.get(), fleet_.get(), job_options);
-  worker_service_ = std::make_unique<WorkerService>(fleet_.get(), options.bearer_token);
+  worker_service_ =
+      std::make_unique<WorkerService>(fleet_.get(), options.bearer_token, options.worker_token);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;

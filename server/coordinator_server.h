@@ -47,8 +47,13 @@ struct CoordinatorServerOptions {
   std::string http_listen = "127.0.0.1:7071";
   // The SQLite state file; created when missing.
   std::string state_db = "moetrain-coordinator.db";
-  // Every call must carry it when not empty (gRPC, and the HTTP API under /api/).
+  // Every call must carry it when not empty (gRPC, and the HTTP API under /api/): the users'
+  // token. Workers too, unless `worker_token` is set.
   std::string bearer_token;
+  // When not empty, WorkerService calls must carry this token instead, and no other call may:
+  // a user's token cannot act as a worker, nor a worker's as a user. Must differ from
+  // `bearer_token`.
+  std::string worker_token;
   // PEM files. With a certificate and key the gRPC port speaks TLS; with a client CA too, clients
   // must present a certificate it signed (mTLS).
   std::string tls_cert_file;
@@ -64,7 +69,8 @@ struct CoordinatorServerOptions {
   bool metrics_per_expert = false;
 
   // InvalidArgument naming the option: bad addresses, a key without a certificate (or the other
-  // way round), a client CA without both, a non-positive message size; and the fleet's options.
+  // way round), a client CA without both, a worker token equal to the users' token, a
+  // non-positive message size; and the fleet's options.
   absl::Status Validate() const;
 };
 

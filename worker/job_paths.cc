@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <system_error>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -18,68 +19,98 @@ std::string Shown(const std::string& value) {
   return value.size() <= kMaxShown ? value : absl::StrCat(value.substr(0, kMaxShown), "...");
 }
 
-}  // namespace
-
-absl::StatusOr<std::string> ResolvePath(const std::string& path) {
-  std::error_code ec;
-  const fs::path absolute = fs::absolute(path, ec);
-  if (ec) return IoError(ec.value(), absl::StrCat("resolve '", Shown(path), "'"));
-  // weakly_canonical follows the links of the components that exist and normalizes the rest, so
-  // a directory still to be created resolves too.
-  const fs::path resolved = fs::weakly_canonical(absolute, ec);
-  if (ec) return IoError(ec.value(), absl::StrCat("resolve '", Shown(path), "'"));
-  fs::path normal = resolved.lexically_normal();
-  if (!normal.has_filename() && normal.has_relative_path()) normal = normal.parent_path();
-  return normal.string();
-}
-
-absl::StatusOr<bool> ResolvesUnder(const std::string& path, const std::string& root) {
-  MOETRAIN_ASSIGN_OR_RETURN(const std::string resolved_path, ResolvePath(path));
-  MOETRAIN_ASSIGN_OR_RETURN(const std::string resolved_root, ResolvePath(root));
-  const fs::path relative = fs::path(resolved_path).lexically_relative(resolved_root);
-  return !relative.empty() && *relative.begin() != "..";
-}
-
-absl::Status CheckJobPaths(const v1::JobSpec& spec, const std::string& job_dir,
-                           const JobPathPolicy& policy) {
-  if (!policy.checkpoint_root.empty()) {
-    // The directory the job's own one is made in (<dir> of <dir>/<job id>) is what a spec names;
-    // the job's directory itself, when someone made it a link, is the operator's (or, under
-    // `moetrain run`, the user's) choice.
-    const fs::path parent = fs::path(job_dir).lexically_normal().parent_path();
-    absl::StatusOr<bool> inside =
-        ResolvesUnder(parent.empty() ? "." : parent.string(), policy.checkpoint_root);
-    if (!inside.ok() || !*inside) {
-      const std::string field =
-          spec.checkpoint().dir().empty()
-              ? "the job's checkpoint directory"
-              : absl::StrCat("checkpoint.dir = '", Shown(spec.checkpoint().dir()), "'");
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": '", Shown(job_dir), "' is outside the checkpoint root '",
-                       Shown(policy.checkpoint_root), "' on this worker",
-                       inside.ok() ? "" : absl::StrCat(" (", inside.status().message(), ")")));
-    }
+// Whether `resolved` lies under one of `roots`.
+bool UnderOneOf(const std::string& resolved, const std::vector<std::string>& roots) {
+  for (const std::string& root : roots) {
+    absl::StatusOr<bool> inside = ResolvesUnder(resolved, root);
+    if (inside.ok() && *inside) return true;
   }
-  // What the job reads: under one of the data roots, when the operator names any.
-  const std::pair<const char*, const std::string&> reads[] = {
-      {"data.path", spec.data().path()}, {"checkpoint.init_from", spec.checkpoint().init_from()}};
-  for (const auto& [field, path] : reads) {
-    if (policy.data_roots.empty() || path.empty()) continue;
-    bool inside_one = false;
-    for (const std::string& root : policy.data_roots) {
-      absl::StatusOr<bool> inside = ResolvesUnder(path, root);
-      inside_one |= inside.ok() && *inside;
-    }
-    if (inside_one) continue;
-    absl::StatusOr<std::string> resolved = ResolvePath(path);
+  return false;
+}
+
+std::string DataRootsShown(const JobPathPolicy& policy) {
+  return absl::StrCat("every --data-root of this worker ('",
+                      absl::StrJoin(policy.data_roots, "', '"), "')");
+}
+
+// The files a checkpoint reader opens in the init_from directory `dir` (resolved) are its
+// entries: each must resolve under a data root too, or a link among them would read a file the
+// roots keep out (another job's weights). A directory that cannot be listed is left to the
+// reader, which says what is wrong with it.
+absl::Status CheckInitFromEntries(const std::string& value, const std::string& dir,
+                                  const JobPathPolicy& policy) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    absl::StatusOr<std::string> resolved = ResolvePath(it->path().string());
+    if (resolved.ok() && UnderOneOf(*resolved, policy.data_roots)) continue;
     return absl::InvalidArgumentError(absl::StrCat(
-        field, " = '", Shown(path), "'",
-        resolved.ok() && *resolved != path ? absl::StrCat(" (resolved: '", Shown(*resolved), "')")
-                                           : "",
-        " is outside every --data-root of this worker ('", absl::StrJoin(policy.data_roots, "', '"),
-        "')"));
+        "checkpoint.init_from = '", Shown(value), "': its file '",
+        Shown(it->path().filename().string()), "'",
+        resolved.ok() ? absl::StrCat(" resolves to '", Shown(*resolved), "', which") : "",
+        " is outside ", DataRootsShown(policy)));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ResolvedJobPaths> CheckJobPaths(const v1::JobSpec& spec, const std::string& job_dir,
+                                               const JobPathPolicy& policy) {
+  ResolvedJobPaths paths;
+  // The directory the job's own one is made in (<dir> of <dir>/<job id>) is what a spec names;
+  // the job's directory itself, when someone made it a link, is the operator's (or, under
+  // `moetrain run`, the user's) choice.
+  const fs::path parent = fs::path(job_dir).parent_path();
+  const std::string field =
+      spec.checkpoint().dir().empty()
+          ? "the job's checkpoint directory"
+          : absl::StrCat("checkpoint.dir = '", Shown(spec.checkpoint().dir()), "'");
+  absl::StatusOr<std::string> checkpoint_dir = ResolvePath(parent.empty() ? "." : parent.string());
+  absl::StatusOr<bool> inside = true;
+  if (!checkpoint_dir.ok()) {
+    inside = checkpoint_dir.status();
+  } else if (!policy.checkpoint_root.empty()) {
+    inside = ResolvesUnder(*checkpoint_dir, policy.checkpoint_root);
+  }
+  if (!inside.ok() || !*inside) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": '", Shown(job_dir), "'",
+                     policy.checkpoint_root.empty()
+                         ? " cannot be resolved on this worker"
+                         : absl::StrCat(" is outside the checkpoint root '",
+                                        Shown(policy.checkpoint_root), "' on this worker"),
+                     inside.ok() ? "" : absl::StrCat(" (", inside.status().message(), ")")));
+  }
+  paths.checkpoint_dir = *std::move(checkpoint_dir);
+  // What the job reads: under one of the data roots, when the operator names any.
+  struct Read {
+    const char* field;
+    const std::string& path;
+    std::string* resolved;
+  };
+  const Read reads[] = {{"data.path", spec.data().path(), &paths.data_path},
+                        {"checkpoint.init_from", spec.checkpoint().init_from(), &paths.init_from}};
+  for (const Read& read : reads) {
+    if (read.path.empty()) continue;
+    absl::StatusOr<std::string> resolved = ResolvePath(read.path);
+    if (!resolved.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(read.field, " = '", Shown(read.path),
+                                                     "' cannot be resolved on this worker (",
+                                                     resolved.status().message(), ")"));
+    }
+    if (!policy.data_roots.empty() && !UnderOneOf(*resolved, policy.data_roots)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          read.field, " = '", Shown(read.path), "'",
+          *resolved != read.path ? absl::StrCat(" (resolved: '", Shown(*resolved), "')") : "",
+          " is outside ", DataRootsShown(policy)));
+    }
+    *read.resolved = *std::move(resolved);
+  }
+  if (!policy.data_roots.empty() && !paths.init_from.empty()) {
+    MOETRAIN_RETURN_IF_ERROR(
+        CheckInitFromEntries(spec.checkpoint().init_from(), paths.init_from, policy));
+  }
+  return paths;
 }
 
 }  // namespace moetrain

@@ -128,7 +128,10 @@ class ReportingObserver : public TrainObserver {
     v1::ReportCheckpointRequest request;
     Address(&request);
     request.set_step(report.step);
-    request.set_path(report.path);
+    // The coordinator knows the job's directory as it assigned it; the trainer wrote to its
+    // resolved form (CheckJobPaths).
+    request.set_path(
+        absl::StrCat(assignment_.checkpoint_dir(), "/", CheckpointStepDirName(report.step)));
     request.set_tokens_seen(report.tokens_seen);
     ToProtoDuration(absl::Seconds(report.write_seconds), request.mutable_write_duration());
     agent_->Report(std::move(request));
@@ -260,11 +263,16 @@ absl::StatusOr<v1::AttemptOutcome> Train(const v1::Assignment& assignment,
                             environment.device.is_cpu() ? 0 : environment.device.index));
   config.job_id = root.filename().string();
   config.stop_after_step = environment.stop_after_step;
-  // Before anything is read or written: the spec's paths stay where the operator allows.
-  MOETRAIN_RETURN_IF_ERROR(
+  // Before anything is read or written: the spec's paths stay where the operator allows, and the
+  // trainer uses them as they were checked (resolved once).
+  MOETRAIN_ASSIGN_OR_RETURN(
+      const ResolvedJobPaths paths,
       CheckJobPaths(assignment.spec(), assignment.checkpoint_dir(),
                     JobPathPolicy{.checkpoint_root = assignment.checkpoint_root(),
                                   .data_roots = environment.data_roots}));
+  config.checkpoint_dir = paths.checkpoint_dir;
+  config.data.path = paths.data_path;
+  config.init_from = paths.init_from;
   if (assignment.world_size() != config.parallel.world_size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the assignment has ", assignment.world_size(), " ranks but the spec's layout ",

@@ -87,6 +87,7 @@ int main(int argc, char** argv) {
   moetrain::ConnectOptions connect;
   connect.address = Env("MOETRAIN_COORDINATOR", "127.0.0.1:7070");
   connect.token_file = Env("MOETRAIN_TOKEN_FILE", "");
+  std::string worker_token_file = Env("MOETRAIN_WORKER_TOKEN_FILE", "");
   moetrain::WorkerOptions options;
   options.name = HostName();
   options.version = MOETRAIN_VERSION;
@@ -103,6 +104,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--token-file", connect.token_file,
                  "file holding the coordinator's bearer token (env MOETRAIN_TOKEN_FILE)");
+  app.add_option("--worker-token-file", worker_token_file,
+                 "file holding the coordinator's worker token (its --worker-token-file; env "
+                 "MOETRAIN_WORKER_TOKEN_FILE): sent instead of --token-file's");
   app.add_option("--tls-ca", connect.tls_ca_file, "PEM CA to verify the coordinator (enables TLS)");
   app.add_option("--tls-cert", connect.tls_cert_file, "PEM client certificate, for mTLS");
   app.add_option("--tls-key", connect.tls_key_file, "PEM key of --tls-cert");
@@ -143,6 +147,8 @@ int main(int argc, char** argv) {
     // CLI11 prints the help, the version or the problem; any usage error is exit code 2.
     return app.exit(error) == 0 ? 0 : 2;
   }
+  // A coordinator with a worker token admits workers by that token alone.
+  if (!worker_token_file.empty()) connect.token_file = worker_token_file;
   // Made absolute before --work-dir changes the directory they are relative to (the token file
   // of MOETRAIN_TOKEN_FILE too).
   for (std::string* path :

@@ -95,12 +95,17 @@ absl::StatusOr<JobRecord> Coordinator::Submit(absl::string_view submission_id,
   MOETRAIN_RETURN_IF_ERROR(ValidateJobNameForPath(spec.name()));
   MOETRAIN_RETURN_IF_ERROR(ValidateSpecPath("data.path", spec.data().path()));
   MOETRAIN_RETURN_IF_ERROR(ValidateSpecPath("checkpoint.dir", spec.checkpoint().dir()));
+  MOETRAIN_RETURN_IF_ERROR(ValidateSpecPath("checkpoint.init_from", spec.checkpoint().init_from()));
   MOETRAIN_ASSIGN_OR_RETURN(v1::JobSpec resolved, ResolveJobSpec(spec));
 
   NewJob job;
   job.submission_id = std::string(submission_id);
   job.name = resolved.name();
   job.spec = SerializeDeterministic(resolved);
+  if (job.spec.size() > kMaxSpecBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec serializes to ", job.spec.size(), " bytes, more than ", kMaxSpecBytes));
+  }
   job.priority = priority;
 
   MOETRAIN_ASSIGN_OR_RETURN(JobRecord record, store_->CreateJob(job));

@@ -385,10 +385,11 @@ absl::Status Fleet::ReportCheckpoint(const v1::ReportCheckpointRequest& request)
   const Slot& slot = *workers_.at(request.worker_id())->slot;
   const std::string expected =
       absl::StrCat(slot.assignment.checkpoint_dir(), "/", StepDirName(request.step()));
-  if (request.step() < 1 || request.path() != expected) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint step ", request.step(), " at '",
-                                                   request.path(), "': expected a step >= 1 at '",
-                                                   expected, "'"));
+  // A step past train.steps would pass for the job's final checkpoint (ReportSucceeded).
+  if (request.step() < 1 || request.step() > attempt->total_steps || request.path() != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint step ", request.step(), " at '", request.path(), "': expected a step in [1, ",
+        "train.steps = ", attempt->total_steps, "] at '", expected, "'"));
   }
   metrics_.OnCheckpointWritten(request.job_id(), FromProtoDuration(request.write_duration()));
   std::set<int32_t>& members = attempt->checkpoint_members[request.step()];
@@ -434,16 +435,8 @@ absl::Status Fleet::ReportAttemptEnd(const v1::ReportAttemptEndRequest& request)
   const std::string who =
       absl::StrCat("rank ", request.rank(), " on worker ", worker->id, " (", worker->name, ")");
   switch (request.outcome()) {
-    case v1::ATTEMPT_OUTCOME_SUCCEEDED: {
-      MOETRAIN_RETURN_IF_ERROR(MarkStarted(attempt, member));
-      attempt.succeeded[member] = true;
-      ReleaseSlot(*worker);
-      if (std::find(attempt.succeeded.begin(), attempt.succeeded.end(), false) !=
-          attempt.succeeded.end()) {
-        return absl::OkStatus();
-      }
-      return FinishAttempt(attempt, request.step());
-    }
+    case v1::ATTEMPT_OUTCOME_SUCCEEDED:
+      return ReportSucceeded(attempt, member, *worker, request.step(), who);
     case v1::ATTEMPT_OUTCOME_FAILED:
       ReleaseSlot(*worker);
       return EndAttemptUnsuccessfully(

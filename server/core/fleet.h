@@ -8,7 +8,9 @@
 //   GetAssignment     delivers a worker's slot; Heartbeat and reports show the rank started; once
 //                     every rank has, the job goes RUNNING
 //   ReportStep/Log/Checkpoint   events, metrics; a checkpoint is good once every rank reported it
-//   ReportAttemptEnd  SUCCEEDED from every rank → job SUCCEEDED. FAILED (transient) from one
+//   ReportAttemptEnd  SUCCEEDED from every rank, at train.steps with the final checkpoint
+//                     recorded → job SUCCEEDED (without it, the attempt fails as a transient
+//                     failure would). FAILED (transient) from one
 //                     rank, a worker lost (no heartbeat for heartbeat_timeout) or a rank that
 //                     never starts → the attempt fails: RESTARTING (from the latest good
 //                     checkpoint, after the restart backoff) while restarts are left, else FAILED;
@@ -166,8 +168,9 @@ class Fleet {
   absl::StatusOr<JobRecord> Cancel(absl::string_view job_id, absl::string_view reason);
   // JobService (fleet_delete.cc): removes a final job from the store (Store::DeleteJob) and its
   // metric series at once; with `delete_checkpoints`, also its checkpoint directory
-  // <root>/<job id>, never following a symbolic link (FailedPrecondition, nothing deleted): moved
-  // aside first, removed after the store rows, outside the fleet's lock.
+  // <dir>/<job id>, where <dir> is resolved as the workers resolve it and must lie under the
+  // checkpoint root, and the job's directory is no symbolic link (else FailedPrecondition,
+  // nothing deleted): moved aside first, removed after the store rows, outside the fleet's lock.
   // Unavailable while a rank of the job is still stopping on a worker.
   absl::StatusOr<DeletedJob> Delete(absl::string_view job_id, bool delete_checkpoints);
   // JobService, at submit: FailedPrecondition when one rank of `spec` needs more device memory
@@ -224,6 +227,15 @@ class Fleet {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The wait before the next attempt of a job that has counted `restarts` restarts (>= 1).
   absl::Duration RestartBackoff(int64_t restarts) const;
+  // `member` (on `worker`, `who` in messages) reported SUCCEEDED at `step` (fleet_success.cc).
+  // Taken only when `step` is train.steps and the final checkpoint, of that step, is recorded or
+  // reported by the member (a checkpoint is recorded once every member reported it); otherwise
+  // the attempt fails (transient: it restarts from the newest recorded checkpoint) and the answer
+  // is FailedPrecondition naming the step and the newest recorded checkpoint. Once every member
+  // has succeeded, FinishAttempt.
+  absl::Status ReportSucceeded(AttemptEntry& attempt, int32_t member, WorkerEntry& worker,
+                               int64_t step, const std::string& who)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every member reported success: the job SUCCEEDED at `step`.
   absl::Status FinishAttempt(AttemptEntry& attempt, int64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1,10 +1,12 @@
-// Fleet::Delete: a final job leaves the store, the metrics and (when asked) the checkpoint root.
+// Fleet::Delete: a final job leaves the store, the metrics and (when asked) the checkpoint root,
+// never anything outside that root.
 #include <filesystem>
 #include <optional>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "engine/core/log.h"
+#include "engine/core/resolve_path.h"
 #include "engine/core/status.h"
 #include "server/core/fleet.h"
 #include "server/core/fleet_internal.h"
@@ -44,6 +46,30 @@ absl::StatusOr<std::optional<fs::path>> SetCheckpointDirAside(const fs::path& di
                                             error.message(), " (the job was not deleted; retry)"));
   }
   return aside;
+}
+
+// The job's checkpoint directory `dir` (`<checkpoint.dir or root>/<job id>`) with the directory
+// that holds it resolved as the workers resolved it when they wrote there (CheckJobPaths): its
+// links followed, a `..` after a directory that does not exist dropped. That directory must lie
+// under the checkpoint root `root`, resolved too: a link among its components that leads out of
+// the root is not followed (FailedPrecondition, nothing deleted).
+absl::StatusOr<fs::path> ResolvedJobDir(const std::string& dir, const std::string& root) {
+  const fs::path job_dir(dir);
+  const std::string parent = job_dir.parent_path().empty() ? "." : job_dir.parent_path().string();
+  absl::StatusOr<std::string> resolved = ResolvePath(parent);
+  absl::StatusOr<bool> inside =
+      resolved.ok() ? ResolvesUnder(*resolved, root) : absl::StatusOr<bool>(resolved.status());
+  if (!inside.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot resolve checkpoint directory ", dir,
+                                                      ": ", inside.status().message(),
+                                                      "; nothing deleted"));
+  }
+  if (!*inside) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint directory ", dir, " lies in ", *resolved, ", outside the checkpoint root ",
+        root, " (a symbolic link leads there); not following it, nothing deleted"));
+  }
+  return fs::path(*resolved) / job_dir.filename();
 }
 
 }  // namespace
@@ -89,18 +115,21 @@ absl::StatusOr<DeletedJob> Fleet::DeleteLocked(absl::string_view job_id, bool de
   }
   DeletedJob deleted;
   deleted.checkpoint_dir = CheckpointRoot(job, spec);
+  fs::path job_dir;
   if (delete_checkpoints) {
     if (options_.checkpoint_naming != CheckpointNaming::kJobId) {
       return absl::FailedPreconditionError(
           "checkpoint directories are named after job names here, not ids; not deleting them");
     }
+    MOETRAIN_ASSIGN_OR_RETURN(job_dir,
+                              ResolvedJobDir(deleted.checkpoint_dir, options_.checkpoint_dir));
     // Files first: when moving them aside fails, the job is still there to retry with.
-    MOETRAIN_ASSIGN_OR_RETURN(*aside, SetCheckpointDirAside(deleted.checkpoint_dir, job.id));
+    MOETRAIN_ASSIGN_OR_RETURN(*aside, SetCheckpointDirAside(job_dir, job.id));
   }
   if (absl::Status status = store_->DeleteJob(job.id); !status.ok()) {
     if (aside->has_value()) {  // put the files back: the job stays, whole
       std::error_code error;
-      fs::rename(**aside, deleted.checkpoint_dir, error);
+      fs::rename(**aside, job_dir, error);
       aside->reset();
     }
     return status;

@@ -18,9 +18,13 @@ namespace moetrain::server {
 inline constexpr size_t kMaxReasonBytes = 4096;
 // One log line of a job's event log (cut beyond it).
 inline constexpr size_t kMaxLogLineBytes = 4096;
-// A path in a spec (data.path, checkpoint.dir) or a checkpoint report: Linux's PATH_MAX, so no
-// path a worker could open is refused.
+// A path in a spec (data.path, checkpoint.dir, checkpoint.init_from) or a checkpoint report:
+// Linux's PATH_MAX, so no path a worker could open is refused.
 inline constexpr size_t kMaxPathBytes = 4096;
+// A job's spec as the store keeps it (serialized). Its strings are bounded above (a name, three
+// paths: under 13 KiB together); this bounds the whole, so that one job always fits a GetJob
+// answer and a ListJobs page, and every assignment that carries the spec fits its message.
+inline constexpr size_t kMaxSpecBytes = size_t{256} << 10;
 // The message of a gRPC error (cut beyond it): far below gRPC's 8 KiB default metadata limit.
 inline constexpr size_t kMaxErrorMessageBytes = 2048;
 // The most bytes of jobs one ListJobs page holds (estimated from the stored sizes). gRPC's

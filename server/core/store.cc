@@ -159,6 +159,7 @@ absl::StatusOr<JobRecord> Store::CreateJob(const NewJob& job) {
         MOETRAIN_ASSIGN_OR_RETURN(result, ReadJob(*db_, id));
         return absl::OkStatus();
       }
+      MOETRAIN_RETURN_IF_ERROR(RefuseDeletedSubmission(job.submission_id));
     }
     std::string id;
     for (int attempt = 0; attempt < kJobIdTries && id.empty(); ++attempt) {
@@ -200,7 +201,9 @@ absl::StatusOr<bool> Store::HasSubmission(absl::string_view submission_id) {
   return Read([&](sqlite::Database& db) -> absl::StatusOr<bool> {
     MOETRAIN_ASSIGN_OR_RETURN(
         sqlite::Statement existing,
-        db.Query("SELECT id FROM jobs WHERE submission_id = ?", std::string(submission_id)));
+        db.Query("SELECT id FROM jobs WHERE submission_id = ?1 UNION ALL SELECT job_id FROM "
+                 "deleted_submissions WHERE submission_id = ?1 AND deleted_us >= ?2",
+                 std::string(submission_id), Micros(env_->Now() - kDeletedSubmissionRetention)));
     return existing.Step();
   });
 }

@@ -6,10 +6,11 @@
 //
 // Errors: NotFound (no such job/worker), InvalidArgument (a malformed id or argument),
 // FailedPrecondition (the state is not what the call needs: stale `from`, illegal transition,
-// attempt already ended), AlreadyExists (submission id reused with another spec), Unavailable
-// (the file stayed locked past the busy timeout: retry), DataLoss (the file is corrupt: the store
-// never writes over it), FailedPrecondition too when the file or its directory is not writable,
-// Internal (anything else SQLite reports).
+// attempt already ended), AlreadyExists (a submission id reused with another spec, or a deleted
+// job's within kDeletedSubmissionRetention), Unavailable (the file stayed locked past the busy
+// timeout: retry), DataLoss (the file is corrupt: the store never writes over it),
+// FailedPrecondition too when the file or its directory is not writable, Internal (anything else
+// SQLite reports).
 #ifndef MOETRAIN_SERVER_CORE_STORE_H_
 #define MOETRAIN_SERVER_CORE_STORE_H_
 
@@ -42,6 +43,11 @@ inline constexpr char kSubmittedEventKind[] = "submitted";
 // Appended by RecordStepMetrics; the payload is the caller's (a serialized
 // moetrain.v1.StepMetrics).
 inline constexpr char kStepMetricsEventKind[] = "step_metrics";
+
+// How long a deleted job's submission id stays taken (DeleteJob keeps a tombstone of it): a
+// client that retries a submit after a delete, within this time, gets AlreadyExists naming the
+// deleted job rather than a second run of it.
+inline constexpr absl::Duration kDeletedSubmissionRetention = absl::Hours(24);
 
 // What the store needs from the world, so tests can pin time and force id collisions.
 class StoreEnv {
@@ -167,7 +173,7 @@ struct StoreOptions {
 
 class Store {
  public:
-  static constexpr int kSchemaVersion = 3;
+  static constexpr int kSchemaVersion = 4;
 
   // Opens or creates the store at `path` and migrates its schema to kSchemaVersion.
   // DataLoss (naming the file) when the file is not a database or is damaged; the file is left
@@ -182,9 +188,11 @@ class Store {
 
   // Creates a PENDING job and its kSubmittedEventKind event, atomically. A repeated non-empty
   // submission_id returns the existing job when its spec hash and priority match, and
-  // AlreadyExists when they do not; nothing is written then.
+  // AlreadyExists when they do not, or when it named a job deleted less than
+  // kDeletedSubmissionRetention ago; nothing is written then.
   absl::StatusOr<JobRecord> CreateJob(const NewJob& job);
-  // Whether a job was created with this non-empty submission_id.
+  // Whether a job was created with this non-empty submission_id (one deleted less than
+  // kDeletedSubmissionRetention ago included).
   absl::StatusOr<bool> HasSubmission(absl::string_view submission_id);
   absl::StatusOr<JobRecord> GetJob(absl::string_view job_id);
   // In creation order, one page at a time.
@@ -201,9 +209,9 @@ class Store {
   // left); unknown ids are skipped.
   absl::Status SetWaitingReasons(const std::vector<std::pair<std::string, std::string>>& reasons);
   // Removes a job in a final state (SUCCEEDED, FAILED, CANCELLED) with its events, attempts and
-  // checkpoint records, atomically (store_delete.cc). NotFound for an
-  // unknown job, FailedPrecondition naming the state of one that is not final. Files are the
-  // caller's business.
+  // checkpoint records, atomically (store_delete.cc), keeping its submission id taken for
+  // kDeletedSubmissionRetention. NotFound for an unknown job, FailedPrecondition naming the state
+  // of one that is not final. Files are the caller's business.
   absl::Status DeleteJob(absl::string_view job_id);
   // Every state with its number of jobs (zeros included), for metrics.
   absl::StatusOr<std::map<JobState, int64_t>> CountJobsByState();
@@ -258,6 +266,10 @@ class Store {
   // On `db`: the writer inside a write, the reader otherwise (its lock held).
   absl::StatusOr<JobRecord> ReadJob(sqlite::Database& db, absl::string_view job_id);
   absl::Status RequireJob(sqlite::Database& db, absl::string_view job_id);
+  // AlreadyExists naming the deleted job while `submission_id` is a tombstone younger than
+  // kDeletedSubmissionRetention; forgets the older tombstones first (store_delete.cc).
+  absl::Status RefuseDeletedSubmission(absl::string_view submission_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<int64_t> AppendEventLocked(absl::string_view job_id, absl::string_view kind,
                                             absl::string_view payload, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

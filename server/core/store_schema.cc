@@ -87,6 +87,15 @@ ALTER TABLE checkpoints ADD COLUMN attempt INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE jobs ADD COLUMN waiting_reason TEXT NOT NULL DEFAULT '';
 ALTER TABLE jobs ADD COLUMN next_attempt_us INTEGER;
 )sql",
+    // 3 → 4: the submission ids of deleted jobs, kept for kDeletedSubmissionRetention so that
+    // a retried submit cannot create the job a second time.
+    R"sql(
+CREATE TABLE deleted_submissions (
+  submission_id TEXT PRIMARY KEY,
+  job_id TEXT NOT NULL,
+  deleted_us INTEGER NOT NULL
+) WITHOUT ROWID;
+)sql",
 };
 
 class DefaultEnv : public StoreEnv {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,15 +71,23 @@ bool BearerTokenMatches(absl::string_view authorization, absl::string_view token
   return absl::ConsumePrefix(&authorization, "Bearer ") && ConstantTimeEquals(authorization, token);
 }
 
-grpc::Status Authenticate(const grpc::ServerContext& context, absl::string_view token) {
-  if (token.empty()) return grpc::Status::OK;
+grpc::Status Authenticate(const grpc::ServerContext& context, const CallerToken& caller) {
   const auto& metadata = context.client_metadata();
   auto it = metadata.find("authorization");
-  if (it == metadata.end()) {
+  const std::optional<absl::string_view> authorization =
+      it == metadata.end() ? std::nullopt
+                           : std::optional<absl::string_view>(
+                                 absl::string_view(it->second.data(), it->second.size()));
+  if (!caller.other_token.empty() && authorization.has_value() &&
+      BearerTokenMatches(*authorization, caller.other_token)) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, caller.other_refusal);
+  }
+  if (caller.token.empty()) return grpc::Status::OK;
+  if (!authorization.has_value()) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                         "missing 'authorization: Bearer <token>' metadata");
   }
-  if (!BearerTokenMatches(absl::string_view(it->second.data(), it->second.size()), token)) {
+  if (!BearerTokenMatches(*authorization, caller.token)) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid bearer token");
   }
   return grpc::Status::OK;
@@ -88,9 +97,9 @@ absl::Status CheckNoUnknownFields(const google::protobuf::Message& message) {
   return CheckFields(message, "");
 }
 
-grpc::Status Admit(const grpc::ServerContext& context, absl::string_view token,
+grpc::Status Admit(const grpc::ServerContext& context, const CallerToken& caller,
                    const google::protobuf::Message& request) {
-  grpc::Status auth = Authenticate(context, token);
+  grpc::Status auth = Authenticate(context, caller);
   if (!auth.ok()) return auth;
   return ToGrpcStatus(CheckNoUnknownFields(request));
 }

@@ -25,16 +25,28 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 // constant time.
 bool BearerTokenMatches(absl::string_view authorization, absl::string_view token);
 
-// OK when `token` is empty (no authentication) or the call carries `authorization: Bearer
-// <token>`; else UNAUTHENTICATED, saying which was wrong.
-grpc::Status Authenticate(const grpc::ServerContext& context, absl::string_view token);
+// The bearer token a service admits, and the token of the other kind of caller, which it refuses
+// by design: with a worker token (--worker-token-file), JobService admits the users' token and
+// refuses the worker token, WorkerService the other way round.
+struct CallerToken {
+  std::string token;  // empty = no authentication
+  // The other service's token; empty = none. A call carrying it is PERMISSION_DENIED with
+  // `other_refusal`, even where `token` is empty.
+  std::string other_token;
+  std::string other_refusal;
+};
+
+// OK when the call carries `authorization: Bearer <caller.token>`, or caller.token is empty (and
+// the call does not carry caller.other_token); PERMISSION_DENIED with caller.other_refusal when it
+// carries caller.other_token; else UNAUTHENTICATED, saying which was wrong.
+grpc::Status Authenticate(const grpc::ServerContext& context, const CallerToken& caller);
 
 // InvalidArgument naming the first message (by field path) that holds fields unknown to this
 // build: a client newer than the coordinator would otherwise have them silently ignored.
 absl::Status CheckNoUnknownFields(const google::protobuf::Message& message);
 
 // Authenticate, then CheckNoUnknownFields: the first thing every handler does.
-grpc::Status Admit(const grpc::ServerContext& context, absl::string_view token,
+grpc::Status Admit(const grpc::ServerContext& context, const CallerToken& caller,
                    const google::protobuf::Message& request);
 
 // A server interceptor that answers a request whose bytes do not parse as its message with

@@ -92,15 +92,18 @@ absl::Status CheckSpecPaths(const v1::JobSpec& spec, const JobServiceOptions& op
                        "': leave it empty, or name a directory under the root"));
     }
   }
-  const std::string& data = spec.data().path();
-  if (!data.empty() && !options.data_roots.empty()) {
+  // What a job reads, as the workers' --data-root confines it.
+  const std::pair<const char*, const std::string&> reads[] = {
+      {"data.path", spec.data().path()}, {"checkpoint.init_from", spec.checkpoint().init_from()}};
+  for (const auto& [field, path] : reads) {
+    if (path.empty() || options.data_roots.empty()) continue;
     bool maybe_inside = false;
     for (const std::string& root : options.data_roots) {
-      maybe_inside = maybe_inside || LexicallyUnder(data, root) != Containment::kOutside;
+      maybe_inside = maybe_inside || LexicallyUnder(path, root) != Containment::kOutside;
     }
     if (!maybe_inside) {
       return absl::InvalidArgumentError(
-          absl::StrCat("data.path = '", data.substr(0, 256),
+          absl::StrCat(field, " = '", path.substr(0, 256),
                        "' is outside every --data-root of the coordinator ('",
                        absl::StrJoin(options.data_roots, "', '"), "')"));
     }
@@ -172,11 +175,18 @@ void ToProto(const EventRecord& record, v1::JobEvent* event) {
 }
 
 JobService::JobService(Coordinator* coordinator, Fleet* fleet, JobServiceOptions options)
-    : coordinator_(coordinator), fleet_(fleet), options_(std::move(options)) {}
+    : coordinator_(coordinator),
+      fleet_(fleet),
+      options_(std::move(options)),
+      caller_{.token = options_.bearer_token,
+              .other_token = options_.worker_token,
+              .other_refusal =
+                  "the worker token (--worker-token-file) admits WorkerService "
+                  "only; JobService needs the users' token (--token-file)"} {}
 
 grpc::Status JobService::SubmitJob(grpc::ServerContext* context,
                                    const v1::SubmitJobRequest* request, v1::Job* response) {
-  if (grpc::Status admitted = Admit(*context, options_.bearer_token, *request); !admitted.ok()) {
+  if (grpc::Status admitted = Admit(*context, caller_, *request); !admitted.ok()) {
     return admitted;
   }
   // A job no worker of this version can train would fail on every worker it is given to.
@@ -205,7 +215,7 @@ grpc::Status JobService::SubmitJob(grpc::ServerContext* context,
 
 grpc::Status JobService::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
                                 v1::Job* response) {
-  if (grpc::Status admitted = Admit(*context, options_.bearer_token, *request); !admitted.ok()) {
+  if (grpc::Status admitted = Admit(*context, caller_, *request); !admitted.ok()) {
     return admitted;
   }
   absl::StatusOr<JobRecord> job = coordinator_->Get(request->job_id());
@@ -215,7 +225,7 @@ grpc::Status JobService::GetJob(grpc::ServerContext* context, const v1::GetJobRe
 
 grpc::Status JobService::ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
                                   v1::ListJobsResponse* response) {
-  if (grpc::Status admitted = Admit(*context, options_.bearer_token, *request); !admitted.ok()) {
+  if (grpc::Status admitted = Admit(*context, caller_, *request); !admitted.ok()) {
     return admitted;
   }
   ListOptions options;
@@ -240,7 +250,7 @@ grpc::Status JobService::ListJobs(grpc::ServerContext* context, const v1::ListJo
 
 grpc::Status JobService::CancelJob(grpc::ServerContext* context,
                                    const v1::CancelJobRequest* request, v1::Job* response) {
-  if (grpc::Status admitted = Admit(*context, options_.bearer_token, *request); !admitted.ok()) {
+  if (grpc::Status admitted = Admit(*context, caller_, *request); !admitted.ok()) {
     return admitted;
   }
   absl::StatusOr<JobRecord> job = fleet_->Cancel(request->job_id(), request->reason());
@@ -251,7 +261,7 @@ grpc::Status JobService::CancelJob(grpc::ServerContext* context,
 grpc::Status JobService::DeleteJob(grpc::ServerContext* context,
                                    const v1::DeleteJobRequest* request,
                                    v1::DeleteJobResponse* response) {
-  if (grpc::Status admitted = Admit(*context, options_.bearer_token, *request); !admitted.ok()) {
+  if (grpc::Status admitted = Admit(*context, caller_, *request); !admitted.ok()) {
     return admitted;
   }
   absl::StatusOr<DeletedJob> deleted =
@@ -264,7 +274,7 @@ grpc::Status JobService::DeleteJob(grpc::ServerContext* context,
 
 grpc::Status JobService::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                                   grpc::ServerWriter<v1::JobEvent>* writer) {
-  if (grpc::Status admitted = Admit(*context, options_.bearer_token, *request); !admitted.ok()) {
+  if (grpc::Status admitted = Admit(*context, caller_, *request); !admitted.ok()) {
     return admitted;
   }
   if (request->from_sequence() < 0) {
@@ -294,7 +304,7 @@ grpc::Status JobService::WatchJob(grpc::ServerContext* context, const v1::WatchJ
 grpc::Status JobService::ListCheckpoints(grpc::ServerContext* context,
                                          const v1::ListCheckpointsRequest* request,
                                          v1::ListCheckpointsResponse* response) {
-  if (grpc::Status admitted = Admit(*context, options_.bearer_token, *request); !admitted.ok()) {
+  if (grpc::Status admitted = Admit(*context, caller_, *request); !admitted.ok()) {
     return admitted;
   }
   absl::StatusOr<std::vector<CheckpointRecord>> checkpoints =
@@ -314,7 +324,7 @@ grpc::Status JobService::ListCheckpoints(grpc::ServerContext* context,
 grpc::Status JobService::ListWorkers(grpc::ServerContext* context,
                                      const v1::ListWorkersRequest* request,
                                      v1::ListWorkersResponse* response) {
-  if (grpc::Status admitted = Admit(*context, options_.bearer_token, *request); !admitted.ok()) {
+  if (grpc::Status admitted = Admit(*context, caller_, *request); !admitted.ok()) {
     return admitted;
   }
   for (v1::WorkerInfo& worker : fleet_->ListWorkers()) *response->add_workers() = std::move(worker);

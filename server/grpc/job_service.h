@@ -1,8 +1,9 @@
 // moetrain.v1.JobService over the coordinator core: converts messages to core calls (Coordinator
 // for jobs and events, Fleet for cancellation, deletion and workers) and absl::Status to
-// grpc::Status (same code, message kept). Decides nothing itself beyond admission: the bearer token
-// when one is configured, and no fields unknown to this build. SubmitJob also asks the fleet
-// whether a registered worker can hold one rank of the job (Fleet::CheckDeviceMemory).
+// grpc::Status (same code, message kept). Decides nothing itself beyond admission: the users'
+// bearer token when one is configured (never the worker token), and no fields unknown to this
+// build. SubmitJob also asks the fleet whether a registered worker can hold one rank of the job
+// (Fleet::CheckDeviceMemory).
 #ifndef MOETRAIN_SERVER_GRPC_JOB_SERVICE_H_
 #define MOETRAIN_SERVER_GRPC_JOB_SERVICE_H_
 
@@ -21,11 +22,14 @@
 namespace moetrain::server {
 
 struct JobServiceOptions {
-  // Empty = no authentication.
+  // The users' token; empty = no authentication.
   std::string bearer_token;
+  // The workers' token (--worker-token-file), which admits WorkerService only: a call carrying
+  // it is PERMISSION_DENIED. Empty = none.
+  std::string worker_token;
   // The fleet's checkpoint root and the operator's data roots, as the workers see them: a spec
-  // whose checkpoint.dir or data.path is visibly outside them is refused at submit
-  // (INVALID_ARGUMENT). Empty = not checked.
+  // whose checkpoint.dir, or data.path or checkpoint.init_from, is visibly outside them is refused
+  // at submit (INVALID_ARGUMENT). Empty = not checked.
   std::string checkpoint_root;
   std::vector<std::string> data_roots;
   // How often a blocked WatchJob notices that its client went away.
@@ -64,6 +68,7 @@ class JobService final : public v1::JobService::Service {
   Coordinator* const coordinator_;
   Fleet* const fleet_;
   const JobServiceOptions options_;
+  const CallerToken caller_;
 };
 
 }  // namespace moetrain::server

@@ -25,13 +25,23 @@ std::string MetadataOf(const grpc::ServerContext& context, const char* key) {
   return it == metadata.end() ? std::string() : std::string(it->second.data(), it->second.size());
 }
 
+// With a worker token, the users' token is the other kind of caller's.
+CallerToken WorkerCaller(std::string bearer_token, std::string worker_token) {
+  if (worker_token.empty()) return CallerToken{.token = std::move(bearer_token)};
+  return CallerToken{.token = std::move(worker_token),
+                     .other_token = std::move(bearer_token),
+                     .other_refusal =
+                         "this coordinator has a worker token (--worker-token-file): "
+                         "WorkerService admits it, not the users' token (--token-file)"};
+}
+
 }  // namespace
 
 grpc::Status WorkerService::AdmitWorker(const grpc::ServerContext& context,
                                         const google::protobuf::Message& request,
                                         const std::string* named_worker_id,
                                         std::string* worker_id) {
-  if (grpc::Status admitted = Admit(context, bearer_token_, request); !admitted.ok()) {
+  if (grpc::Status admitted = Admit(context, caller_, request); !admitted.ok()) {
     return admitted;
   }
   const std::string claimed = MetadataOf(context, kWorkerIdMetadata);
@@ -54,13 +64,13 @@ grpc::Status WorkerService::AdmitWorker(const grpc::ServerContext& context,
   return ToGrpcStatus(fleet_->Authenticate(*worker_id, MetadataOf(context, kWorkerSecretMetadata)));
 }
 
-WorkerService::WorkerService(Fleet* fleet, std::string bearer_token)
-    : fleet_(fleet), bearer_token_(std::move(bearer_token)) {}
+WorkerService::WorkerService(Fleet* fleet, std::string bearer_token, std::string worker_token)
+    : fleet_(fleet), caller_(WorkerCaller(std::move(bearer_token), std::move(worker_token))) {}
 
 grpc::Status WorkerService::RegisterWorker(grpc::ServerContext* context,
                                            const v1::RegisterWorkerRequest* request,
                                            v1::RegisterWorkerResponse* response) {
-  if (grpc::Status admitted = Admit(*context, bearer_token_, *request); !admitted.ok()) {
+  if (grpc::Status admitted = Admit(*context, caller_, *request); !admitted.ok()) {
     return admitted;
   }
   return Reply(fleet_->Register(*request), response);

@@ -1,6 +1,6 @@
 // moetrain.v1.WorkerService over the Fleet: converts messages and statuses, admits calls (the
-// bearer token when one is configured, no unknown fields, and the worker's secret on every call
-// but RegisterWorker), and passes the rest on. The fleet
+// worker token, or without one the bearer token, when one is configured; no unknown fields; and
+// the worker's secret on every call but RegisterWorker), and passes the rest on. The fleet
 // decides everything else: fencing, validation, what each report means.
 #ifndef MOETRAIN_SERVER_GRPC_WORKER_SERVICE_H_
 #define MOETRAIN_SERVER_GRPC_WORKER_SERVICE_H_
@@ -11,13 +11,16 @@
 
 #include "moetrain/v1/worker.grpc.pb.h"
 #include "server/core/fleet.h"
+#include "server/grpc/grpc_util.h"
 
 namespace moetrain::server {
 
 class WorkerService final : public v1::WorkerService::Service {
  public:
-  // `fleet` is not owned and outlives the service. Empty `bearer_token` = no authentication.
-  WorkerService(Fleet* fleet, std::string bearer_token);
+  // `fleet` is not owned and outlives the service. The calls need `worker_token` when it is not
+  // empty (and a call carrying the users' `bearer_token` is PERMISSION_DENIED), else
+  // `bearer_token`; both empty = no authentication.
+  WorkerService(Fleet* fleet, std::string bearer_token, std::string worker_token = "");
 
   grpc::Status RegisterWorker(grpc::ServerContext* context,
                               const v1::RegisterWorkerRequest* request,
@@ -52,7 +55,7 @@ class WorkerService final : public v1::WorkerService::Service {
                            const std::string* named_worker_id, std::string* worker_id);
 
   Fleet* const fleet_;
-  const std::string bearer_token_;
+  const CallerToken caller_;
 };
 
 }  // namespace moetrain::server

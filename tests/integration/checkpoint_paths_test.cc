@@ -139,6 +139,23 @@ TEST_F(CheckpointPathsTest, SubmitRefusesACheckpointDirOutsideTheRoot) {
   EXPECT_TRUE(fs::exists(team / job_id / StepDirName(60)));
 }
 
+// Issue 31, item 3: a `..` after a directory that does not exist passed the checks, which
+// normalized it away, and then failed the job after training, whose writes took the path as
+// written. The worker resolves the path once and the trainer writes where it was checked.
+TEST_F(CheckpointPathsTest, ACheckpointDirThroughAMissingDirectoryIsWrittenWhereChecked) {
+  StartCoordinator();
+  StartWorker("w1");
+  TinySpec job = ServiceSpec();
+  job.max_restarts = 0;
+  const std::string dir = (dir_ / "checkpoints" / "missing" / ".." / "team").string();
+  const std::string job_id = SubmitOk(WithCheckpointDir(job, dir), "dotdot.yaml");
+  ASSERT_FALSE(job_id.empty());
+  const v1::Job ended = WaitForEnd(job_id);
+  EXPECT_EQ(ended.state(), v1::JOB_STATE_SUCCEEDED) << ended.state_reason();
+  EXPECT_TRUE(fs::exists(dir_ / "checkpoints" / "team" / job_id / StepDirName(job.steps)));
+  EXPECT_FALSE(fs::exists(dir_ / "checkpoints" / "missing"));
+}
+
 // A link inside the root that leads out of it: only the worker's file system shows it. The
 // attempt fails for good (no restart), nothing is written through the link.
 TEST_F(CheckpointPathsTest, TheWorkerRefusesACheckpointDirLinkedOutOfTheRoot) {
@@ -194,6 +211,13 @@ TEST_F(CheckpointPathsTest, ACoordinatorWithDataRootsRefusesOtherPathsAtSubmit) 
   const Finished climbing =
       SubmitYaml(WithDataPath(ServiceSpec(), "/srv/tokens/../../etc/passwd"), "climbing.yaml");
   EXPECT_EQ(climbing.exit_code, 2) << climbing.err;
+  // Issue 31, item 3: checkpoint.init_from is read like data.path, and refused alike.
+  TinySpec init_from = ServiceSpec();
+  init_from.checkpoint_extra = "  init_from: /srv/other-job/step-00000040\n";
+  const Finished weights = SubmitYaml(init_from.Yaml(), "init-from.yaml");
+  EXPECT_EQ(weights.exit_code, 2) << weights.err;
+  EXPECT_TRUE(Contains(weights.err, "checkpoint.init_from = '/srv/other-job/step-00000040'"))
+      << weights.err;
   // Under a root: accepted (the workers decide, links followed).
   EXPECT_FALSE(SubmitOk(WithDataPath(ServiceSpec(), "/srv/tokens/a.bin"), "inside.yaml").empty());
 }

@@ -2,6 +2,8 @@
 // worker running a job: the worker ids ListWorkers publishes are no credential, so every forged
 // WorkerService call about the worker's rank (progress, checkpoint, success, the rendezvous, its
 // heartbeat and poll) is refused, and the job trains to its real end.
+#include <chrono>
+#include <fstream>
 #include <string>
 #include <utility>
 
@@ -185,6 +187,28 @@ TEST_F(WorkerAuthTest, ATokenHolderWithAWorkerIdCannotActAsThatWorker) {
   EXPECT_EQ(job->latest_checkpoint_step(), kSteps);
   EXPECT_EQ(job->restarts(), 0);
   EXPECT_EQ(job->attempt(), 1);
+}
+
+// Issue 31, item 3: with a worker token (--worker-token-file), the users' token registers no
+// worker, so holding it no longer means being given other users' ranks. Real binaries: the
+// worker started with the users' token is refused and exits 1; the one with the worker token
+// trains the job.
+TEST_F(WorkerAuthTest, WithAWorkerTokenOnlyItsHoldersRegisterWorkers) {
+  std::ofstream(dir_ / "worker-token") << "service-test-worker-token\n";
+  ASSERT_NO_FATAL_FAILURE(
+      StartCoordinator(0, {"--worker-token-file", (dir_ / "worker-token").string()}));
+  Daemon& user = StartWorker("user");
+  EXPECT_EQ(user.WaitExit(std::chrono::seconds(60)), 1) << user.Log();
+  EXPECT_NE(user.Log().find("--worker-token-file"), std::string::npos) << user.Log();
+  EXPECT_TRUE(Workers().empty());
+
+  // --token-file is given too (StartWorker's): the worker token is the one sent.
+  StartWorker("worker", {"--worker-token-file", (dir_ / "worker-token").string()});
+  const std::string job_id = Submit(ServiceSpec("tokened"));
+  ASSERT_FALSE(job_id.empty());
+  ASSERT_TRUE(WaitForState(job_id, v1::JOB_STATE_SUCCEEDED))
+      << "state " << v1::JobState_Name(StateOf(job_id)) << "\n"
+      << coordinator_->Log();
 }
 
 }  // namespace

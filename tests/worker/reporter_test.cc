@@ -180,6 +180,7 @@ class ReporterTest : public worker_test::CoordinatorFixture {
 };
 
 TEST_F(ReporterTest, DeliversReportsInTheOrderTheyWereMade) {
+  steps_ = 3;
   ASSERT_NO_FATAL_FAILURE(StartRunningJob());
   Told told;
   Reporter reporter(&connection_, told.Options());
@@ -194,6 +195,7 @@ TEST_F(ReporterTest, DeliversReportsInTheOrderTheyWereMade) {
               ElementsAre("step 1", "log one", "step 2", "checkpoint 2", "log two", "step 3"));
   EXPECT_THAT(told.resolved(), IsEmpty());
 
+  reporter.Enqueue(Checkpoint(3));  // the final one, without which SUCCEEDED is refused
   reporter.Enqueue(End(v1::ATTEMPT_OUTCOME_SUCCEEDED, 3));
   ASSERT_TRUE(reporter.Flush(absl::Now() + kPatience));
   // The callbacks run on the reporter's thread once the report has left the queue.
@@ -253,6 +255,7 @@ TEST_F(ReporterTest, UnknownWorkerDropsEveryReportMadeUnderItsId) {
 }
 
 TEST_F(ReporterTest, RefusedReportsAreDroppedAndAnEndReportStillResolvesItsAttempt) {
+  steps_ = 2;
   ASSERT_NO_FATAL_FAILURE(StartRunningJob());
   Told told;
   Reporter reporter(&connection_, told.Options());
@@ -267,6 +270,7 @@ TEST_F(ReporterTest, RefusedReportsAreDroppedAndAnEndReportStillResolvesItsAttem
   EXPECT_THAT(Reported(), ElementsAre("step 2"));
   EXPECT_EQ(GetJob().state(), v1::JOB_STATE_RUNNING);
 
+  reporter.Enqueue(Checkpoint(2));
   reporter.Enqueue(End(v1::ATTEMPT_OUTCOME_SUCCEEDED, 2));
   ASSERT_TRUE(WaitUntil([&] { return told.resolved().size() == 2; }));
   EXPECT_EQ(GetJob().state(), v1::JOB_STATE_SUCCEEDED);
@@ -321,6 +325,7 @@ TEST_F(ReporterTest, KeepsReportsWhileTheCoordinatorIsAwayAndDeliversThemAfterIt
 }
 
 TEST_F(ReporterTest, FullQueueDropsTheOldestStepAndLogReportsOnly) {
+  steps_ = 4;
   ASSERT_NO_FATAL_FAILURE(StartRunningJob());
   Told told;
   Reporter reporter(&connection_, told.Options(/*max_queued=*/4));
@@ -330,13 +335,13 @@ TEST_F(ReporterTest, FullQueueDropsTheOldestStepAndLogReportsOnly) {
     reporter.Enqueue(Step(2));
     reporter.Enqueue(Log("dropped"));
     reporter.Enqueue(Step(3));
-    reporter.Enqueue(Checkpoint(3));                          // drops step 2
+    reporter.Enqueue(Checkpoint(4));                          // drops step 2
     reporter.Enqueue(Step(4));                                // drops the log line
     reporter.Enqueue(End(v1::ATTEMPT_OUTCOME_SUCCEEDED, 4));  // drops step 3
   }
   ASSERT_TRUE(reporter.Flush(absl::Now() + kPatience));
   ASSERT_TRUE(WaitUntil([&] { return !told.resolved().empty(); }));
-  EXPECT_THAT(Reported(), ElementsAre("checkpoint 1", "checkpoint 3", "step 4"));
+  EXPECT_THAT(Reported(), ElementsAre("checkpoint 1", "checkpoint 4", "step 4"));
   EXPECT_EQ(GetJob().state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_THAT(told.resolved(), ElementsAre(Pair(job_id_, 1)));
 }

@@ -6,6 +6,7 @@
 #define MOETRAIN_TESTS_WORKER_WORKER_TEST_UTIL_H_
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <thread>
@@ -103,7 +104,7 @@ class CoordinatorFixture : public ::testing::Test {
 
     v1::SubmitJobRequest submit;
     submit.set_submission_id(absl::StrCat(name_, "-1"));
-    const std::string spec = absl::StrCat("name: ", name_, "\ntrain:\n  steps: 20\n");
+    const std::string spec = absl::StrCat("name: ", name_, "\ntrain:\n  steps: ", steps_, "\n");
     ASSERT_OK_AND_ASSIGN(*submit.mutable_spec(), ParseJobSpecYaml(spec));
     v1::Job job;
     grpc::ClientContext submit_context;
@@ -168,6 +169,8 @@ class CoordinatorFixture : public ::testing::Test {
   }
 
   const std::string name_;
+  // The job's train.steps: where SUCCEEDED may end it, with the checkpoint of that step.
+  int64_t steps_ = 20;
   const std::string bearer_token_;  // empty = the coordinator asks for none
   const testutil::TempDir dir_;     // named after name_; declared before coordinator_, outlives it
   std::unique_ptr<server::CoordinatorServer> coordinator_;

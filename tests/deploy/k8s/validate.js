@@ -17,8 +17,12 @@ const path = require('path');
 const YAML = require('yaml');
 
 const NAMESPACE = 'moetrain';
+// The users' token (the coordinator's --token-file) and the workers' (--worker-token-file, which
+// alone registers workers): each in a Secret of its own, mounted where it is needed.
 const TOKEN_SECRET = 'moetrain-token';
 const TOKEN_MOUNT = '/etc/moetrain/token';
+const WORKER_TOKEN_SECRET = 'moetrain-worker-token';
+const WORKER_TOKEN_MOUNT = '/etc/moetrain/worker-token';
 
 // --- Rendering ---------------------------------------------------------------------------------
 
@@ -199,8 +203,8 @@ function context(target, objects, findings) {
 
 const component = (object) => object.metadata?.labels?.['app.kubernetes.io/component'];
 
-function mountsToken(container) {
-  return (container.volumeMounts || []).some((m) => m.mountPath === TOKEN_MOUNT);
+function mountsAt(container, mountPath) {
+  return (container.volumeMounts || []).some((m) => m.mountPath === mountPath);
 }
 
 // The persistent volume claim behind a path of a container, if any.
@@ -353,7 +357,7 @@ function checkWorkloads(ctx) {
         ctx.report(workload, `volume ${volume.name}: claim ${claim} is not rendered`);
       }
       const secret = volume.secret?.secretName;
-      if (secret !== undefined && secret !== TOKEN_SECRET) {
+      if (secret !== undefined && secret !== TOKEN_SECRET && secret !== WORKER_TOKEN_SECRET) {
         ctx.report(workload, `volume ${volume.name}: Secret ${secret} is not documented`);
       }
     }
@@ -399,8 +403,15 @@ function checkCoordinator(ctx) {
     report('the state claim is not ReadWriteOnce');
   }
   const tokenFile = flagValue(container, '--token-file');
-  if (!tokenFile?.startsWith(`${TOKEN_MOUNT}/`) || !mountsToken(container)) {
+  if (!tokenFile?.startsWith(`${TOKEN_MOUNT}/`) || !mountsAt(container, TOKEN_MOUNT)) {
     report(`--token-file=${tokenFile} is not in the mounted token Secret`);
+  }
+  // Without it, anyone with the users' token could register a worker and be given other users'
+  // ranks.
+  const workerTokenFile = flagValue(container, '--worker-token-file');
+  if (!workerTokenFile?.startsWith(`${WORKER_TOKEN_MOUNT}/`) ||
+      !mountsAt(container, WORKER_TOKEN_MOUNT)) {
+    report(`--worker-token-file=${workerTokenFile} is not in the mounted worker token Secret`);
   }
   const labels = coordinator.spec.template.metadata.labels;
   const service =
@@ -425,9 +436,15 @@ function checkCoordinator(ctx) {
       if (dials !== address) {
         ctx.report(worker, `the coordinator address ${dials} is not its Service's grpc port`);
       }
-      const token = flagValue(workerContainer, '--token-file') ?? env.get('MOETRAIN_TOKEN_FILE');
-      if (!String(token).startsWith(`${TOKEN_MOUNT}/`) || !mountsToken(workerContainer)) {
-        ctx.report(worker, `the token file ${token} is not in the mounted token Secret`);
+      const token = flagValue(workerContainer, '--worker-token-file') ??
+          env.get('MOETRAIN_WORKER_TOKEN_FILE');
+      if (!String(token).startsWith(`${WORKER_TOKEN_MOUNT}/`) ||
+          !mountsAt(workerContainer, WORKER_TOKEN_MOUNT)) {
+        ctx.report(
+            worker, `the worker token file ${token} is not in the mounted worker token Secret`);
+      }
+      if (mountsAt(workerContainer, TOKEN_MOUNT)) {
+        ctx.report(worker, 'mounts the users\' token Secret, which a worker does not use');
       }
       const claim = claimAt(ctx, worker, workerContainer, checkpointDir);
       if (!claim) {
@@ -589,6 +606,14 @@ const BREAKAGES = [
    add: ['overlays/gpu/token.yaml',
          'apiVersion: v1\nkind: Secret\nmetadata: {name: moetrain-token}\n' +
              'stringData: {token: hunter2}\n']},
+  {file: 'base/coordinator.yaml',
+   from: '            - --worker-token-file=/etc/moetrain/worker-token/token\n', to: '',
+   expect: '--worker-token-file=undefined is not in the mounted worker token Secret'},
+  {file: 'base/worker.yaml', from: 'value: /etc/moetrain/worker-token/token',
+   to: 'value: /etc/moetrain/token/token',
+   expect: 'the worker token file /etc/moetrain/token/token is not in the mounted worker token'},
+  {file: 'base/worker.yaml', from: 'mountPath: /etc/moetrain/worker-token',
+   to: 'mountPath: /etc/moetrain/token', expect: 'mounts the users\' token Secret'},
   {file: 'base/checkpoints.yaml', from: '[ReadWriteMany]', to: '[ReadWriteOnce]',
    expect: 'is not ReadWriteMany'},
   {file: 'components/servicemonitor/servicemonitor.yaml', from: 'port: http', to: 'port: metrics',

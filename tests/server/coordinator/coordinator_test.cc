@@ -9,10 +9,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "moetrain/v1/job.pb.h"
+#include "server/core/limits.h"
 #include "tests/testing/testing.h"
 
 namespace moetrain::server {
@@ -156,6 +158,35 @@ TEST_F(CoordinatorTest, SubmitSerializedRejectsGarbage) {
   std::string bytes;
   ASSERT_TRUE(TinySpec().SerializeToString(&bytes));
   EXPECT_TRUE(coordinator_->SubmitSerialized("sub-1", bytes, 0).ok());
+}
+
+// Issue 31, item 2: checkpoint.init_from had no bound (a 4 MiB value broke every listing), and
+// nothing bounded the stored spec as a whole (fields unknown to this build are kept in it).
+TEST_F(CoordinatorTest, OverlongInitFromAndOversizedSpecsAreRefusedNamingTheSize) {
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_checkpoint()->set_init_from(std::string(kMaxPathBytes + 1, 'i'));
+  absl::StatusOr<JobRecord> job = coordinator_->Submit("init-from", spec, 0);
+  EXPECT_TRUE(absl::IsInvalidArgument(job.status())) << job.status();
+  EXPECT_THAT(job.status().message(), HasSubstr("checkpoint.init_from"));
+  EXPECT_THAT(job.status().message(), HasSubstr(std::to_string(kMaxPathBytes + 1)));
+
+  // Field 1000, length-delimited: unknown to JobSpec, so parsing keeps it and so would the store.
+  std::string bytes;
+  ASSERT_TRUE(TinySpec().SerializeToString(&bytes));
+  const std::string unknown(kMaxSpecBytes, 'u');
+  bytes += std::string("\xc2\x3e", 2);  // tag (1000 << 3) | 2 as a varint
+  for (size_t length = unknown.size();; length >>= 7) {
+    if (length < 0x80) {
+      bytes += static_cast<char>(length);
+      break;
+    }
+    bytes += static_cast<char>((length & 0x7f) | 0x80);
+  }
+  bytes += unknown;
+  job = coordinator_->SubmitSerialized("oversized", bytes, 0);
+  EXPECT_TRUE(absl::IsInvalidArgument(job.status())) << job.status();
+  EXPECT_THAT(job.status().message(), HasSubstr(absl::StrCat("more than ", kMaxSpecBytes)));
+  EXPECT_EQ(JobCount(), 0) << "nothing was stored";
 }
 
 TEST_F(CoordinatorTest, CancelEveryNonFinalStateAndRefuseFinalOnes) {

@@ -71,6 +71,17 @@ class CoordinatorServerTest : public ::testing::Test {
     return static_cast<int>(bytes[1]);
   }
 
+  static grpc::Status RegisterWorker(const Connection& connection) {
+    auto workers = v1::WorkerService::NewStub(connection.channel);
+    grpc::ClientContext context;
+    connection.Prepare(&context, absl::Seconds(10));
+    v1::RegisterWorkerRequest request;
+    request.mutable_resources()->set_device_count(1);
+    request.mutable_resources()->set_threads(1);
+    v1::RegisterWorkerResponse response;
+    return workers->RegisterWorker(&context, request, &response);
+  }
+
   static grpc::Status ListJobs(const Connection& connection) {
     auto stub = v1::JobService::NewStub(connection.channel);
     grpc::ClientContext context;
@@ -145,19 +156,58 @@ TEST_F(CoordinatorServerTest, TheTokenGuardsBothServicesButNotHealth) {
   EXPECT_EQ(ListJobs(Plain(*server, "wrong")).error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_TRUE(ListJobs(Plain(*server, "the-token")).ok());
   for (const std::string& token : {std::string(), std::string("wrong")}) {
-    const Connection connection = Plain(*server, token);
-    auto workers = v1::WorkerService::NewStub(connection.channel);
-    grpc::ClientContext context;
-    connection.Prepare(&context, absl::Seconds(10));
-    v1::RegisterWorkerRequest request;
-    request.mutable_resources()->set_device_count(1);
-    request.mutable_resources()->set_threads(1);
-    v1::RegisterWorkerResponse response;
-    EXPECT_EQ(workers->RegisterWorker(&context, request, &response).error_code(),
+    EXPECT_EQ(RegisterWorker(Plain(*server, token)).error_code(),
               grpc::StatusCode::UNAUTHENTICATED);
   }
   // Probes carry no token: health answers anyway.
   EXPECT_EQ(Health(Plain(*server).channel).value_or(-1), 1);
+}
+
+// Issue 31, item 3: with one shared token, any user could register a worker of their own and be
+// given ranks of other users' jobs. A worker token (--worker-token-file) separates the two: it
+// alone admits WorkerService, and JobService refuses it.
+TEST_F(CoordinatorServerTest, AWorkerTokenSeparatesWorkersFromUsers) {
+  options_.bearer_token = "users-token";
+  options_.worker_token = "workers-token";
+  std::unique_ptr<CoordinatorServer> server = Start();
+  ASSERT_NE(server, nullptr);
+  auto register_worker = [&](const std::string& token) {
+    return RegisterWorker(Plain(*server, token));
+  };
+  const grpc::Status by_user = register_worker("users-token");
+  EXPECT_EQ(by_user.error_code(), grpc::StatusCode::PERMISSION_DENIED) << by_user.error_message();
+  EXPECT_THAT(by_user.error_message(), HasSubstr("--worker-token-file"));
+  EXPECT_EQ(register_worker("wrong").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(register_worker("").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  const grpc::Status by_worker = register_worker("workers-token");
+  EXPECT_TRUE(by_worker.ok()) << by_worker.error_message();
+
+  const grpc::Status listed_by_worker = ListJobs(Plain(*server, "workers-token"));
+  EXPECT_EQ(listed_by_worker.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(listed_by_worker.error_message(), HasSubstr("admits WorkerService only"));
+  EXPECT_TRUE(ListJobs(Plain(*server, "users-token")).ok());
+  // The JSON API takes the users' token only.
+  httplib::Client http("127.0.0.1", server->http_port());
+  auto as_worker = http.Get("/api/v1/jobs", {{"Authorization", "Bearer workers-token"}});
+  ASSERT_TRUE(as_worker);
+  EXPECT_EQ(as_worker->status, 401);
+
+  // Without a users' token JobService is open, but still not to the worker token.
+  server.reset();
+  options_.bearer_token.clear();
+  server = Start();
+  ASSERT_NE(server, nullptr);
+  EXPECT_TRUE(ListJobs(Plain(*server)).ok());
+  EXPECT_EQ(ListJobs(Plain(*server, "workers-token")).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(register_worker("").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+
+  // The two tokens must differ.
+  CoordinatorServerOptions same = options_;
+  same.bearer_token = same.worker_token = "one-token";
+  same.state_db = (dir_ / "same.db").string();
+  EXPECT_THAT(CoordinatorServer::Start(same).status().message(),
+              HasSubstr("--worker-token-file holds the same token as --token-file"));
 }
 
 TEST_F(CoordinatorServerTest, OversizedRequestsAreRefusedAndStoreNothing) {

@@ -51,14 +51,12 @@ std::vector<std::string> CancelledJobs(
 TEST_F(FleetTest, SuccessOfEveryRankSucceedsTheJobAndFreesItsWorkers) {
   StartFleet();
   const RunningGang gang = StartTwoWorkerJob();
-  ASSERT_OK(fleet_->ReportAttemptEnd(
-      EndReport(gang.workers[0], gang.assignments[0], v1::ATTEMPT_OUTCOME_SUCCEEDED, 20)));
+  ASSERT_OK(FinishRank(*fleet_, gang.workers[0], gang.assignments[0]));
   EXPECT_EQ(GetJob(gang.job.id).state, JobState::kRunning) << "rank 1 has not finished yet";
   EXPECT_EQ(WorkerStateOf(gang.workers[0]), v1::WORKER_STATE_IDLE);
   EXPECT_EQ(WorkerStateOf(gang.workers[1]), v1::WORKER_STATE_BUSY);
 
-  ASSERT_OK(fleet_->ReportAttemptEnd(
-      EndReport(gang.workers[1], gang.assignments[1], v1::ATTEMPT_OUTCOME_SUCCEEDED, 20)));
+  ASSERT_OK(FinishRank(*fleet_, gang.workers[1], gang.assignments[1]));
   const JobRecord job = GetJob(gang.job.id);
   EXPECT_EQ(job.state, JobState::kSucceeded);
   EXPECT_THAT(job.state_reason, HasSubstr("finished at step 20"));
@@ -75,8 +73,7 @@ TEST_F(FleetTest, SuccessOfEveryRankSucceedsTheJobAndFreesItsWorkers) {
 TEST_F(FleetTest, ReportsOfARankThatAlreadySucceededAreFailedPrecondition) {
   StartFleet();
   const RunningGang gang = StartTwoWorkerJob();
-  ASSERT_OK(fleet_->ReportAttemptEnd(
-      EndReport(gang.workers[0], gang.assignments[0], v1::ATTEMPT_OUTCOME_SUCCEEDED, 20)));
+  ASSERT_OK(FinishRank(*fleet_, gang.workers[0], gang.assignments[0]));
   ASSERT_EQ(WorkerStateOf(gang.workers[0]), v1::WORKER_STATE_IDLE);
 
   const absl::Status step =

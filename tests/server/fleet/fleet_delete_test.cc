@@ -42,8 +42,7 @@ TEST_F(FleetDeleteTest, ADeletedJobsSeriesGoAtOnce) {
   StartFleet(options);
   const RunningJob done = StartOneWorkerJob();
   ASSERT_OK(fleet_->ReportStep(StepReport(done.worker_id, done.assignment, 20)));
-  ASSERT_OK(fleet_->ReportAttemptEnd(
-      EndReport(done.worker_id, done.assignment, v1::ATTEMPT_OUTCOME_SUCCEEDED, 20)));
+  ASSERT_OK(FinishRank(*fleet_, done.worker_id, done.assignment));
   ASSERT_EQ(GetJob(done.job.id).state, JobState::kSucceeded);
   const JobRecord next = Submit();
   EXPECT_EQ(AwaitAssignment(done.worker_id).job_id(), next.id);

@@ -100,8 +100,14 @@ TEST_F(FleetTest, KvIsFreedWhenTheAttemptEndsHoweverItEnds) {
     EXPECT_GT(fleet_->KvBytes(), 8 * (64 << 10));
     if (outcome == v1::ATTEMPT_OUTCOME_UNSPECIFIED) {
       ASSERT_OK(fleet_->Cancel(job.id, "test").status());
+    } else if (outcome == v1::ATTEMPT_OUTCOME_SUCCEEDED) {
+      ASSERT_OK(FinishRank(*fleet_, worker_id, assignment));
     } else {
-      ASSERT_OK(fleet_->ReportAttemptEnd(EndReport(worker_id, assignment, outcome, 20, how)));
+      v1::ReportAttemptEndRequest end = EndReport(worker_id, assignment, outcome, 20, how);
+      // A worker that stops its rank on its own is shutting down: the job must not come back to
+      // it (as it could, before the heartbeat below, were it not draining).
+      end.set_worker_draining(outcome == v1::ATTEMPT_OUTCOME_STOPPED);
+      ASSERT_OK(fleet_->ReportAttemptEnd(end));
     }
     EXPECT_EQ(fleet_->KvBytes(), 0);
     // A heartbeat listing no rank frees a worker told to stop.

@@ -134,8 +134,7 @@ TEST_F(FleetMetricsTest, AnEndedJobsSeriesStayWithinTheRetention) {
   StartFleet(options);
   const RunningJob done = StartOneWorkerJob();
   ASSERT_OK(fleet_->ReportStep(StepReport(done.worker_id, done.assignment, 20)));
-  ASSERT_OK(fleet_->ReportAttemptEnd(
-      EndReport(done.worker_id, done.assignment, v1::ATTEMPT_OUTCOME_SUCCEEDED, 20)));
+  ASSERT_OK(FinishRank(*fleet_, done.worker_id, done.assignment));
   ASSERT_EQ(GetJob(done.job.id).state, JobState::kSucceeded);
   // The freed worker is given a job submitted after the end: that took a scheduling pass, so the
   // control loop has looked at the ended job since. Its final values are still there to scrape.
@@ -204,8 +203,7 @@ TEST_F(FleetMetricsTest, ARetentionThatIsNotPositiveIsRefusedByName) {
 TEST_F(FleetMetricsTest, AJobThatEndedBeforeARestartHasNoSeriesAfterIt) {
   StartFleet();  // the default retention: nothing is retired while this process runs
   const RunningJob done = StartOneWorkerJob();
-  ASSERT_OK(fleet_->ReportAttemptEnd(
-      EndReport(done.worker_id, done.assignment, v1::ATTEMPT_OUTCOME_SUCCEEDED, 20)));
+  ASSERT_OK(FinishRank(*fleet_, done.worker_id, done.assignment));
   ASSERT_EQ(GetJob(done.job.id).state, JobState::kSucceeded);
   ASSERT_TRUE(HasSeriesOf(done.job.id));
   // The coordinator restarts: its series are gone with the process and the reload makes none.

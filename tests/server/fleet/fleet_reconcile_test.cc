@@ -81,8 +81,7 @@ TEST_F(FleetReconcileTest, RankReportedAfterARestartKeepsItsAttemptAndGraceEndsE
   EXPECT_EQ(job.state, JobState::kRunning);
   EXPECT_EQ(job.attempt, 1);
   EXPECT_EQ(Attempts(running.job.id).size(), 1u);
-  ASSERT_OK(fleet_->ReportAttemptEnd(
-      EndReport(worker, running.assignment, v1::ATTEMPT_OUTCOME_SUCCEEDED, 20)));
+  ASSERT_OK(FinishRank(*fleet_, worker, running.assignment));
   EXPECT_EQ(GetJob(running.job.id).state, JobState::kSucceeded);
 }
 

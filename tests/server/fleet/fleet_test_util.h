@@ -134,6 +134,16 @@ inline v1::ReportAttemptEndRequest EndReport(const std::string& worker_id,
   return request;
 }
 
+// A rank's end as a worker that finished sends it: the final checkpoint of a TestSpec job (step
+// `steps`), then SUCCEEDED at that step. The fleet takes SUCCEEDED only with that checkpoint.
+inline absl::Status FinishRank(Fleet& fleet, const std::string& worker_id,
+                               const v1::Assignment& assignment, int64_t steps = 20) {
+  absl::Status checkpoint = fleet.ReportCheckpoint(CheckpointReport(worker_id, assignment, steps));
+  if (!checkpoint.ok()) return checkpoint;
+  return fleet.ReportAttemptEnd(
+      EndReport(worker_id, assignment, v1::ATTEMPT_OUTCOME_SUCCEEDED, steps));
+}
+
 // Heartbeats for one worker from a thread of its own, listing the ranks it is told it runs, until
 // destroyed: keeps a worker alive where the fleet's heartbeat_timeout is short.
 class Heartbeater {

@@ -37,6 +37,18 @@ class JobServiceDeleteTest : public JobServiceFixture {
     return stub_->GetJob(&context, request, &job);
   }
 
+  // A cancelled job whose spec names `checkpoint_dir`.
+  v1::Job CancelledJobIn(const std::string& checkpoint_dir, const std::string& submission_id) {
+    v1::SubmitJobRequest request = Submission(submission_id);
+    request.mutable_spec()->mutable_checkpoint()->set_dir(checkpoint_dir);
+    v1::Job job;
+    const grpc::Status submitted = Submit(request, &job);
+    EXPECT_TRUE(submitted.ok()) << submitted.error_message();
+    v1::Job cancelled;
+    EXPECT_TRUE(Cancel(job.id(), "", &cancelled).ok());
+    return job;
+  }
+
   // A cancelled job with a checkpoint step directory holding one file.
   v1::Job CancelledJobWithFiles(const std::string& submission_id) {
     const v1::Job job = MustSubmit(submission_id);
@@ -126,6 +138,60 @@ TEST_F(JobServiceDeleteTest, AJobDirectoryThatIsALinkIsNotFollowed) {
   EXPECT_THAT(status.error_message(), HasSubstr("symbolic link"));
   EXPECT_TRUE(fs::exists(outside / "step-00000005"));
   EXPECT_TRUE(Get(job.id()).ok()) << "nothing was deleted";
+}
+
+// Issue 31, item 3: only a link at the job's own directory was refused. One among the directories
+// above it (a spec's checkpoint.dir that is, or goes through, a link out of the root) made the
+// delete remove a directory outside the checkpoint root.
+TEST_F(JobServiceDeleteTest, ALinkAboveTheJobDirectoryIsNotFollowed) {
+  const fs::path outside = dir_ / "elsewhere";
+  fs::create_directories(checkpoint_dir_);
+  fs::create_directories(outside);
+  fs::create_directory_symlink(outside, checkpoint_dir_ / "team");
+  const v1::Job job = CancelledJobIn((checkpoint_dir_ / "team").string(), "linked-parent");
+  fs::create_directories(outside / job.id() / "step-00000005");
+
+  v1::DeleteJobResponse response;
+  const grpc::Status status = Delete(job.id(), true, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("outside the checkpoint root"));
+  EXPECT_TRUE(fs::exists(outside / job.id() / "step-00000005"));
+  EXPECT_TRUE(Get(job.id()).ok()) << "nothing was deleted";
+}
+
+// A `..` after a directory that does not exist: the workers resolved it away and wrote to the
+// directory it names; the delete removes that one.
+TEST_F(JobServiceDeleteTest, TheDirectoryDeletedIsTheOneTheWorkersWrote) {
+  const v1::Job job =
+      CancelledJobIn((checkpoint_dir_ / "missing" / ".." / "team").string(), "dotdot");
+  const fs::path written = checkpoint_dir_ / "team" / job.id();
+  fs::create_directories(written / "step-00000005");
+
+  v1::DeleteJobResponse response;
+  const grpc::Status status = Delete(job.id(), true, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_TRUE(response.checkpoints_deleted());
+  EXPECT_FALSE(fs::exists(written));
+  EXPECT_TRUE(fs::exists(checkpoint_dir_ / "team"));
+}
+
+// Issue 31, item 3: a submit retried after a delete made a second job; the id stays taken.
+TEST_F(JobServiceDeleteTest, ASubmitRetriedAfterTheDeleteIsAlreadyExists) {
+  const v1::Job job = MustSubmit("retried");
+  v1::Job cancelled;
+  ASSERT_TRUE(Cancel(job.id(), "", &cancelled).ok());
+  v1::DeleteJobResponse response;
+  ASSERT_TRUE(Delete(job.id(), false, &response).ok());
+
+  v1::Job again;
+  const grpc::Status status = Submit(Submission("retried"), &again);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::ALREADY_EXISTS) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr(job.id()));
+  EXPECT_THAT(status.error_message(), HasSubstr("deleted at"));
+  std::vector<v1::Job> jobs;
+  int pages = 0;
+  ASSERT_TRUE(ListAll(&jobs, &pages).ok());
+  EXPECT_TRUE(jobs.empty());
 }
 
 TEST_F(JobServiceDeleteTest, NoCheckpointDirectoryIsNotAnError) {

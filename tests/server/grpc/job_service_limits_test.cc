@@ -137,6 +137,17 @@ TEST_F(JobServiceLimitsTest, OverlongSpecPathsAreRefusedNamingTheField) {
   status = Submit(checkpoint, &job);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(), HasSubstr("checkpoint.dir"));
+
+  // Issue 31: a ~4 MiB init_from was stored, and every listing then passed gRPC's 4 MiB limit.
+  v1::SubmitJobRequest init_from = Submission("path-3");
+  init_from.mutable_spec()->mutable_checkpoint()->set_init_from(std::string(3 << 20, 'i'));
+  status = Submit(init_from, &job);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("checkpoint.init_from"));
+  std::vector<v1::Job> jobs;
+  int pages = 0;
+  EXPECT_TRUE(ListAll(&jobs, &pages).ok());
+  EXPECT_TRUE(jobs.empty());
 }
 
 // gRPC's own answer to bytes that do not parse is INTERNAL with an empty message.
