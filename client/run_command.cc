@@ -207,6 +207,14 @@ int RunJob(const RunOptions& options) {
                                  "--checkpoint-dir")),
                 2);
   }
+  if (!existing->empty() && existing->back() > config->steps) {
+    // Nothing to train, and no checkpoint at train.steps to finish on: say so before starting.
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "train.steps = ", config->steps, options.steps > 0 ? " (--steps)" : "",
+                    " is below step ", existing->back(), ", the newest checkpoint of job ",
+                    spec->name(), " in ", root, ": nothing to train; pass a larger --steps")),
+                2);
+  }
   if (stop_at_step > 0 && !existing->empty() && stop_at_step <= existing->back()) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
                     "--stop-at-step = ", stop_at_step, " is not beyond step ", existing->back(),

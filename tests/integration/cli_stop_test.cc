@@ -77,6 +77,13 @@ TEST_F(CliTest, StopAtStepThenResumeEqualsAnUninterruptedRun) {
   EXPECT_TRUE(Contains(again.err, "--stop-at-step = 7 is not beyond step 7")) << again.err;
   EXPECT_EQ(CountStepLines(again.out), 0) << again.out;
   EXPECT_TRUE(Snapshot(checkpoints) == before) << "a refused run changed the checkpoints";
+  // Nor may --steps end below it: there is nothing to train, and no checkpoint to end on.
+  const Finished shorter =
+      Moetrain({"run", spec_path, "--checkpoint-dir", checkpoints.string(), "--json", "--resume",
+                "--steps", "6"});
+  EXPECT_EQ(shorter.exit_code, 2) << shorter.err;
+  EXPECT_TRUE(Contains(shorter.err, "train.steps = 6 (--steps) is below step 7")) << shorter.err;
+  EXPECT_TRUE(Snapshot(checkpoints) == before) << "a refused run changed the checkpoints";
 
   const Finished resumed = RunOk(spec_path, checkpoints, {"--resume"});
   ASSERT_EQ(resumed.exit_code, 0);
