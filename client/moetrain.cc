@@ -190,13 +190,14 @@ int main(int argc, char** argv) {
                    "a preset (h100-node, h200-node, cpu: this machine) or a cluster YAML file "
                    "(docs/plan.md)")
       ->capture_default_str();
-  plan_cmd->add_option("--gpus", plan.gpus, "GPUs to plan for (default: the spec's world size)")
-      ->check(CLI::PositiveNumber);
+  plan_cmd->add_option(
+      "--gpus", plan.gpus,
+      "GPUs to plan for, 1 to 1073741824 (default: the spec's world size; exit 2 otherwise)");
   plan_cmd
       ->add_option("--sweep", plan.sweep,
-                   "GPU counts, e.g. 8,16,32: weak- and strong-scaling efficiency at each")
-      ->delimiter(',')
-      ->check(CLI::PositiveNumber);
+                   "GPU counts, e.g. 8,16,32, each 1 to 1073741824: weak- and strong-scaling "
+                   "efficiency at each")
+      ->delimiter(',');
   plan_cmd->add_flag("--json", plan.json, "print the plan as one JSON object");
 
   CLI::App* submit_cmd = app.add_subcommand(
