@@ -45,6 +45,7 @@ json LayoutPlanJson(const LayoutPlan& plan) {
             {"gradients", plan.memory.gradients},
             {"optimizer", plan.memory.optimizer},
             {"activations", plan.memory.activations},
+            {"fp8_state", plan.memory.fp8_state},
             {"total", plan.memory.total()}}},
           {"fits", plan.fits},
           {"step_seconds", plan.step_s},
@@ -156,11 +157,13 @@ int PlanCommand(const PlanOptions& options) {
     weak = Sweep(*spec_config, sweep, Scaling::kWeak, *cluster);
     strong = Sweep(*spec_config, sweep, Scaling::kStrong, *cluster);
   }
+  const double checkpoint_bytes = EstimateCheckpointBytes(*config);
   if (options.json) {
     json out = {{"spec", options.spec_path},
                 {"cluster", cluster->name},
                 {"device_memory_bytes", cluster->device.memory_bytes},
                 {"gpus", gpus},
+                {"checkpoint_bytes", checkpoint_bytes},
                 {"layouts", json::array()},
                 {"best", best.has_value() ? LayoutPlanJson(*best) : json(nullptr)}};
     for (const LayoutPlan& plan : plans) out["layouts"].push_back(LayoutPlanJson(plan));
@@ -179,6 +182,9 @@ int PlanCommand(const PlanOptions& options) {
     std::printf("no layout fits in %s per GPU\n",
                 FormatBytes(cluster->device.memory_bytes).c_str());
   }
+  std::printf("a checkpoint step: %s (f32 weights, AdamW moments%s)\n",
+              FormatBytes(checkpoint_bytes).c_str(),
+              config->fp8.has_value() && config->fp8->has_state() ? ", FP8 amax histories" : "");
   if (!sweep.empty()) {
     PrintSweep("weak (per-GPU batch fixed)", weak);
     PrintSweep("strong (global batch fixed)", strong);
