@@ -7,7 +7,7 @@
 //                 [--batches N] [--json]
 //   moetrain export --checkpoint DIR/step-XXXXXXXX --to-hf DIR [--dtype bf16|f32]
 //                   [--max-shard-size SIZE] [--force]
-//   moetrain import --from-hf DIR --out CHECKPOINT_ROOT
+//   moetrain import --from-hf DIR --out CHECKPOINT_ROOT [--memory-limit SIZE]
 //   moetrain plan SPEC.yaml [--cluster PRESET|FILE] [--gpus N] [--sweep 8,16,...] [--json]
 // Against a coordinator (flags: --coordinator, --token-file, --tls-ca, --tls-cert, --tls-key):
 //   moetrain submit SPEC.yaml [--id SUBMISSION_ID] [--priority N] [--follow] [--dry-run] [--json]
@@ -176,6 +176,10 @@ int main(int argc, char** argv) {
       ->add_option("--out", import_options.out,
                    "checkpoint root <dir>/<job id>; the step goes to <out>/step-00000000")
       ->required();
+  import_cmd->add_option("--memory-limit", import_options.memory_limit,
+                         "memory the import may use, e.g. 8GiB (default: the machine's memory); "
+                         "a model whose f32 weights, their gradient buffer and the largest weight "
+                         "file exceed it is refused (exit 2)");
 
   moetrain::ClientOptions client;
   moetrain::SubmitArgs submit;
