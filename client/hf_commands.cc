@@ -40,8 +40,24 @@ int ExportCommand(const ExportOptions& options) {
 }
 
 int ImportCommand(const ImportOptions& options) {
-  absl::StatusOr<HfImportReport> report = ImportHuggingFace(options.from_hf, options.out);
-  if (!report.ok()) return CommandFailed("import", report.status());
+  // As `moetrain run` limits a job: the flag, else this machine's memory.
+  HfImportOptions import_options;
+  if (!options.memory_limit.empty()) {
+    absl::StatusOr<int64_t> limit = ParseByteSize(options.memory_limit, "--memory-limit");
+    if (!limit.ok()) return CommandFailed("import", limit.status());
+    import_options.memory_limit_bytes = *limit;
+    import_options.memory_limit_name = "--memory-limit";
+  } else if (absl::StatusOr<int64_t> machine = MachineMemoryBytes(); machine.ok()) {
+    import_options.memory_limit_bytes = *machine;
+    import_options.memory_limit_name = "this machine's memory; --memory-limit sets another limit";
+  }
+  absl::StatusOr<HfImportReport> report =
+      ImportHuggingFace(options.from_hf, options.out, import_options);
+  if (!report.ok()) {
+    const int code = CommandFailed("import", report.status());
+    // Too large for the memory is the input's fault here, as for `moetrain run`: exit 2.
+    return report.status().code() == absl::StatusCode::kResourceExhausted ? 2 : code;
+  }
   std::printf("imported %s (%s, %lld tensors", TerminalSafe(options.from_hf).c_str(),
               TerminalSafe(report->architecture).c_str(),
               static_cast<long long>(report->num_tensors));

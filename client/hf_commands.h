@@ -16,14 +16,16 @@ struct ExportOptions {
 };
 
 struct ImportOptions {
-  std::string from_hf;  // a Hugging Face directory
-  std::string out;      // a checkpoint root, <dir>/<job id>
+  std::string from_hf;       // a Hugging Face directory
+  std::string out;           // a checkpoint root, <dir>/<job id>
+  std::string memory_limit;  // ParseByteSize text; empty = this machine's memory
 };
 
 // Each returns the process exit code: 0 on success; 2 for bad usage or input that cannot be
 // exported or imported (a missing checkpoint or directory, an unsupported config.json or tensor,
-// an export that needs --force, an output that already exists); 1 when it failed otherwise (a
-// damaged checkpoint, a write error). The result goes to stdout, notes and errors to stderr.
+// an export that needs --force, an output that already exists, an import larger than the memory
+// limit); 1 when it failed otherwise (a damaged checkpoint, a write error). The result goes to
+// stdout, notes and errors to stderr.
 int ExportCommand(const ExportOptions& options);
 int ImportCommand(const ImportOptions& options);
 

@@ -41,14 +41,9 @@ std::string MemoryHint(const TrainerConfig& config) {
 }  // namespace
 
 absl::StatusOr<TrainerConfig> PlanTrainerConfig(const v1::JobSpec& spec) {
-  MOETRAIN_ASSIGN_OR_RETURN(v1::JobSpec resolved, ResolveJobSpec(spec));
-  // A CPU worker runs one rank, so the spec's GPUs become workers of one rank each: the same
-  // ranks, layout and batches, converted without a GPU.
-  v1::ResourceConfig& resources = *resolved.mutable_resources();
-  resources.set_device(v1::ResourceConfig::CPU);
-  resources.set_workers(resources.workers() * std::max<int64_t>(1, resources.devices_per_worker()));
-  resources.set_devices_per_worker(1);
-  return TrainerConfigFromSpec(resolved);
+  // Not by rewriting the spec into one-rank CPU workers: its checks would then name
+  // resources.workers with the rank count.
+  return TrainerConfigFromSpecOnCpu(spec);
 }
 
 int64_t JobMemoryPlan::DeviceBytesNeeded() const {

@@ -24,10 +24,11 @@
 
 namespace moetrain {
 
-// `spec` resolved (ResolveJobSpec) and converted as a CPU job of one rank per worker, so that a
-// CUDA spec converts without a GPU here: its resources.workers × devices_per_worker ranks become
-// as many one-rank workers. The device does not change the estimate; the layout (dp × ep), the
-// batch and the per-rank micro-batch stay the spec's. Errors name the spec field.
+// `spec` resolved (ResolveJobSpec) and converted with the CPU as its device
+// (TrainerConfigFromSpecOnCpu), so that a CUDA spec converts without a GPU here. The device does
+// not change the estimate; the ranks (resources.workers × devices_per_worker), the layout
+// (dp × ep), the batch and the per-rank micro-batch stay the spec's. Errors name the spec's field
+// and its value.
 absl::StatusOr<TrainerConfig> PlanTrainerConfig(const v1::JobSpec& spec);
 
 // The memory one rank of a job needs, by the plan.

@@ -7,7 +7,7 @@
 //                 [--batches N] [--json]
 //   moetrain export --checkpoint DIR/step-XXXXXXXX --to-hf DIR [--dtype bf16|f32]
 //                   [--max-shard-size SIZE] [--force]
-//   moetrain import --from-hf DIR --out CHECKPOINT_ROOT
+//   moetrain import --from-hf DIR --out CHECKPOINT_ROOT [--memory-limit SIZE]
 //   moetrain plan SPEC.yaml [--cluster PRESET|FILE] [--gpus N] [--sweep 8,16,...] [--json]
 // Against a coordinator (flags: --coordinator, --token-file, --tls-ca, --tls-cert, --tls-key):
 //   moetrain submit SPEC.yaml [--id SUBMISSION_ID] [--priority N] [--follow] [--dry-run] [--json]
@@ -179,6 +179,10 @@ int main(int argc, char** argv) {
       ->add_option("--out", import_options.out,
                    "checkpoint root <dir>/<job id>; the step goes to <out>/step-00000000")
       ->required();
+  import_cmd->add_option("--memory-limit", import_options.memory_limit,
+                         "memory the import may use, e.g. 8GiB (default: the machine's memory); "
+                         "a model whose f32 weights, their gradient buffer and the largest weight "
+                         "file exceed it is refused (exit 2)");
 
   moetrain::ClientOptions client;
   moetrain::SubmitArgs submit;
@@ -193,13 +197,14 @@ int main(int argc, char** argv) {
                    "a preset (h100-node, h200-node, cpu: this machine) or a cluster YAML file "
                    "(docs/plan.md)")
       ->capture_default_str();
-  plan_cmd->add_option("--gpus", plan.gpus, "GPUs to plan for (default: the spec's world size)")
-      ->check(CLI::PositiveNumber);
+  plan_cmd->add_option(
+      "--gpus", plan.gpus,
+      "GPUs to plan for, 1 to 1073741824 (default: the spec's world size; exit 2 otherwise)");
   plan_cmd
       ->add_option("--sweep", plan.sweep,
-                   "GPU counts, e.g. 8,16,32: weak- and strong-scaling efficiency at each")
-      ->delimiter(',')
-      ->check(CLI::PositiveNumber);
+                   "GPU counts, e.g. 8,16,32, each 1 to 1073741824: weak- and strong-scaling "
+                   "efficiency at each")
+      ->delimiter(',');
   plan_cmd->add_flag("--json", plan.json, "print the plan as one JSON object");
 
   CLI::App* submit_cmd = app.add_subcommand(

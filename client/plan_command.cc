@@ -27,6 +27,14 @@ int Usage(const absl::Status& status) {
   return 2;
 }
 
+// A GPU count given by `flag`: InvalidArgument naming it and what is allowed, else OK.
+absl::Status CheckGpuCount(const char* flag, int64_t gpus) {
+  if (gpus >= 1 && gpus <= kMaxPlanGpus) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(flag, " = ", gpus, " is not a GPU count: it must be in [1, ", kMaxPlanGpus,
+                   "] (without --gpus the plan is for the spec's own ranks)"));
+}
+
 }  // namespace
 
 json LayoutPlanJson(const LayoutPlan& plan) {
@@ -37,6 +45,7 @@ json LayoutPlanJson(const LayoutPlan& plan) {
             {"gradients", plan.memory.gradients},
             {"optimizer", plan.memory.optimizer},
             {"activations", plan.memory.activations},
+            {"fp8_state", plan.memory.fp8_state},
             {"total", plan.memory.total()}}},
           {"fits", plan.fits},
           {"step_seconds", plan.step_s},
@@ -114,22 +123,33 @@ int PlanCommand(const PlanOptions& options) {
   if (!spec.ok()) return Usage(spec.status());
   absl::StatusOr<ClusterSpec> cluster = LoadCluster(options.cluster);
   if (!cluster.ok()) return Usage(cluster.status());
-  // The plan is for the cluster, not this machine: converted as a CPU job of one rank per
-  // worker, as `moetrain submit` plans a CUDA job's device memory (client/job_plan.h).
+  // The plan is for the cluster, not this machine: converted with the CPU as the device, as
+  // `moetrain submit` plans a CUDA job's device memory (client/job_plan.h).
   absl::StatusOr<TrainerConfig> spec_config = PlanTrainerConfig(*spec);
   if (!spec_config.ok()) return Usage(spec_config.status());
-  const int gpus = options.gpus > 0 ? options.gpus : spec_config->parallel.world_size();
+  if (options.gpus.has_value()) {
+    if (absl::Status count = CheckGpuCount("--gpus", *options.gpus); !count.ok()) {
+      return Usage(count);
+    }
+  }
+  for (int64_t count : options.sweep) {
+    if (absl::Status checked = CheckGpuCount("--sweep", count); !checked.ok()) {
+      return Usage(checked);
+    }
+  }
+  const int gpus = static_cast<int>(options.gpus.value_or(spec_config->parallel.world_size()));
   // The spec's global batch and per-GPU micro-batch, at `gpus`.
-  const TrainerConfig config = AtGpuCount(*spec_config, gpus, Scaling::kStrong);
-  const std::vector<LayoutPlan> plans = PlanLayouts(config, gpus, *cluster);
+  absl::StatusOr<TrainerConfig> config = AtGpuCount(*spec_config, gpus, Scaling::kStrong);
+  if (!config.ok()) return Usage(config.status());
+  const std::vector<LayoutPlan> plans = PlanLayouts(*config, gpus, *cluster);
   if (plans.empty()) {
     return Usage(absl::InvalidArgumentError(absl::StrCat(
         "--gpus = ", gpus, ": no dp x ep layout of ", gpus,
-        " GPUs divides model.moe.num_experts = ", config.model.moe.num_experts,
-        " and train.batch_size = ", config.data.batch_size, " (and its micro-batch)")));
+        " GPUs divides model.moe.num_experts = ", config->model.moe.num_experts,
+        " and train.batch_size = ", config->data.batch_size, " (and its micro-batch)")));
   }
   const std::optional<LayoutPlan> best = Fastest(plans);
-  std::vector<int> sweep = options.sweep;
+  std::vector<int> sweep(options.sweep.begin(), options.sweep.end());  // each checked above
   std::sort(sweep.begin(), sweep.end());
   std::vector<SweepPoint> weak, strong;
   if (!sweep.empty()) {
@@ -137,11 +157,13 @@ int PlanCommand(const PlanOptions& options) {
     weak = Sweep(*spec_config, sweep, Scaling::kWeak, *cluster);
     strong = Sweep(*spec_config, sweep, Scaling::kStrong, *cluster);
   }
+  const double checkpoint_bytes = EstimateCheckpointBytes(*config);
   if (options.json) {
     json out = {{"spec", options.spec_path},
                 {"cluster", cluster->name},
                 {"device_memory_bytes", cluster->device.memory_bytes},
                 {"gpus", gpus},
+                {"checkpoint_bytes", checkpoint_bytes},
                 {"layouts", json::array()},
                 {"best", best.has_value() ? LayoutPlanJson(*best) : json(nullptr)}};
     for (const LayoutPlan& plan : plans) out["layouts"].push_back(LayoutPlanJson(plan));
@@ -160,6 +182,9 @@ int PlanCommand(const PlanOptions& options) {
     std::printf("no layout fits in %s per GPU\n",
                 FormatBytes(cluster->device.memory_bytes).c_str());
   }
+  std::printf("a checkpoint step: %s (f32 weights, AdamW moments%s)\n",
+              FormatBytes(checkpoint_bytes).c_str(),
+              config->fp8.has_value() && config->fp8->has_state() ? ", FP8 amax histories" : "");
   if (!sweep.empty()) {
     PrintSweep("weak (per-GPU batch fixed)", weak);
     PrintSweep("strong (global batch fixed)", strong);

@@ -4,6 +4,8 @@
 #ifndef MOETRAIN_CLIENT_PLAN_COMMAND_H_
 #define MOETRAIN_CLIENT_PLAN_COMMAND_H_
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,8 +17,10 @@ namespace moetrain {
 struct PlanOptions {
   std::string spec_path;
   std::string cluster = "cpu";  // a preset name or a cluster YAML file
-  int gpus = 0;                 // 0 = the spec's world size
-  std::vector<int> sweep;       // GPU counts; empty = no sweep
+  // GPU counts, each in [1, kMaxPlanGpus] (PlanCommand refuses others, naming the flag), read as
+  // int64 so that no value a user types wraps around first.
+  std::optional<int64_t> gpus;  // unset = the spec's world size
+  std::vector<int64_t> sweep;   // empty = no sweep
   bool json = false;
 };
 

@@ -98,9 +98,14 @@ absl::Status CheckUsableGpu(const DeviceReport& report) {
                    report.no_gpu_reason.empty() ? "no reason given" : report.no_gpu_reason, ")"));
 }
 
-absl::StatusOr<TrainerConfig> TrainerConfigFromSpec(const v1::JobSpec& raw_spec,
-                                                    const std::string& checkpoint_dir,
-                                                    int cuda_device) {
+namespace {
+
+// Where the converted config trains: the spec's device, or the CPU for a plan.
+enum class ConfigDevice { kSpecs, kCpu };
+
+absl::StatusOr<TrainerConfig> ConvertSpec(const v1::JobSpec& raw_spec,
+                                          const std::string& checkpoint_dir, int cuda_device,
+                                          ConfigDevice device) {
   MOETRAIN_ASSIGN_OR_RETURN(v1::JobSpec spec, ResolveJobSpec(raw_spec));
   const v1::ModelConfig& model = spec.model();
   const v1::TrainConfig& train = spec.train();
@@ -108,7 +113,7 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromSpec(const v1::JobSpec& raw_spec,
   const int64_t ranks = spec.resources().workers() * spec.resources().devices_per_worker();
 
   TrainerConfig c;
-  if (spec.resources().device() == v1::ResourceConfig::CUDA) {
+  if (device == ConfigDevice::kSpecs && spec.resources().device() == v1::ResourceConfig::CUDA) {
     // Said here, naming the field, before TrainerConfig::Validate opens the device (whose error
     // would name only "device cuda:0").
     MOETRAIN_RETURN_IF_ERROR(CheckUsableGpu(QueryDevices()));
@@ -184,6 +189,18 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromSpec(const v1::JobSpec& raw_spec,
   c.keep_last = static_cast<int>(spec.checkpoint().keep_last());
   MOETRAIN_RETURN_IF_ERROR(c.Validate());
   return c;
+}
+
+}  // namespace
+
+absl::StatusOr<TrainerConfig> TrainerConfigFromSpec(const v1::JobSpec& spec,
+                                                    const std::string& checkpoint_dir,
+                                                    int cuda_device) {
+  return ConvertSpec(spec, checkpoint_dir, cuda_device, ConfigDevice::kSpecs);
+}
+
+absl::StatusOr<TrainerConfig> TrainerConfigFromSpecOnCpu(const v1::JobSpec& spec) {
+  return ConvertSpec(spec, "", 0, ConfigDevice::kCpu);
 }
 
 absl::StatusOr<DeviceFlag> ParseDeviceFlag(const std::string& text) {

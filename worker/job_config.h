@@ -31,6 +31,11 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromSpec(const v1::JobSpec& spec,
                                                     const std::string& checkpoint_dir = "",
                                                     int cuda_device = 0);
 
+// The same conversion with the config's device the CPU whatever resources.device says, and no GPU
+// looked for or opened: what a plan of the job models (client/job_plan.h). The ranks, layout and
+// batches stay the spec's, and errors name the spec's own fields and values.
+absl::StatusOr<TrainerConfig> TrainerConfigFromSpecOnCpu(const v1::JobSpec& spec);
+
 // `moetrain-worker --devices`: "cpu", "cuda" (every GPU this process sees) or "cuda:I,J,..." (those
 // GPUs, by the driver's index).
 struct DeviceFlag {

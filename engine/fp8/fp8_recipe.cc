@@ -1,6 +1,5 @@
 #include "engine/fp8/fp8_recipe.h"
 
-#include <cmath>
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
@@ -13,12 +12,6 @@ namespace {
 absl::Status Invalid(absl::string_view field, auto value, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("train.fp8.", field, " = ", value, " ", why));
 }
-
-// Beyond this the scaled maximum fp8_max·2^-margin leaves nothing of the format's range: every
-// value would quantise to (almost) zero.
-constexpr int kMaxMargin = 64;
-// The history lives on the host, one row of this many floats per slot (and in checkpoints).
-constexpr int64_t kMaxAmaxHistoryLen = int64_t{1} << 20;
 
 }  // namespace
 
@@ -46,11 +39,12 @@ absl::Status Fp8RecipeConfig::Validate() const {
     return Invalid("amax_history_len", amax_history_len,
                    absl::StrCat("must be in [1, ", kMaxAmaxHistoryLen, "]"));
   }
-  if (margin < 0 || margin > kMaxMargin) {
-    return Invalid("margin", margin, absl::StrCat("must be in [0, ", kMaxMargin, "]"));
+  if (margin < 0 || margin > kMaxFp8Margin) {
+    return Invalid("margin", margin, absl::StrCat("must be in [0, ", kMaxFp8Margin, "]"));
   }
-  if (!(amax_epsilon >= 0.0f) || !std::isfinite(amax_epsilon)) {
-    return Invalid("amax_epsilon", amax_epsilon, "must be non-negative and finite");
+  if (!(amax_epsilon >= 0.0f && amax_epsilon <= kMaxAmaxEpsilon)) {
+    return Invalid("amax_epsilon", amax_epsilon,
+                   absl::StrCat("must be in [0, ", kMaxAmaxEpsilon, "]"));
   }
   return absl::OkStatus();
 }

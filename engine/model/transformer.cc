@@ -211,4 +211,18 @@ double TrainingFlopsPerToken(const ModelConfig& config, int64_t seq_len) {
   return 6.0 * matmul_params + attention_core;
 }
 
+double Fp8SlotCount(const ModelConfig& config) {
+  // Registered in block.cc, mla_attention.cc and moe_layer.cc. Attention: q, k, v, o; MLA: q (or
+  // q_a and q_b), kv_a's latent and RoPE rows, kv_b, o. A dense FFN: gate_up, down. An MoE FFN:
+  // the routed experts' gate_up and down, a group per expert, and the shared experts' two.
+  const double attention = !config.is_mla() ? 4 : config.mla.q_lora_rank == 0 ? 5 : 6;
+  const double dense_ffn = 2;
+  const double moe_ffn =
+      2 * static_cast<double>(config.moe.num_experts) + (config.moe.num_shared_experts > 0 ? 2 : 0);
+  const double blocks = static_cast<double>(config.total_blocks());
+  const double dense_blocks = static_cast<double>(config.first_dense_layers);
+  return kNumFp8Roles *
+         (blocks * attention + dense_blocks * dense_ffn + (blocks - dense_blocks) * moe_ffn);
+}
+
 }  // namespace moetrain

@@ -246,6 +246,11 @@ class Transformer {
 // query at position p attends p + 1 keys). For MFU.
 double TrainingFlopsPerToken(const ModelConfig& config, int64_t seq_len);
 
+// The FP8 state slots (Fp8State) that Create registers with a recipe on, the same on every rank:
+// 3 (input, weight, grad) per linear layer of every block, and per *global* expert for the routed
+// experts' two grouped layers. A double: a hostile config's count overflows int64.
+double Fp8SlotCount(const ModelConfig& config);
+
 }  // namespace moetrain
 
 #endif  // MOETRAIN_ENGINE_MODEL_TRANSFORMER_H_

@@ -5,6 +5,7 @@
 #include <optional>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/core/dtype.h"
 #include "engine/model/transformer.h"
 #include "engine/moe/expert_parallel.h"
@@ -87,7 +88,8 @@ absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout&
 
   // Compute.
   const double micro_batches = static_cast<double>(at.micro_batches());
-  const double step_tokens = static_cast<double>(at.data.batch_size * at.data.seq_len);
+  const double step_tokens =
+      static_cast<double>(at.data.batch_size) * static_cast<double>(at.data.seq_len);
   const double rank_tokens = step_tokens / gpus;
   const FlopsSplit split = SplitTrainingFlops(model, at.data.seq_len);
   const double gemm_peak = at.fp8.has_value() ? device.dense_fp8_flops : device.dense_bf16_flops;
@@ -172,8 +174,17 @@ absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout&
 std::vector<LayoutPlan> PlanLayouts(const TrainerConfig& config, int gpus,
                                     const ClusterSpec& cluster) {
   std::vector<LayoutPlan> plans;
-  for (int ep = 1; ep <= gpus; ++ep) {
-    if (gpus % ep != 0) continue;
+  if (gpus < 1 || gpus > kMaxPlanGpus) return plans;
+  // The divisors in pairs (small, gpus / small), small ≤ √gpus: O(√gpus) steps, and no counter
+  // that could pass INT_MAX.
+  std::vector<int> eps;
+  for (int small = 1; small <= gpus / small; ++small) {
+    if (gpus % small != 0) continue;
+    eps.push_back(small);
+    if (small != gpus / small) eps.push_back(gpus / small);
+  }
+  std::sort(eps.begin(), eps.end());
+  for (int ep : eps) {
     absl::StatusOr<LayoutPlan> plan = PlanLayout(config, {gpus / ep, ep}, cluster);
     if (plan.ok()) plans.push_back(*plan);
   }
@@ -190,13 +201,23 @@ std::optional<LayoutPlan> Fastest(const std::vector<LayoutPlan>& plans, bool fit
   return best;
 }
 
-TrainerConfig AtGpuCount(const TrainerConfig& config, int gpus, Scaling scaling) {
+absl::StatusOr<TrainerConfig> AtGpuCount(const TrainerConfig& config, int gpus, Scaling scaling) {
   const int64_t world = config.parallel.world_size();
   const int64_t micro =
       config.micro_batch_size > 0 ? config.micro_batch_size : config.data.batch_size;
   TrainerConfig at = config;
-  if (scaling == Scaling::kWeak) at.data.batch_size = config.data.batch_size / world * gpus;
-  at.micro_batch_size = std::min<int64_t>(micro / world * gpus, at.data.batch_size);
+  if (scaling == Scaling::kWeak &&
+      __builtin_mul_overflow(config.data.batch_size / world, int64_t{gpus}, &at.data.batch_size)) {
+    return absl::InvalidArgumentError(absl::StrCat("train.batch_size = ", config.data.batch_size,
+                                                   " over ", world, " ranks, kept per GPU at ",
+                                                   gpus, " GPUs, overflows int64"));
+  }
+  // At most the batch, so that the product may saturate instead of overflowing.
+  int64_t micro_at_gpus = 0;
+  if (__builtin_mul_overflow(micro / world, int64_t{gpus}, &micro_at_gpus)) {
+    micro_at_gpus = at.data.batch_size;
+  }
+  at.micro_batch_size = std::min<int64_t>(micro_at_gpus, at.data.batch_size);
   // A world of `gpus` (PlanLayout sets the layout), so that the config moves on from here.
   at.parallel.data_parallel = gpus;
   at.parallel.expert_parallel = 1;
@@ -210,8 +231,9 @@ std::vector<SweepPoint> Sweep(const TrainerConfig& config, const std::vector<int
   for (int gpus : gpu_counts) {
     SweepPoint point;
     point.gpus = gpus;
+    const absl::StatusOr<TrainerConfig> at = AtGpuCount(config, gpus, scaling);
     const std::vector<LayoutPlan> plans =
-        PlanLayouts(AtGpuCount(config, gpus, scaling), gpus, cluster);
+        at.ok() ? PlanLayouts(*at, gpus, cluster) : std::vector<LayoutPlan>();
     point.best = Fastest(plans);
     if (!point.best.has_value()) point.best = Fastest(plans, /*fitting_only=*/false);
     if (point.best.has_value()) {

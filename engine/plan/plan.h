@@ -38,6 +38,10 @@ namespace moetrain {
 // and writes the master, the moments and the bf16 copy: 4·4 + 3·4 + 2.
 inline constexpr double kOptimizerBytesPerParameter = 30;
 
+// The most GPUs a plan is made for: as many as a job spec can have ranks (2^20 workers of 1,024
+// devices each). Counts of [1, kMaxPlanGpus] keep the layout arithmetic within an int.
+inline constexpr int kMaxPlanGpus = 1 << 30;
+
 struct Layout {
   int data_parallel = 1;
   int expert_parallel = 1;
@@ -92,7 +96,8 @@ struct LayoutPlan {
 absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout& layout,
                                       const ClusterSpec& cluster);
 
-// Every dp × ep layout of `gpus` GPUs that the config allows, each planned, by ep ascending.
+// Every dp × ep layout of `gpus` GPUs that the config allows, each planned, by ep ascending; none
+// for a count outside [1, kMaxPlanGpus].
 std::vector<LayoutPlan> PlanLayouts(const TrainerConfig& config, int gpus,
                                     const ClusterSpec& cluster);
 
@@ -112,8 +117,9 @@ struct SweepPoint {
 
 // `config` (at its world size) moved to `gpus` GPUs: the per-GPU micro-batch stays (capped at the
 // batch); weak scaling keeps the per-GPU batch, strong scaling the global batch. The result's
-// world is `gpus` (dp = gpus, ep = 1; PlanLayout sets the layout it plans).
-TrainerConfig AtGpuCount(const TrainerConfig& config, int gpus, Scaling scaling);
+// world is `gpus` (dp = gpus, ep = 1; PlanLayout sets the layout it plans). InvalidArgument
+// naming train.batch_size when weak scaling's batch would overflow int64.
+absl::StatusOr<TrainerConfig> AtGpuCount(const TrainerConfig& config, int gpus, Scaling scaling);
 
 // `config` at each of `gpu_counts` (ascending), moved there by AtGpuCount. Weak efficiency:
 // tokens/s per GPU over the first point's; strong: (first step time × its GPUs) / (step time ×

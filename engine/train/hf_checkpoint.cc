@@ -4,10 +4,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -17,8 +15,11 @@
 #include "engine/core/status.h"
 #include "engine/model/transformer.h"
 #include "engine/ops/elementwise/elementwise.h"
+#include "engine/ops/optim/optim.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/hf_config.h"
+#include "engine/train/input_file.h"
+#include "engine/train/memory_estimate.h"
 #include "engine/train/model_config_json.h"
 #include "engine/train/safetensors.h"
 
@@ -35,16 +36,20 @@ const std::map<std::string, std::string> kShardMetadata = {{"format", "pt"}};
 // How many offending tensor names an error lists before "and N more".
 constexpr size_t kNamesListed = 5;
 
-absl::StatusOr<Json> ReadJsonFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path.string()));
-  std::ostringstream text;
-  text << in.rdbuf();
+// The most an import reads of a JSON file before parsing it (parsing takes several times the
+// text in memory). config.json: DeepSeek-V3's is under 2 KB, a moetrain export's a few KB. The
+// index: about 100 bytes a tensor, so 16 MiB is some 160,000 tensors, three times DeepSeek-V3's.
+constexpr int64_t kMaxConfigBytes = int64_t{1} << 20;
+constexpr int64_t kMaxIndexBytes = int64_t{16} << 20;
+
+// `name` in `dir` (OpenInputFile, at most `max_bytes`), parsed.
+absl::StatusOr<Json> ReadJsonFile(const fs::path& dir, const std::string& name, int64_t max_bytes) {
+  MOETRAIN_ASSIGN_OR_RETURN(const InputFile file, OpenInputFile(dir.string(), name, max_bytes));
+  MOETRAIN_ASSIGN_OR_RETURN(const std::string text, file.ReadAll());
   try {
-    return Json::parse(text.str());
+    return Json::parse(text);
   } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path.string(), " is not valid JSON: ", e.what()));
+    return absl::InvalidArgumentError(absl::StrCat(file.path(), " is not valid JSON: ", e.what()));
   }
 }
 
@@ -150,6 +155,21 @@ absl::StatusOr<std::vector<ExportEntry>> ExportEntries(const ModelConfig& config
                    ExportEntry{copy.name, &loaded.model_tensors.at(copy.original)});
   }
   return entries;
+}
+
+// Where the export goes: `out_dir`, or when it is a symbolic link the directory it leads to, so
+// that the files land there and the link stays (the final rename replaces what it names, and
+// would fail on a link). A link that leads nowhere is refused.
+absl::StatusOr<fs::path> ResolveOutDir(const fs::path& out_dir) {
+  std::error_code ec;
+  if (!fs::is_symlink(out_dir, ec)) return out_dir;
+  const fs::path target = fs::canonical(out_dir, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--to-hf ", out_dir.string(), " is a symbolic link to ",
+                     fs::read_symlink(out_dir, ec).string(), ", which does not exist"));
+  }
+  return target;
 }
 
 // Refuses an `out_dir` that exists and is not an empty directory.
@@ -269,11 +289,17 @@ struct WeightFiles {
   bool indexed = false;
 };
 
+// Whether `dir` has an entry `name` of any kind (a dangling link too, which OpenInputFile then
+// refuses by name).
+bool HasEntry(const fs::path& dir, const char* name) {
+  std::error_code ec;
+  return fs::exists(fs::symlink_status(dir / name, ec));
+}
+
 absl::StatusOr<WeightFiles> FindWeightFiles(const fs::path& in_dir) {
   WeightFiles found;
-  std::error_code ec;
-  if (fs::exists(in_dir / kHfIndexName, ec)) {
-    MOETRAIN_ASSIGN_OR_RETURN(const Json index, ReadJsonFile(in_dir / kHfIndexName));
+  if (HasEntry(in_dir, kHfIndexName)) {
+    MOETRAIN_ASSIGN_OR_RETURN(const Json index, ReadJsonFile(in_dir, kHfIndexName, kMaxIndexBytes));
     const auto map = index.is_object() ? index.find("weight_map") : Json::const_iterator();
     if (!index.is_object() || map == index.end() || !map->is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -293,7 +319,7 @@ absl::StatusOr<WeightFiles> FindWeightFiles(const fs::path& in_dir) {
     found.indexed = true;
     return found;
   }
-  if (fs::exists(in_dir / kHfSingleFileName, ec)) {
+  if (HasEntry(in_dir, kHfSingleFileName)) {
     found.files = {kHfSingleFileName};
     return found;
   }
@@ -309,11 +335,48 @@ absl::Status FillParameter(const std::string& path, const std::string& name, Ten
                                                    src.DebugString(), ", the model's is ",
                                                    p.value.DebugString()));
   }
-  if (src.dtype() == DType::kF32) return ops::CopyTensor(ctx, src, p.value);
-  if (src.dtype() == DType::kBF16) return ops::ConvertTensor(ctx, src, p.value);
-  return absl::InvalidArgumentError(absl::StrCat(
-      path, ": tensor ", name, " is ", std::string(SafetensorsDTypeName(src.dtype())),
-      "; moetrain imports BF16 and F32 weights only (quantized checkpoints are not supported)"));
+  if (src.dtype() == DType::kF32) {
+    MOETRAIN_RETURN_IF_ERROR(ops::CopyTensor(ctx, src, p.value));
+  } else if (src.dtype() == DType::kBF16) {
+    MOETRAIN_RETURN_IF_ERROR(ops::ConvertTensor(ctx, src, p.value));
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": tensor ", name, " is ", std::string(SafetensorsDTypeName(src.dtype())),
+        "; moetrain imports BF16 and F32 weights only (quantized checkpoints are not supported)"));
+  }
+  // A NaN or Inf weight would make every step's loss NaN: refused here, naming it, rather than
+  // at the first step of a job that starts from the import.
+  MOETRAIN_ASSIGN_OR_RETURN(const bool finite, ops::AllFinite(ctx, {p.value}));
+  if (!finite) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": tensor ", name, " holds NaN or infinite values"));
+  }
+  return absl::OkStatus();
+}
+
+// Refuses, before anything is allocated, an import whose memory exceeds `options`' limit: the
+// model's f32 weights and their gradient buffer (Transformer::Create), and the largest shard,
+// whose tensors are read whole.
+absl::Status CheckImportMemory(const std::string& in_dir, const ModelConfig& config,
+                               const std::vector<InputFile>& shards,
+                               const HfImportOptions& options) {
+  if (options.memory_limit_bytes <= 0) return absl::OkStatus();
+  const double model_bytes = 2 * 4 * ParameterCount(config);
+  const InputFile* largest = nullptr;
+  for (const InputFile& shard : shards) {
+    if (largest == nullptr || shard.bytes() > largest->bytes()) largest = &shard;
+  }
+  const double shard_bytes = largest != nullptr ? static_cast<double>(largest->bytes()) : 0.0;
+  const double needed = model_bytes + shard_bytes;
+  if (needed <= static_cast<double>(options.memory_limit_bytes)) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "importing ", in_dir, " needs about ", FormatBytes(needed), " of memory (",
+      FormatBytes(model_bytes), " for the model's f32 weights and their gradient buffer",
+      largest != nullptr
+          ? absl::StrCat(", ", FormatBytes(shard_bytes), " for its largest file, ", largest->path())
+          : "",
+      "), more than the ", FormatBytes(static_cast<double>(options.memory_limit_bytes)),
+      " available (", options.memory_limit_name, ")"));
 }
 
 }  // namespace
@@ -338,6 +401,7 @@ absl::StatusOr<HfExportReport> ExportHuggingFace(const std::string& step_dir,
   if (out_path.empty() || out_path.filename() == "." || out_path.filename() == "..") {
     return absl::InvalidArgumentError(absl::StrCat("--to-hf \"", out_dir, "\" names no directory"));
   }
+  MOETRAIN_ASSIGN_OR_RETURN(out_path, ResolveOutDir(out_path));
   MOETRAIN_RETURN_IF_ERROR(CheckOutDir(out_path));
 
   // The model and the refusal first: neither needs the tensors.
@@ -401,13 +465,15 @@ absl::StatusOr<HfExportReport> ExportHuggingFace(const std::string& step_dir,
 }
 
 absl::StatusOr<HfImportReport> ImportHuggingFace(const std::string& in_dir,
-                                                 const std::string& out_root) {
+                                                 const std::string& out_root,
+                                                 const HfImportOptions& options) {
   const fs::path in_path(in_dir);
   std::error_code ec;
   if (!fs::is_directory(in_path, ec)) {
     return absl::NotFoundError(absl::StrCat(in_dir, ": no such directory"));
   }
-  MOETRAIN_ASSIGN_OR_RETURN(const Json hf_config, ReadJsonFile(in_path / kConfigName));
+  MOETRAIN_ASSIGN_OR_RETURN(const Json hf_config,
+                            ReadJsonFile(in_path, kConfigName, kMaxConfigBytes));
   HfImportReport report;
   absl::StatusOr<ModelConfig> config = ModelConfigFromHuggingFace(hf_config, &report.seq_len);
   if (!config.ok()) {
@@ -421,6 +487,14 @@ absl::StatusOr<HfImportReport> ImportHuggingFace(const std::string& in_dir,
           ? architectures[0].get<std::string>()
           : "";
   MOETRAIN_ASSIGN_OR_RETURN(const WeightFiles weights, FindWeightFiles(in_path));
+  // Every shard opened (and checked to be a regular file) first: their sizes go into the memory
+  // check, which comes before the model is allocated.
+  std::vector<InputFile> shards;
+  for (const std::string& file : weights.files) {
+    MOETRAIN_ASSIGN_OR_RETURN(InputFile shard, OpenInputFile(in_dir, file, 0));
+    shards.push_back(std::move(shard));
+  }
+  MOETRAIN_RETURN_IF_ERROR(CheckImportMemory(in_dir, *config, shards, options));
   MOETRAIN_ASSIGN_OR_RETURN(Transformer model, Transformer::Create(*config, DType::kF32));
 
   std::map<std::string, const NamedParameter*> parameters;
@@ -431,9 +505,10 @@ absl::StatusOr<HfImportReport> ImportHuggingFace(const std::string& in_dir,
   std::vector<std::string> unexpected;
   const ExecContext& ctx = model.context();
   // One shard in memory at a time.
-  for (const std::string& file : weights.files) {
-    const std::string path = (in_path / file).string();
-    MOETRAIN_ASSIGN_OR_RETURN(const SafetensorsFile shard, ReadSafetensors(path));
+  for (size_t f = 0; f < shards.size(); ++f) {
+    const std::string& file = weights.files[f];
+    const std::string& path = shards[f].path();
+    MOETRAIN_ASSIGN_OR_RETURN(const SafetensorsFile shard, ReadSafetensors(shards[f].fd(), path));
     for (const std::string& name : shard.names()) {
       if (weights.indexed) {
         const auto listed = weights.weight_map.find(name);

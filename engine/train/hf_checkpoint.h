@@ -57,15 +57,25 @@ struct HfExportReport {
 // Writes the model of the checkpoint step `step_dir` (every rank's model file, verified as
 // LoadCheckpoint does) as a Hugging Face directory `out_dir`. Everything is written into a
 // temporary directory beside `out_dir`, fsynced and renamed into place: a failure leaves nothing
-// half-written. Errors: NotFound (no step), DataLoss (a damaged step, a tensor missing or
-// unexpected, of the wrong dtype or shape), FailedPrecondition (a step without "model_config";
-// group scoring that Hugging Face's DeepSeek-V3 code does not do, without options.force),
-// AlreadyExists (`out_dir` exists and is not empty), InvalidArgument (bad options).
-// Memory: the tensors of the step, once, plus one shard in bf16 (and, while the tensors are
-// checked, a model of the same shape: Transformer::Create gives the parameter table).
+// half-written. An `out_dir` that is a symbolic link is resolved first (before anything is read):
+// the files go into the directory it leads to, and the link stays. Errors: NotFound (no step),
+// DataLoss (a damaged step, a tensor missing or unexpected, of the wrong dtype or shape),
+// FailedPrecondition (a step without "model_config"; group scoring that Hugging Face's DeepSeek-V3
+// code does not do, without options.force), AlreadyExists (`out_dir` exists and is not empty),
+// InvalidArgument (bad options, or `out_dir` a link to nothing). Memory: the tensors of the step,
+// once, plus one shard in bf16 (and, while the tensors are checked, a model of the same shape:
+// Transformer::Create gives the parameter table).
 absl::StatusOr<HfExportReport> ExportHuggingFace(const std::string& step_dir,
                                                  const std::string& out_dir,
                                                  const HfExportOptions& options = {});
+
+struct HfImportOptions {
+  // The memory the import may use (bytes; 0 = unchecked): the model's f32 weights and their
+  // gradient buffer, plus the largest weight file, are refused above it before either is read.
+  int64_t memory_limit_bytes = 0;
+  // What the limit is, for the refusal: "--memory-limit", "this machine's memory".
+  std::string memory_limit_name;
+};
 
 struct HfImportReport {
   std::string step_dir;      // the checkpoint step written
@@ -80,12 +90,18 @@ struct HfImportReport {
 // its shards, or a single model.safetensors; tensors in bf16, widened exactly, or f32) and writes
 // it as step 0 of the checkpoint root `out_root` (`<dir>/<job id>`, WriteCheckpoint): the
 // parameters, a manifest with "model_config" and a one-rank "world_layout", and config.json, so
-// that `moetrain eval` and `moetrain export` take it. Errors: NotFound (no config.json or no
-// weights), InvalidArgument naming the key, tensor and file (an unsupported config.json; a tensor
-// missing, of the wrong shape or an unsupported dtype; a tensor that is no parameter, such as a
-// quantization scale; an index that disagrees with its shards), AlreadyExists (step 0 is there).
+// that `moetrain eval` and `moetrain export` take it. Every file is read only if it is a regular
+// file of `in_dir` itself (no symbolic link, FIFO or device); config.json is read only up to
+// 1 MiB and the index up to 16 MiB. Errors: NotFound (no config.json or no weights),
+// InvalidArgument naming the key, tensor and file (an unsupported config.json, or a value that is
+// not an exact integer in range where one is due; a tensor missing, of the wrong shape or an
+// unsupported dtype, or holding NaN or Inf; a tensor that is no parameter, such as a quantization
+// scale; an index that disagrees with its shards; a file that is no regular file, or too large),
+// ResourceExhausted (the memory over options.memory_limit_bytes, both figures named),
+// AlreadyExists (step 0 is there).
 absl::StatusOr<HfImportReport> ImportHuggingFace(const std::string& in_dir,
-                                                 const std::string& out_root);
+                                                 const std::string& out_root,
+                                                 const HfImportOptions& options = {});
 
 }  // namespace moetrain
 

@@ -129,6 +129,11 @@ Json HuggingFaceConfig(const ModelConfig& c, int64_t seq_len, bool force_deepsee
 absl::StatusOr<ModelConfig> ModelConfigFromHuggingFace(const Json& json, int64_t* seq_len) {
   if (!json.is_object()) return absl::InvalidArgumentError("config.json: not a JSON object");
   MOETRAIN_RETURN_IF_ERROR(ReadKey(json, "max_position_embeddings", seq_len));
+  // Checked here for both paths: a moetrain export's model config does not read it.
+  if (*seq_len < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: max_position_embeddings = ", *seq_len, " must be at least 1"));
+  }
   if (json.contains("moetrain_model_config")) {
     return ModelConfigFromJson(json["moetrain_model_config"]);
   }

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "engine/core/dtype.h"
 #include "engine/core/status.h"
+#include "engine/model/transformer.h"
 #include "engine/ops/loss/lm_head_loss.h"
 
 namespace moetrain {
@@ -43,6 +44,82 @@ double RoutedRows(const MoeConfig& moe, double tokens) {
   return std::min(pairs, capacity_rows);
 }
 
+// MLA's widths (mla_attention.h), per token: heads, the query and key/value latent ranks, the
+// shared RoPE key, the query/key width of all heads, the values', and kv_b_proj's output.
+struct MlaWidths {
+  double h, rq, rkv, rope, wide, dv, kv_width;
+};
+MlaWidths MlaWidthsOf(const ModelConfig& m) {
+  const MlaConfig& a = m.mla;
+  const double h = static_cast<double>(m.num_heads);
+  return {.h = h,
+          .rq = static_cast<double>(a.q_lora_rank),
+          .rkv = static_cast<double>(a.kv_lora_rank),
+          .rope = static_cast<double>(a.qk_rope_head_dim),
+          .wide = h * static_cast<double>(a.qk_head_dim()),
+          .dv = h * static_cast<double>(a.v_head_dim),
+          .kv_width = h * static_cast<double>(a.qk_nope_head_dim + a.v_head_dim)};
+}
+
+// A model's sizes, as doubles: a hostile config's products overflow int64.
+struct Sizes {
+  double d, v;          // hidden size, vocabulary
+  double q, kv;         // query and key/value widths (all heads)
+  double f, e, fe;      // dense FFN width, routed experts, an expert's FFN width
+  double shared_f;      // the shared experts' FFN width together
+  double mtp;           // MTP modules
+  double dense_layers;  // blocks with a dense FFN
+  double layers;        // blocks, the MTP modules' included (they count as MoE blocks)
+  double moe_layers;    // blocks with an MoE FFN
+};
+Sizes SizesOf(const ModelConfig& m) {
+  const auto as_double = [](int64_t value) { return static_cast<double>(value); };
+  const double dh = as_double(m.resolved_head_dim());
+  const int64_t mtp = std::max<int64_t>(m.mtp_depth, 0);
+  const int64_t dense_layers = std::clamp<int64_t>(m.first_dense_layers, 0, m.num_layers);
+  const int64_t layers = std::max<int64_t>(m.num_layers, 0) + mtp;
+  return {.d = as_double(m.hidden_size),
+          .v = as_double(m.vocab_size),
+          .q = as_double(m.num_heads) * dh,
+          .kv = as_double(m.num_kv_heads) * dh,
+          .f = as_double(m.ffn_dim),
+          .e = as_double(m.moe.num_experts),
+          .fe = as_double(m.moe.expert_ffn_dim),
+          .shared_f = as_double(m.moe.num_shared_experts) * as_double(m.moe.expert_ffn_dim),
+          .mtp = as_double(mtp),
+          .dense_layers = as_double(dense_layers),
+          .layers = as_double(layers),
+          .moe_layers = as_double(layers - dense_layers)};
+}
+
+// Parameters AdamW does not update: the expert biases (selection only), one per expert of each
+// MoE block and MTP module.
+double UntrainableCount(const ModelConfig& m) {
+  const Sizes s = SizesOf(m);
+  return m.moe.expert_bias ? s.moe_layers * s.e : 0.0;
+}
+
+// The delayed FP8 recipe's state as its checkpoint holds it (Fp8State::SaveState): per slot the
+// scale and the history, f32. 0 for the other recipes and without FP8.
+double Fp8SavedStateBytes(const TrainerConfig& config) {
+  if (!config.fp8.has_value() || !config.fp8->has_state()) return 0.0;
+  return 4 * Fp8SlotCount(config.model) * (1 + static_cast<double>(config.fp8->amax_history_len));
+}
+
+// MemoryEstimate::fp8_state and fp8_state_host (their comment says what they count).
+void EstimateFp8State(const TrainerConfig& config, MemoryEstimate* estimate) {
+  if (!config.fp8.has_value()) return;
+  const double slots = Fp8SlotCount(config.model);
+  const double world = std::max(1, config.parallel.world_size());
+  const double histories =
+      config.fp8->has_state() ? 4 * slots * static_cast<double>(config.fp8->amax_history_len) : 0.0;
+  // EndStep (fp8_state.cc): the host copies of the amaxes, scales and counts (4 + 4 + 8 B), and
+  // over several ranks the all-gather's words (2 i64 a slot) sent and received from each rank.
+  const double step_end = 16 * slots + (world > 1 ? 16 * slots * (1 + world) : 0.0);
+  estimate->fp8_state_host = histories + std::max(step_end, Fp8SavedStateBytes(config));
+  estimate->fp8_state = 16 * slots + estimate->fp8_state_host;
+}
+
 }  // namespace
 
 std::string FormatBytes(double bytes) {
@@ -53,26 +130,37 @@ std::string FormatBytes(double bytes) {
 
 std::string MemoryEstimate::DebugString() const {
   const auto [name, size] = UnitOf(total());
-  return absl::StrFormat("%s (params %.2f, grads %.2f, optimizer %.2f, activations %.2f %s)",
+  const std::string fp8 =
+      fp8_state > 0 ? absl::StrFormat(", fp8 state %.2f", fp8_state / size) : "";
+  return absl::StrFormat("%s (params %.2f, grads %.2f, optimizer %.2f, activations %.2f%s %s)",
                          FormatBytes(total()), parameters / size, gradients / size,
-                         optimizer / size, activations / size, name);
+                         optimizer / size, activations / size, fp8, name);
+}
+
+double ParameterCount(const ModelConfig& m, int expert_parallel) {
+  const auto [d, v, q, kv, f, e, fe, shared_f, mtp, dense_layers, layers, moe_layers] = SizesOf(m);
+  const double local_experts = e / std::max(1, expert_parallel);
+
+  const double embeddings = v * d * (m.tie_embeddings ? 1.0 : 2.0) + d;
+  double attention = 2 * d + 2 * q * d + 2 * kv * d;
+  if (m.is_mla()) {
+    const MlaWidths w = MlaWidthsOf(m);
+    const double query = w.rq == 0 ? w.wide * d : w.rq * d + w.rq + w.wide * w.rq;
+    attention = 2 * d + query + (w.rkv + w.rope) * d + w.rkv + w.kv_width * w.rkv + d * w.dv;
+  }
+  const double dense_ffn = 3 * f * d;
+  const double moe_dense = e * d + (m.moe.expert_bias ? e : 0.0) + 3 * shared_f * d;
+  const double experts = local_experts * 3 * fe * d;
+  return embeddings + mtp * (3 * d + 2 * d * d) + layers * attention + dense_layers * dense_ffn +
+         moe_layers * (moe_dense + experts);
 }
 
 MemoryEstimate EstimateTrainingMemory(const TrainerConfig& config) {
   const ModelConfig& m = config.model;
   const MoeConfig& moe = m.moe;
   const auto as_double = [](int64_t value) { return static_cast<double>(value); };
-  const double d = as_double(m.hidden_size), v = as_double(m.vocab_size);
-  const double dh = as_double(m.resolved_head_dim());
-  const double q = as_double(m.num_heads) * dh, kv = as_double(m.num_kv_heads) * dh;
-  const double f = as_double(m.ffn_dim), e = as_double(moe.num_experts);
-  const double fe = as_double(moe.expert_ffn_dim);
-  const double shared_f = as_double(moe.num_shared_experts) * fe;
   // MTP modules count as MoE blocks (their norms, eh_proj and loss are added below).
-  const int64_t mtp = std::max<int64_t>(m.mtp_depth, 0);
-  const int64_t dense_layers = std::clamp<int64_t>(m.first_dense_layers, 0, m.num_layers);
-  const int64_t layers = std::max<int64_t>(m.num_layers, 0) + mtp;
-  const double moe_layers = as_double(layers - dense_layers);
+  const auto [d, v, q, kv, f, e, fe, shared_f, mtp, dense_layers, layers, moe_layers] = SizesOf(m);
   const double ep = std::max(1, config.parallel.expert_parallel);
   const double world = std::max(1, config.parallel.world_size());
   const double local_experts = e / ep;
@@ -84,31 +172,17 @@ MemoryEstimate EstimateTrainingMemory(const TrainerConfig& config) {
   const bool f32 = config.compute_dtype == DType::kF32;
   const double act_copy = f32 ? 0.0 : act;  // a compute copy that exists only below f32
 
-  // Parameters, as parameters.cc lays them out.
-  const double embeddings = v * d * (m.tie_embeddings ? 1.0 : 2.0) + d;
-  double attention = 2 * d + 2 * q * d + 2 * kv * d;
-  // MLA: its projections and norms (parameters.cc), and per block its saved tensors and scratch
-  // (mla_attention.h): q, k, v, the core's output and their gradients at the query/key width,
-  // the projections' outputs and latents twice (value and gradient, plus compute copies).
+  const double n = ParameterCount(m, config.parallel.expert_parallel);
+  const double untrainable = UntrainableCount(m);
+  // MLA, per block: its saved tensors and scratch (mla_attention.h): q, k, v, the core's output
+  // and their gradients at the query/key width, the projections' outputs and latents twice (value
+  // and gradient, plus compute copies).
   double mla_block = 0;
   if (m.is_mla()) {
-    const MlaConfig& a = m.mla;
-    const double h = as_double(m.num_heads), rq = as_double(a.q_lora_rank);
-    const double rkv = as_double(a.kv_lora_rank), rope = as_double(a.qk_rope_head_dim);
-    const double wide = h * as_double(a.qk_head_dim()), dv = h * as_double(a.v_head_dim);
-    const double kv_width = h * as_double(a.qk_nope_head_dim + a.v_head_dim);
-    const double query = rq == 0 ? wide * d : rq * d + rq + wide * rq;
-    attention = 2 * d + query + (rkv + rope) * d + rkv + kv_width * rkv + d * dv;
-    const double narrow = rq + rkv + rope + kv_width + wide + dv;  // per token, each once
-    mla_block = 4 * t * (8 * wide + 2 * narrow + h) + act_copy * t * (2 * narrow);
+    const MlaWidths w = MlaWidthsOf(m);
+    const double narrow = w.rq + w.rkv + w.rope + w.kv_width + w.wide + w.dv;  // per token, once
+    mla_block = 4 * t * (8 * w.wide + 2 * narrow + w.h) + act_copy * t * (2 * narrow);
   }
-  const double dense_ffn = 3 * f * d;
-  const double moe_dense = e * d + (moe.expert_bias ? e : 0.0) + 3 * shared_f * d;
-  const double experts = local_experts * 3 * fe * d;
-  const double n = embeddings + as_double(mtp) * (3 * d + 2 * d * d) +
-                   as_double(layers) * attention + as_double(dense_layers) * dense_ffn +
-                   moe_layers * (moe_dense + experts);
-  const double untrainable = moe.expert_bias ? moe_layers * e : 0.0;
 
   MemoryEstimate estimate;
   estimate.parameters = n * (4 + act_copy);
@@ -119,18 +193,17 @@ MemoryEstimate EstimateTrainingMemory(const TrainerConfig& config) {
   // norm, its gradients, and the LM head's chunk of logits (about 16 MiB of f32 at a time).
   const double lm_chunk = std::min(t, static_cast<double>(ops::DefaultLmHeadChunkTokens(
                                           std::numeric_limits<int64_t>::max(), m.vocab_size)));
-  double activations = 3 * 4 * t + 4 * as_double(layers + 1) * t * d + 4 * t + act * t * d +
-                       2 * 4 * t * d + (4 + act) * lm_chunk * v + 4 * t;
+  double activations = 3 * 4 * t + 4 * (layers + 1) * t * d + 4 * t + act * t * d + 2 * 4 * t * d +
+                       (4 + act) * lm_chunk * v + 4 * t;
   // Every block: attention's saved tensors and backward scratch, and the norms.
   const double gqa_block = 4 * t * (2 * q + 2 * kv) + act_copy * t * q +
                            4 * t * as_double(m.num_heads) + 4 * t * (2 * q + 2 * kv) +
                            act_copy * t * (q + 2 * kv);
   const double block = 4 * t + act * t * d + (m.is_mla() ? mla_block : gqa_block) + 4 * t * d +
                        4 * t + act * t * d + act_copy * t * d + 4 * t * d;
-  activations += as_double(layers) * block;
+  activations += layers * block;
   // Dense FFN blocks: pre-activations, the activated rows and their gradients.
-  activations +=
-      as_double(dense_layers) * (4 * t * 2 * f + act * t * f + 4 * t * f + act * t * 2 * f);
+  activations += dense_layers * (4 * t * 2 * f + act * t * f + 4 * t * f + act * t * 2 * f);
   // MoE blocks: routing, the permuted rows through the experts and back, the shared experts.
   const double rows = RoutedRows(moe, t);
   const double k = as_double(moe.top_k);
@@ -146,8 +219,8 @@ MemoryEstimate EstimateTrainingMemory(const TrainerConfig& config) {
   activations += moe_layers * moe_block;
   // Each MTP module's own tensors (mtp.cc): tokens, embedding, norms, the concatenation, the
   // block's input and output and their gradients.
-  activations += as_double(mtp) *
-                 (2 * 4 * t + 10 * 4 * t * d + 3 * act * t * d + act * t * 2 * d + 4 * t * 2 * d);
+  activations +=
+      mtp * (2 * 4 * t + 10 * 4 * t * d + 3 * act * t * d + act * t * 2 * d + 4 * t * 2 * d);
   // FP8 (a recipe on): a linear layer's GEMM quantises its two operands into fresh FP8 tensors (a
   // byte an element, plus f32 scales, at most one per 128 elements) that live until it returns
   // (fp8/linear.cc), and the caching allocator keeps the largest pair. Forward x·wᵀ, backward
@@ -162,7 +235,13 @@ MemoryEstimate EstimateTrainingMemory(const TrainerConfig& config) {
     activations += fp8 * (1.0 + 4.0 / 128);
   }
   estimate.activations = activations;
+  EstimateFp8State(config, &estimate);
   return estimate;
+}
+
+double EstimateCheckpointBytes(const TrainerConfig& config) {
+  const double n = ParameterCount(config.model);
+  return 4 * n + 2 * 4 * (n - UntrainableCount(config.model)) + Fp8SavedStateBytes(config);
 }
 
 absl::StatusOr<int64_t> ParseByteSize(std::string_view text, std::string_view flag) {
@@ -238,7 +317,8 @@ absl::Status CheckMemoryEstimate(const MemoryEstimate& estimate, int64_t limit_b
 MemoryPlacement PlaceTrainingMemory(const TrainerConfig& config, const MemoryEstimate& estimate) {
   if (config.device.is_cpu()) return {.host = estimate.total(), .device = 0};
   // The snapshot holds the f32 masters (as many bytes as the f32 grads) and both moments.
-  return {.host = estimate.gradients + estimate.optimizer, .device = estimate.total()};
+  return {.host = estimate.gradients + estimate.optimizer + estimate.fp8_state_host,
+          .device = estimate.total() - estimate.fp8_state_host};
 }
 
 absl::Status CheckTrainingMemory(const TrainerConfig& config, const MemoryEstimate& estimate,
@@ -259,10 +339,14 @@ absl::Status CheckTrainingMemory(const TrainerConfig& config, const MemoryEstima
   }
   if (host_limit_bytes > 0 && placement.host > static_cast<double>(host_limit_bytes)) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "a checkpoint of the model copies about ", FormatBytes(placement.host),
-        " (f32 weights and optimizer moments) from ", config.device.DebugString(),
-        " into host memory, more than the ", FormatBytes(static_cast<double>(host_limit_bytes)),
-        " available (", absl::string_view(host_limit_name.data(), host_limit_name.size()), ")"));
+        "the job needs about ", FormatBytes(placement.host),
+        " of host memory (a checkpoint's copy of the f32 weights and optimizer moments from ",
+        config.device.DebugString(),
+        estimate.fp8_state_host > 0
+            ? absl::StrCat(", and ", FormatBytes(estimate.fp8_state_host), " of FP8 state")
+            : "",
+        "), more than the ", FormatBytes(static_cast<double>(host_limit_bytes)), " available (",
+        absl::string_view(host_limit_name.data(), host_limit_name.size()), ")"));
   }
   return absl::OkStatus();
 }

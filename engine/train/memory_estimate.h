@@ -30,14 +30,35 @@ struct MemoryEstimate {
   // What forward keeps for backward, backward's scratch, the LM head's chunk, and with an FP8
   // recipe the quantised operands of the largest linear layer.
   double activations = 0;
+  // With an FP8 recipe, its state (engine/fp8/fp8_state.h), S = Fp8SlotCount slots: a scale, an
+  // amax and a saturated count per slot on the device (16 B); with the delayed recipe, the amax
+  // histories on the host (4·amax_history_len B a slot). And the larger of two passing host
+  // buffers: each step's end copies the slots' numbers to the host and, over several ranks,
+  // all-gathers them (16 B a slot, and 16 B a slot per rank more); a checkpoint copies the delayed
+  // state out (4·(1 + amax_history_len) B a slot, rank 0 only, counted on every rank).
+  double fp8_state = 0;
+  // The part of fp8_state in host memory whatever the device: all of it but the 16 B a slot.
+  double fp8_state_host = 0;
 
-  double total() const { return parameters + gradients + optimizer + activations; }
-  // "1.23 GiB (params 0.20, grads 0.20, optimizer 0.40, activations 0.43 GiB)"
+  double total() const { return parameters + gradients + optimizer + activations + fp8_state; }
+  // "1.23 GiB (params 0.20, grads 0.20, optimizer 0.40, activations 0.43 GiB)", and
+  // ", fp8 state 0.01" before the unit when there is any.
   std::string DebugString() const;
 };
 
 // One rank of `config` (a valid config; its micro-batch counted over all ranks).
 MemoryEstimate EstimateTrainingMemory(const TrainerConfig& config);
+
+// The parameters one rank of `model` holds, as engine/model/parameters.cc lays them out (its
+// padding aside): embeddings, LM head, every block's attention, norms, dense FFN or router, expert
+// bias and shared experts, the MTP modules' own, and the routed experts split over
+// `expert_parallel` ranks.
+double ParameterCount(const ModelConfig& model, int expert_parallel = 1);
+
+// The tensor bytes of one checkpoint step of `config`, all ranks' files together: every parameter
+// once in f32, AdamW's two f32 moments of every trainable one, and with the delayed FP8 recipe its
+// (slots, 1 + amax_history_len) f32 state (rank 0's optimizer file).
+double EstimateCheckpointBytes(const TrainerConfig& config);
 
 // "512 B", "3.0 KiB", "1.23 GiB", "4.5 TiB".
 std::string FormatBytes(double bytes);
@@ -59,7 +80,8 @@ absl::Status CheckMemoryEstimate(const MemoryEstimate& estimate, int64_t limit_b
 // Where one rank's estimated memory lives. On the CPU all of it is host memory. On a device
 // (config.device) all of it is device memory, since parameters, grads, moments and activations
 // live there, and the host holds only, while a checkpoint is written, a copy of the f32 masters
-// and moments (trainer_checkpoint.cc): as large as the gradients plus the optimizer state.
+// and moments (trainer_checkpoint.cc): as large as the gradients plus the optimizer state; and
+// the FP8 state's host part.
 struct MemoryPlacement {
   double host = 0;
   double device = 0;  // 0 on the CPU

@@ -1,5 +1,8 @@
 #include "engine/train/model_config_json.h"
 
+#include <cmath>
+#include <cstdint>
+#include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -40,6 +43,63 @@ absl::Status ReadEnum(const nlohmann::json& json, const char* key,
 }
 
 }  // namespace
+
+absl::Status ReadJsonKey(const nlohmann::json& json, absl::string_view where, const char* key,
+                         int64_t* out) {
+  const auto it = json.find(key);
+  if (it == json.end()) return absl::InvalidArgumentError(absl::StrCat(where, key, " is missing"));
+  if (it->is_number_integer() && !it->is_number_unsigned()) {
+    *out = it->get<int64_t>();
+    return absl::OkStatus();
+  }
+  if (!it->is_number()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, key, " must be an integer, not a JSON ", it->type_name()));
+  }
+  // A number is printed short whatever its source text, so it may be quoted whole.
+  const std::string value = it->dump();
+  if (it->is_number_unsigned()) {
+    const uint64_t u = it->get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, key, " = ", value, " is out of range (at most 2^63 - 1)"));
+    }
+    *out = static_cast<int64_t>(u);
+    return absl::OkStatus();
+  }
+  // A double: exact integers only, and only where a double still tells them apart (|v| ≤ 2^53).
+  const double v = it->get<double>();
+  constexpr double kExactLimit = 9007199254740992.0;  // 2^53
+  if (std::trunc(v) != v) {
+    return absl::InvalidArgumentError(absl::StrCat(where, key, " = ", value, " is not an integer"));
+  }
+  if (std::fabs(v) > kExactLimit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, key, " = ", value,
+        " is out of range: an integer written as a floating-point number must be at most 2^53 "
+        "in magnitude"));
+  }
+  *out = static_cast<int64_t>(v);
+  return absl::OkStatus();
+}
+
+absl::Status ReadJsonKey(const nlohmann::json& json, absl::string_view where, const char* key,
+                         float* out) {
+  const auto it = json.find(key);
+  if (it == json.end()) return absl::InvalidArgumentError(absl::StrCat(where, key, " is missing"));
+  if (!it->is_number()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, key, " must be a number, not a JSON ", it->type_name()));
+  }
+  const double v = it->get<double>();
+  // JSON has no NaN or Inf, but a double beyond a float's range has no float to become.
+  if (std::fabs(v) > static_cast<double>(std::numeric_limits<float>::max())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, key, " = ", it->dump(), " is out of a 32-bit float's range"));
+  }
+  *out = static_cast<float>(v);
+  return absl::OkStatus();
+}
 
 nlohmann::json ModelConfigToJson(const ModelConfig& c) {
   const MoeConfig& m = c.moe;

@@ -3,6 +3,8 @@
 #ifndef MOETRAIN_ENGINE_TRAIN_MODEL_CONFIG_JSON_H_
 #define MOETRAIN_ENGINE_TRAIN_MODEL_CONFIG_JSON_H_
 
+#include <cstdint>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -29,6 +31,15 @@ absl::Status ReadJsonKey(const nlohmann::json& json, absl::string_view where, co
   }
   return absl::OkStatus();
 }
+
+// Integer keys take a JSON integer, or a number without a fraction, within int64's range
+// (exactly: a double holds integers exactly up to 2^53): "config.json: hidden_size = 32.5 is not
+// an integer", never 32; "... = 1e+30 is out of range", never INT64_MIN. A boolean is no integer.
+absl::Status ReadJsonKey(const nlohmann::json& json, absl::string_view where, const char* key,
+                         int64_t* out);
+// Float keys take a JSON number within a float's range (a larger double would not convert).
+absl::Status ReadJsonKey(const nlohmann::json& json, absl::string_view where, const char* key,
+                         float* out);
 
 // Every field, named as in the job spec (model.*, model.moe.*), enums by name.
 nlohmann::json ModelConfigToJson(const ModelConfig& config);

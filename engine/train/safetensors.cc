@@ -25,8 +25,9 @@ static_assert(std::endian::native == std::endian::little,
               "safetensors data is little-endian and is read and written as raw memory");
 
 constexpr char kMetadataKey[] = "__metadata__";
-// Hugging Face's reader refuses larger headers; a corrupt length must not become an allocation.
-constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;
+// The format's own limit (MAX_HEADER_SIZE of Hugging Face's safetensors, which refuses larger
+// headers); a corrupt length must not become an allocation.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 // Strided tensors are gathered into chunks of about this size before they are written.
 constexpr size_t kGatherChunkBytes = size_t{4} << 20;
 // One read or write call moves at most this much (Linux caps a call near 2 GiB anyway).
@@ -35,8 +36,18 @@ constexpr size_t kMaxIoBytes = size_t{1} << 30;
 // Debian's Abseil is built with its own string_view, which StrCat needs.
 absl::string_view ToAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
-// Reads exactly `bytes` at `offset`; a short read means the file shrank underneath us.
-absl::Status ReadAt(int fd, const std::string& path, void* data, size_t bytes, uint64_t offset) {
+// Closes a descriptor when it goes out of scope (read paths only: close errors do not matter).
+struct FdCloser {
+  int fd;
+  ~FdCloser() {
+    if (fd >= 0) close(fd);
+  }
+};
+
+}  // namespace
+
+absl::Status ReadFileAt(int fd, const std::string& path, void* data, size_t bytes,
+                        uint64_t offset) {
   char* p = static_cast<char*>(data);
   while (bytes > 0) {
     const ssize_t n = pread(fd, p, std::min(bytes, kMaxIoBytes), static_cast<off_t>(offset));
@@ -51,16 +62,6 @@ absl::Status ReadAt(int fd, const std::string& path, void* data, size_t bytes, u
   }
   return absl::OkStatus();
 }
-
-// Closes a descriptor when it goes out of scope (read paths only: close errors do not matter).
-struct FdCloser {
-  int fd;
-  ~FdCloser() {
-    if (fd >= 0) close(fd);
-  }
-};
-
-}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Hashed, synced files.
@@ -413,12 +414,16 @@ std::map<std::string, Tensor> SafetensorsFile::TakeTensors() {
 }
 
 absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
-  auto invalid = [&](const std::string& what) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
-  };
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return IoError(errno, absl::StrCat("open ", path));
   FdCloser closer{fd};
+  return ReadSafetensors(fd, path);
+}
+
+absl::StatusOr<SafetensorsFile> ReadSafetensors(int fd, const std::string& path) {
+  auto invalid = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+  };
   struct stat st;
   if (fstat(fd, &st) != 0) return IoError(errno, absl::StrCat("stat ", path));
   const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
@@ -427,7 +432,7 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
         absl::StrCat("the file has ", file_bytes, " bytes, too few for the 8-byte header length"));
   }
   uint64_t header_length = 0;
-  MOETRAIN_RETURN_IF_ERROR(ReadAt(fd, path, &header_length, sizeof(header_length), 0));
+  MOETRAIN_RETURN_IF_ERROR(ReadFileAt(fd, path, &header_length, sizeof(header_length), 0));
   if (header_length > file_bytes - 8) {
     return invalid(absl::StrCat("header length ", header_length, " exceeds the ", file_bytes - 8,
                                 " bytes after the length field"));
@@ -437,7 +442,7 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
                                 kMaxHeaderBytes, " bytes"));
   }
   std::string header_text(header_length, '\0');
-  MOETRAIN_RETURN_IF_ERROR(ReadAt(fd, path, header_text.data(), header_text.size(), 8));
+  MOETRAIN_RETURN_IF_ERROR(ReadFileAt(fd, path, header_text.data(), header_text.size(), 8));
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(header_text);
@@ -505,7 +510,7 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
     for (const Entry& e : entries) {
       Tensor t = Tensor::Empty(e.dtype, e.shape);
       MOETRAIN_RETURN_IF_ERROR(
-          ReadAt(fd, path, t.view().raw(), e.end - e.begin, 8 + header_length + e.begin));
+          ReadFileAt(fd, path, t.view().raw(), e.end - e.begin, 8 + header_length + e.begin));
       file.index_[e.name] = file.tensors_.size();
       file.tensors_.emplace_back(e.name, std::move(t));
     }

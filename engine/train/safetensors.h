@@ -100,7 +100,7 @@ class SafetensorsFile {
   std::map<std::string, Tensor> TakeTensors();
 
  private:
-  friend absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path);
+  friend absl::StatusOr<SafetensorsFile> ReadSafetensors(int fd, const std::string& path);
 
   std::string path_;
   std::map<std::string, std::string> metadata_;
@@ -114,6 +114,12 @@ class SafetensorsFile {
 // order, no overlap, no gap, nothing past the end of the file or left over). Errors are
 // InvalidArgument naming the file, the tensor and the problem; NotFound when there is no file.
 absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path);
+// The same, of a file the caller opened (`fd`, left open; `path` names it in errors).
+absl::StatusOr<SafetensorsFile> ReadSafetensors(int fd, const std::string& path);
+
+// Reads exactly `bytes` of `fd` at `offset`: IoError naming `path`, DataLoss when the file ends
+// first (it shrank underneath the reader).
+absl::Status ReadFileAt(int fd, const std::string& path, void* data, size_t bytes, uint64_t offset);
 
 }  // namespace moetrain
 

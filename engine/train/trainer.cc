@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "engine/core/status.h"
 
 namespace moetrain {
@@ -34,6 +35,18 @@ absl::Status TrainerConfig::Validate() const {
   MOETRAIN_RETURN_IF_ERROR(CheckComputeDType(compute_dtype, "train.precision"));
   MOETRAIN_RETURN_IF_ERROR(ExecContext::ForDevice(device).status());
   if (fp8.has_value()) MOETRAIN_RETURN_IF_ERROR(fp8->Validate());
+  if (fp8.has_value() && fp8->has_state()) {
+    // The product bound that the recipe alone cannot check: its slots come from the model.
+    const double slots = Fp8SlotCount(model);
+    if (slots * static_cast<double>(fp8->amax_history_len) > kMaxFp8HistoryFloats) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "train.fp8.amax_history_len = %d over the model's %.0f FP8 scaling slots is %.0f "
+          "floats of amax history, more than 2^28 (1 GiB on every rank and in every "
+          "checkpoint): at most %.0f for this model",
+          fp8->amax_history_len, slots, slots * static_cast<double>(fp8->amax_history_len),
+          std::floor(kMaxFp8HistoryFloats / slots)));
+    }
+  }
   if (steps < 1) return Invalid("train.steps", steps, "must be at least 1");
   if (data.seq_len > model.max_seq_len) {
     return Invalid("train.seq_len", data.seq_len,

@@ -48,6 +48,27 @@ TEST(PlanTrainerConfigTest, TurnsEachGpuIntoAOneRankWorkerAtTheSpecsLayout) {
   EXPECT_EQ(config->micro_batch_size, 16);
 }
 
+// More GPUs than a spec may have workers (2^20): the plan once rewrote the spec into one CPU
+// worker per rank and refused it as "resources.workers = 2097152 must be at most 1048576", the
+// rank count under the name of a field the user set to 2048.
+TEST(PlanTrainerConfigTest, KeepsTheSpecsOwnWorkersAndDevices) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(testutil::PlannedSpecYaml(
+      "wide", int64_t{1} << 21, "  device: CUDA\n  workers: 2048\n  devices_per_worker: 1024\n"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<TrainerConfig> config = PlanTrainerConfig(*spec);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->device.is_cpu());
+  EXPECT_EQ(config->parallel.world_size(), 1 << 21);
+  EXPECT_EQ(config->micro_batch_size, int64_t{1} << 21);
+
+  // An error names the spec's own fields and values.
+  spec->mutable_parallel()->set_expert_parallel(3);
+  const absl::Status refused = PlanTrainerConfig(*spec).status();
+  EXPECT_THAT(refused.message(),
+              HasSubstr("(resources.workers = 2048 x resources.devices_per_worker = 1024)"))
+      << refused;
+}
+
 TEST(PlanJobMemoryTest, PutsTheWholeEstimateOnTheDeviceForACudaJobOnly) {
   const JobMemoryPlan cuda = MustPlan(Spec("  device: CUDA\n"));
   EXPECT_EQ(cuda.device, v1::ResourceConfig::CUDA);

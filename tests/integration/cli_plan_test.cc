@@ -91,10 +91,41 @@ TEST_F(CliPlanTest, BadFlagsExitTwoNamingTheFlag) {
   EXPECT_EQ(sweep.exit_code, 2);
   EXPECT_NE(sweep.err.find("--sweep"), std::string::npos) << sweep.err;
 
+  // What is allowed, not just that 0 is not.
+  EXPECT_NE(zero.err.find("--gpus = 0 is not a GPU count: it must be in [1, 1073741824]"),
+            std::string::npos)
+      << zero.err;
+
   // 3 GPUs: no layout divides the 16 experts and the batch of 16.
   const Finished three = Moetrain({"plan", kMiniSpec, "--cluster", "cpu", "--gpus", "3"});
   EXPECT_EQ(three.exit_code, 2);
   EXPECT_NE(three.err.find("--gpus = 3"), std::string::npos) << three.err;
+}
+
+// 2^31 − 1 GPUs: the layout loop's int counter wrapped past INT_MAX to 0, and `gpus % 0` killed
+// the process with SIGFPE. Each count out of range, as --gpus or in --sweep, is now exit 2 naming
+// the flag, and the largest allowed one plans.
+TEST_F(CliPlanTest, HugeGpuCountsExitTwoNamingTheFlagNotBySignal) {
+  for (const std::vector<std::string>& flags : {std::vector<std::string>{"--gpus", "2147483647"},
+                                                {"--gpus", "1073741825"},
+                                                {"--gpus", "-8"},
+                                                {"--sweep", "2,2147483647"},
+                                                {"--sweep", "0"}}) {
+    std::vector<std::string> args = {"plan", kMiniSpec, "--cluster", "h200-node"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    const Finished run = Moetrain(args);
+    EXPECT_EQ(run.term_signal, 0) << flags[1] << ": killed by signal " << run.term_signal;
+    EXPECT_EQ(run.exit_code, 2) << flags[1] << ": " << run.err;
+    EXPECT_NE(run.err.find(flags[0] + " = "), std::string::npos) << run.err;
+    EXPECT_NE(run.err.find("must be in [1, 1073741824]"), std::string::npos) << run.err;
+  }
+  // The largest count is looked at whole: none of its layouts divides the spec's batch of 16.
+  const Finished largest =
+      Moetrain({"plan", kMiniSpec, "--cluster", "h200-node", "--gpus", "1073741824"});
+  EXPECT_EQ(largest.term_signal, 0);
+  EXPECT_EQ(largest.exit_code, 2) << largest.err;
+  EXPECT_NE(largest.err.find("--gpus = 1073741824: no dp x ep layout"), std::string::npos)
+      << largest.err;
 }
 
 }  // namespace

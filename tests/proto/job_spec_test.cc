@@ -742,14 +742,24 @@ TEST(JobSpecValidateTest, TrainRanges) {
 }
 
 TEST(JobSpecValidateTest, Fp8Ranges) {
-  EXPECT_EQ(ValidationError("train: {fp8: {amax_history_len: 1048577}}"),
-            "train.fp8.amax_history_len = 1048577 must be at most 1048576");
+  // Values accepted before the bounds of issue 31: 2^20 floats of history a slot (a 4 MiB model
+  // then took 3 GB), a margin whose scales can have infinite inverses, an epsilon that dominates
+  // every amax.
+  EXPECT_EQ(ValidationError("train: {fp8: {amax_history_len: 1048576}}"),
+            "train.fp8.amax_history_len = 1048576 must be at most 4096");
+  EXPECT_EQ(ValidationError("train: {fp8: {amax_history_len: 4097}}"),
+            "train.fp8.amax_history_len = 4097 must be at most 4096");
   EXPECT_EQ(ValidationError("train: {fp8: {margin: -1}}"),
             "train.fp8.margin = -1 must not be negative");
-  EXPECT_EQ(ValidationError("train: {fp8: {margin: 65}}"),
-            "train.fp8.margin = 65 must be at most 64");
+  EXPECT_EQ(ValidationError("train: {fp8: {margin: 64}}"),
+            "train.fp8.margin = 64 must be at most 8");
+  EXPECT_EQ(ValidationError("train: {fp8: {margin: 9}}"), "train.fp8.margin = 9 must be at most 8");
   EXPECT_EQ(ValidationError("train: {fp8: {recipe: CURRENT, amax_epsilon: -1e-06}}"),
-            "train.fp8.amax_epsilon = -1e-06 must be non-negative and finite");
+            "train.fp8.amax_epsilon = -1e-06 must be in [0, 1]");
+  EXPECT_EQ(ValidationError("train: {fp8: {recipe: CURRENT, amax_epsilon: 1e30}}"),
+            "train.fp8.amax_epsilon = 1e+30 must be in [0, 1]");
+  EXPECT_EQ(ValidationError("train: {fp8: {recipe: BLOCKWISE, amax_epsilon: 1.5}}"),
+            "train.fp8.amax_epsilon = 1.5 must be in [0, 1]");
 
   // A field the recipe does not read is refused, naming it, its value and the recipe.
   EXPECT_EQ(ValidationError("train: {fp8: {recipe: BLOCKWISE, amax_history_len: 16}}"),
@@ -850,8 +860,7 @@ TEST(JobSpecValidateTest, ValuesOnlyCodeCanSet) {
   spec.set_name("code");
   spec.mutable_train()->mutable_fp8()->set_recipe(v1::Fp8Recipe::CURRENT);
   spec.mutable_train()->mutable_fp8()->set_amax_epsilon(std::numeric_limits<float>::infinity());
-  EXPECT_EQ(ValidateJobSpec(spec).message(),
-            "train.fp8.amax_epsilon = inf must be non-negative and finite");
+  EXPECT_EQ(ValidateJobSpec(spec).message(), "train.fp8.amax_epsilon = inf must be in [0, 1]");
   spec.mutable_train()->mutable_fp8()->set_recipe(static_cast<v1::Fp8Recipe::Recipe>(9));
   EXPECT_EQ(ValidateJobSpec(spec).message(),
             "train.fp8.recipe = 9 is not one of DELAYED, CURRENT, BLOCKWISE, MXFP8");

@@ -29,6 +29,10 @@ using job_spec_internal::kMaxDevicesPerWorker;
 using job_spec_internal::kMaxWorkers;
 using job_spec_internal::Quoted;
 
+// train.fp8's bounds: Fp8RecipeConfig::Validate's (engine/fp8/fp8_recipe.h, which says why).
+constexpr int64_t kMaxAmaxHistoryLen = 4096;
+constexpr int64_t kMaxFp8Margin = 8;
+constexpr float kMaxAmaxEpsilon = 1.0f;
 // The largest vocabulary of data.format = SYNTHETIC (kMaxVocabSize of engine/train/synthetic.cc,
 // which this library does not link), and the smallest.
 constexpr int64_t kMaxSyntheticVocabSize = int64_t{1} << 20;
@@ -387,14 +391,16 @@ absl::Status ValidateFp8(const v1::Fp8Recipe& fp8) {
   const bool per_tensor_or_block =
       recipe == v1::Fp8Recipe::CURRENT || recipe == v1::Fp8Recipe::BLOCKWISE;
   if (delayed) {
-    // The bounds of Fp8RecipeConfig::Validate (engine/fp8/fp8_recipe.cc), so that a spec accepted
-    // here is one the trainer runs: the history is a host row per slot, checkpointed; a margin
-    // past 64 leaves nothing of the format's range.
+    // The bounds of Fp8RecipeConfig::Validate (engine/fp8/fp8_recipe.h says why), so that a spec
+    // accepted here is one the trainer runs: the history is a host row per slot on every rank,
+    // checkpointed; a margin past 8 can make a scale whose inverse is infinite. The history of
+    // the whole model (slots × length) is bounded where the model's slots are known, by
+    // TrainerConfig::Validate.
     MOETRAIN_RETURN_IF_INVALID(AtLeast("train.fp8.amax_history_len", fp8.amax_history_len(), 1));
     MOETRAIN_RETURN_IF_INVALID(
-        AtMost("train.fp8.amax_history_len", fp8.amax_history_len(), int64_t{1} << 20));
+        AtMost("train.fp8.amax_history_len", fp8.amax_history_len(), kMaxAmaxHistoryLen));
     MOETRAIN_RETURN_IF_INVALID(AtLeast("train.fp8.margin", fp8.margin(), 0));
-    MOETRAIN_RETURN_IF_INVALID(AtMost("train.fp8.margin", fp8.margin(), 64));
+    MOETRAIN_RETURN_IF_INVALID(AtMost("train.fp8.margin", fp8.margin(), kMaxFp8Margin));
   } else {
     if (fp8.has_amax_history_len()) {
       return NotReadByRecipe("train.fp8.amax_history_len", fp8.amax_history_len(), "DELAYED",
@@ -412,7 +418,11 @@ absl::Status ValidateFp8(const v1::Fp8Recipe& fp8) {
     }
   }
   if (per_tensor_or_block) {
-    MOETRAIN_RETURN_IF_INVALID(NonNegative("train.fp8.amax_epsilon", fp8.amax_epsilon()));
+    // A floor for near-zero amaxes; a larger one would dominate every tensor's own.
+    if (!(fp8.amax_epsilon() >= 0.0f && fp8.amax_epsilon() <= kMaxAmaxEpsilon)) {
+      return Invalid("train.fp8.amax_epsilon", fp8.amax_epsilon(),
+                     absl::StrCat("must be in [0, ", FloatText(kMaxAmaxEpsilon), "]"));
+    }
     return absl::OkStatus();
   }
   if (fp8.has_power_2_scales()) {

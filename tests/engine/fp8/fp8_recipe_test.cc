@@ -32,11 +32,23 @@ TEST(Fp8RecipeConfigTest, ValidateNamesTheFieldAndValue) {
   config.amax_history_len = 1;
   EXPECT_TRUE(config.Validate().ok());
 
+  // The bounds of fp8_recipe.h, each just past its limit (values this accepted before): a history
+  // of 2^20 floats a slot, a margin whose scales' inverses can be infinite, an epsilon that
+  // dominates every amax.
+  config.amax_history_len = int64_t{1} << 20;
+  EXPECT_TRUE(IsInvalidArgument(config.Validate(), "train.fp8.amax_history_len = 1048576"));
+  config.amax_history_len = kMaxAmaxHistoryLen + 1;
+  EXPECT_TRUE(IsInvalidArgument(config.Validate(), "train.fp8.amax_history_len = 4097"));
+  config.amax_history_len = kMaxAmaxHistoryLen;
+  EXPECT_TRUE(config.Validate().ok());
+
   config.margin = -1;
   EXPECT_TRUE(IsInvalidArgument(config.Validate(), "train.fp8.margin = -1"));
-  config.margin = 65;
-  EXPECT_TRUE(IsInvalidArgument(config.Validate(), "train.fp8.margin = 65"));
   config.margin = 64;
+  EXPECT_TRUE(IsInvalidArgument(config.Validate(), "train.fp8.margin = 64 must be in [0, 8]"));
+  config.margin = kMaxFp8Margin + 1;
+  EXPECT_TRUE(IsInvalidArgument(config.Validate(), "train.fp8.margin = 9"));
+  config.margin = kMaxFp8Margin;
   EXPECT_TRUE(config.Validate().ok());
   config.margin = 0;
 
@@ -46,7 +58,12 @@ TEST(Fp8RecipeConfigTest, ValidateNamesTheFieldAndValue) {
   EXPECT_TRUE(IsInvalidArgument(config.Validate(), "train.fp8.amax_epsilon = inf"));
   config.amax_epsilon = std::numeric_limits<float>::quiet_NaN();
   EXPECT_TRUE(IsInvalidArgument(config.Validate(), "train.fp8.amax_epsilon = nan"));
+  config.amax_epsilon = 1e30f;
+  EXPECT_TRUE(
+      IsInvalidArgument(config.Validate(), "train.fp8.amax_epsilon = 1e+30 must be in [0, 1]"));
   config.amax_epsilon = 1e-12f;
+  EXPECT_TRUE(config.Validate().ok());
+  config.amax_epsilon = kMaxAmaxEpsilon;
   EXPECT_TRUE(config.Validate().ok());
 
   config.recipe = static_cast<Fp8RecipeKind>(9);

@@ -447,5 +447,28 @@ TEST(Fp8StateTest, EndStepBeforeAllocateFails) {
   EXPECT_EQ(state.EndStep(nullptr).code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// Why train.fp8.margin stops at kMaxFp8Margin (fp8_recipe.h): the GEMMs dequantise with the
+// scale's inverse, and an infinite inverse turns a 0 into NaN. Up to the bound, even the largest
+// finite amax gets a scale (a subnormal one) whose inverse is finite; one past it, E4M3's is not.
+TEST(Fp8StateTest, AMarginWithinItsBoundKeepsEveryScaleInverseFinite) {
+  for (const int margin : {0, kMaxFp8Margin, kMaxFp8Margin + 1}) {
+    SCOPED_TRACE(margin);
+    Fp8State state(Delayed(2, margin, false), ExecContext::Cpu());
+    ASSERT_EQ(state.Register("model.layers.0.self_attn.q_proj", 1), 0);
+    ASSERT_OK(state.Allocate());
+    for (Fp8Role role : {Fp8Role::kInput, Fp8Role::kWeight, Fp8Role::kGrad}) {
+      Record(state, 0, 0, role, FLT_MAX);
+    }
+    ASSERT_OK(state.EndStep(nullptr));
+    for (Fp8Role role : {Fp8Role::kInput, Fp8Role::kWeight, Fp8Role::kGrad}) {
+      const float scale = Scale(state, 0, 0, role);
+      EXPECT_GT(scale, 0.0f);
+      const bool finite = std::isfinite(Fp8ScaleInv(scale));
+      // E5M2's gradients (max 57344 = 2^15.8) have room past the bound; E4M3 (448) has not.
+      EXPECT_EQ(finite, margin <= kMaxFp8Margin || role == Fp8Role::kGrad) << scale;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace moetrain

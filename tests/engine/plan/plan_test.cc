@@ -155,16 +155,44 @@ TEST(PlanTest, MovingToAGpuCountTwiceIsMovingOnce) {
   config.data.batch_size = 64;
   config.micro_batch_size = 16;
   for (Scaling scaling : {Scaling::kWeak, Scaling::kStrong}) {
-    const TrainerConfig once = AtGpuCount(config, 8, scaling);
-    const TrainerConfig twice = AtGpuCount(AtGpuCount(config, 2, scaling), 8, scaling);
+    ASSERT_OK_AND_ASSIGN(const TrainerConfig once, AtGpuCount(config, 8, scaling));
+    ASSERT_OK_AND_ASSIGN(const TrainerConfig two, AtGpuCount(config, 2, scaling));
+    ASSERT_OK_AND_ASSIGN(const TrainerConfig twice, AtGpuCount(two, 8, scaling));
     EXPECT_EQ(once.parallel.world_size(), 8);
     EXPECT_EQ(twice.data.batch_size, once.data.batch_size);
     EXPECT_EQ(twice.micro_batch_size, once.micro_batch_size);
   }
-  EXPECT_EQ(AtGpuCount(config, 8, Scaling::kWeak).data.batch_size, 512);
-  EXPECT_EQ(AtGpuCount(config, 8, Scaling::kWeak).micro_batch_size, 128);
-  EXPECT_EQ(AtGpuCount(config, 2, Scaling::kStrong).data.batch_size, 64);
-  EXPECT_EQ(AtGpuCount(config, 2, Scaling::kStrong).micro_batch_size, 32);
+  ASSERT_OK_AND_ASSIGN(const TrainerConfig weak, AtGpuCount(config, 8, Scaling::kWeak));
+  EXPECT_EQ(weak.data.batch_size, 512);
+  EXPECT_EQ(weak.micro_batch_size, 128);
+  ASSERT_OK_AND_ASSIGN(const TrainerConfig strong, AtGpuCount(config, 2, Scaling::kStrong));
+  EXPECT_EQ(strong.data.batch_size, 64);
+  EXPECT_EQ(strong.micro_batch_size, 32);
+}
+
+// The largest counts plan without overflow: 2^31 − 1 (a prime) is refused, not looped up to with
+// an int counter that wraps to 0 (SIGFPE); kMaxPlanGpus plans its layouts; a per-GPU batch that
+// weak scaling would take past int64 is an error naming the field.
+TEST(PlanTest, HugeGpuCountsArePlannedOrRefusedWithoutOverflow) {
+  const ClusterSpec cluster = RoundCluster();
+  TrainerConfig config = TinyTrainerConfig("");  // 4 experts, batch 8
+  EXPECT_TRUE(PlanLayouts(config, 2147483647, cluster).empty());
+  EXPECT_TRUE(PlanLayouts(config, 0, cluster).empty());
+  EXPECT_TRUE(PlanLayouts(config, -4, cluster).empty());
+  config.data.batch_size = config.micro_batch_size = kMaxPlanGpus;
+  const std::vector<LayoutPlan> plans = PlanLayouts(config, kMaxPlanGpus, cluster);
+  ASSERT_EQ(plans.size(), 3u);  // ep 1, 2, 4 of 4 experts
+  EXPECT_EQ(plans[2].layout.expert_parallel, 4);
+  EXPECT_EQ(plans[2].layout.gpus(), kMaxPlanGpus);
+
+  config.data.batch_size = config.micro_batch_size = int64_t{1} << 62;
+  const absl::StatusOr<TrainerConfig> overflow = AtGpuCount(config, 8, Scaling::kWeak);
+  EXPECT_EQ(overflow.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(overflow.status().message().find("train.batch_size"), std::string::npos)
+      << overflow.status();
+  const std::vector<SweepPoint> points = Sweep(config, {8}, Scaling::kWeak, cluster);
+  ASSERT_EQ(points.size(), 1u);
+  EXPECT_FALSE(points[0].best.has_value());
 }
 
 TEST(PlanTest, SweepShowsTheFastestLayoutWhenNoneFits) {
@@ -175,8 +203,9 @@ TEST(PlanTest, SweepShowsTheFastestLayoutWhenNoneFits) {
   for (const SweepPoint& point : weak) {
     ASSERT_TRUE(point.best.has_value()) << point.gpus;
     EXPECT_FALSE(point.best->fits);
-    const std::vector<LayoutPlan> all = PlanLayouts(
-        AtGpuCount(TinyTrainerConfig(""), point.gpus, Scaling::kWeak), point.gpus, cluster);
+    ASSERT_OK_AND_ASSIGN(const TrainerConfig at,
+                         AtGpuCount(TinyTrainerConfig(""), point.gpus, Scaling::kWeak));
+    const std::vector<LayoutPlan> all = PlanLayouts(at, point.gpus, cluster);
     for (const LayoutPlan& plan : all) EXPECT_LE(point.best->step_s, plan.step_s);
     EXPECT_GT(point.efficiency, 0);
   }

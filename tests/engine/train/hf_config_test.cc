@@ -4,9 +4,13 @@
 #include "engine/train/hf_config.h"
 
 #include <cstdint>
+#include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/engine/model/transformer_test_util.h"
@@ -106,6 +110,56 @@ TEST(HfConfigTest, ImportReadsDeepseekKeysAndRefusesWhatItWouldComputeDifferentl
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(std::string(status.message()).find(key), std::string::npos) << status;
   }
+}
+
+// An integer key takes an exact integer in range, never a truncated or wrapped double (32.5 was
+// read as 32, 1e30 as INT64_MIN); a float key a number a float can hold. Both name the key and the
+// value; the same rule reads a moetrain export's moetrain_model_config.
+TEST(HfConfigTest, IntegerKeysMustBeExactIntegersInRange) {
+  nlohmann::json json = HuggingFaceConfig(DeepseekLike(), 16);
+  json.erase("moetrain_model_config");
+  int64_t seq_len = 0;
+  const std::pair<const char*, nlohmann::json> refused[] = {
+      {"hidden_size", 32.5},
+      {"hidden_size", 1e30},
+      {"hidden_size", true},
+      {"hidden_size", nlohmann::json::array({32})},
+      {"num_hidden_layers", uint64_t{1} << 63},
+      {"num_hidden_layers", -1e300},
+      {"rope_theta", 1e300},
+      {"rope_theta", "10000"},
+  };
+  const char* messages[] = {
+      "config.json: hidden_size = 32.5 is not an integer",
+      "config.json: hidden_size = 1e+30 is out of range",
+      "config.json: hidden_size must be an integer, not a JSON boolean",
+      "config.json: hidden_size must be an integer, not a JSON array",
+      "config.json: num_hidden_layers = 9223372036854775808 is out of range",
+      "config.json: num_hidden_layers = -1e+300 is out of range",
+      "config.json: rope_theta = 1e+300 is out of a 32-bit float's range",
+      "config.json: rope_theta must be a number, not a JSON string",
+  };
+  for (size_t i = 0; i < std::size(refused); ++i) {
+    const auto& [key, value] = refused[i];
+    SCOPED_TRACE(value.dump());
+    nlohmann::json changed = json;
+    changed[key] = value;
+    const absl::Status status = ModelConfigFromHuggingFace(changed, &seq_len).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(status.message()), ::testing::StartsWith(messages[i]));
+  }
+  // Exact integers written as doubles are the integers.
+  nlohmann::json exact = json;
+  exact["hidden_size"] = static_cast<double>(json["hidden_size"].get<int64_t>());
+  absl::StatusOr<ModelConfig> read = ModelConfigFromHuggingFace(exact, &seq_len);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->hidden_size, json["hidden_size"].get<int64_t>());
+
+  // The same through a moetrain export's model config.
+  nlohmann::json moetrain = HuggingFaceConfig(DeepseekLike(), 16);
+  moetrain["moetrain_model_config"]["moe"]["num_experts"] = 8.25;
+  EXPECT_EQ(ModelConfigFromHuggingFace(moetrain, &seq_len).status().message(),
+            "model config: moe.num_experts = 8.25 is not an integer");
 }
 
 }  // namespace
