@@ -127,12 +127,28 @@ class JobClient {
                  absl::StrCat("ListCheckpoints(job_id '", Abbreviate(job_id), "')"), response);
   }
 
+  // Every page, in one response (by id, as the coordinator lists them), at the coordinator's
+  // default page size.
   absl::StatusOr<v1::ListWorkersResponse> ListWorkers() {
-    v1::ListWorkersResponse response;
-    grpc::ClientContext context;
-    Prepare(&context);
-    return Check(stub_->ListWorkers(&context, v1::ListWorkersRequest(), &response), "ListWorkers",
-                 response);
+    v1::ListWorkersRequest request;
+    v1::ListWorkersResponse all;
+    do {
+      v1::ListWorkersResponse page;
+      grpc::ClientContext context;
+      Prepare(&context);
+      absl::StatusOr<v1::ListWorkersResponse> listed = Check(
+          stub_->ListWorkers(&context, request, &page),
+          request.page_token().empty()
+              ? std::string("ListWorkers")
+              : absl::StrCat("ListWorkers(page_token '", Abbreviate(request.page_token()), "')"),
+          page);
+      if (!listed.ok()) return listed.status();
+      for (v1::WorkerInfo& worker : *listed->mutable_workers()) {
+        *all.add_workers() = std::move(worker);
+      }
+      request.set_page_token(listed->next_page_token());
+    } while (!request.page_token().empty());
+    return all;
   }
 
   // A failed call (or follow) as the commands report it: "coordinator ADDR: CALL: CODE: message",

@@ -77,6 +77,10 @@ int main(int argc, char** argv) {
   app.add_flag("--metrics-per-expert", options.metrics_per_expert,
                "also export FP8 statistics per routed expert on /metrics "
                "(moetrain_job_fp8_expert_*: layers x experts x 3 series per metric and job)");
+  app.add_option("--grpc-max-threads", options.grpc_max_threads,
+                 "most gRPC calls served at once (threads); one beyond is RESOURCE_EXHAUSTED. "
+                 "Size it as workers x (3 + ranks per worker) + clients (docs/service.md)")
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -73,6 +74,10 @@ absl::Status CoordinatorServerOptions::Validate() const {
   if (max_receive_message_bytes < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_receive_message_bytes = ", max_receive_message_bytes, " must be positive"));
+  }
+  if (grpc_max_threads < kMinGrpcThreads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--grpc-max-threads = ", grpc_max_threads, " is below ", kMinGrpcThreads));
   }
   return fleet.Validate();
 }
@@ -155,6 +160,11 @@ absl::Status CoordinatorServer::Build(const CoordinatorServerOptions& options) {
     builder.AddListeningPort(options.listen, credentials, &grpc_port_);
   }
   builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  // Each call in progress holds a thread: without a bound, a flood of long calls makes threads
+  // until the process's limit, and then no heartbeat gets one.
+  grpc::ResourceQuota quota("moetrain-coordinator");
+  quota.SetMaxThreads(options.grpc_max_threads);
+  builder.SetResourceQuota(quota);
   // gRPC sets SO_REUSEPORT by default: a second coordinator on the same port would start, and
   // silently take half the connections of the first.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);

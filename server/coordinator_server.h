@@ -38,6 +38,9 @@
 
 namespace moetrain::server {
 
+// Fewest gRPC threads a coordinator runs with: a few workers and a client.
+inline constexpr int kMinGrpcThreads = 16;
+
 struct CoordinatorServerOptions {
   // gRPC address, host:port; port 0 picks a free one (grpc_port() tells which). Empty = no
   // listening socket: in-process clients only.
@@ -61,6 +64,12 @@ struct CoordinatorServerOptions {
   std::string tls_client_ca_file;
   // Largest request the gRPC server accepts.
   int max_receive_message_bytes = 4 << 20;
+  // Most threads the gRPC server runs calls on (its ResourceQuota): each call in progress holds
+  // one, so this bounds how many the coordinator answers at once; a call beyond it is
+  // RESOURCE_EXHAUSTED. docs/service.md ("Security and limits") sizes it: a worker holds at most
+  // one GetAssignment, one KvWait per rank, a heartbeat and a report at once, a client one call
+  // (a watch) or a few short ones.
+  int grpc_max_threads = 1024;
   FleetOptions fleet;
   // Directories a spec's data.path must lie in, as the workers see them (checked at submit, as
   // far as the text tells; the workers' own --data-root flags decide); empty = not checked.
@@ -70,7 +79,7 @@ struct CoordinatorServerOptions {
 
   // InvalidArgument naming the option: bad addresses, a key without a certificate (or the other
   // way round), a client CA without both, a worker token equal to the users' token, a
-  // non-positive message size; and the fleet's options.
+  // non-positive message size, fewer than kMinGrpcThreads gRPC threads; and the fleet's options.
   absl::Status Validate() const;
 };
 

@@ -22,8 +22,8 @@ constexpr absl::Duration kInitialBackoff = absl::Milliseconds(50);
 constexpr absl::Duration kMaxBackoff = absl::Seconds(2);
 // One long poll at most this long, so that a coordinator restart is noticed soon.
 constexpr absl::Duration kLongestPoll = absl::Seconds(10);
-// One long poll at least this long: the coordinator reads a zero timeout as "until the call's
-// deadline", and a Get with no time left still asks once.
+// One long poll at least this long: the coordinator refuses a KvWait without a timeout
+// (INVALID_ARGUMENT), and a Get with no time left still asks once.
 constexpr absl::Duration kShortestPoll = absl::Milliseconds(1);
 // What a call may take beyond its wait at the coordinator.
 constexpr absl::Duration kCallSlack = absl::Seconds(5);

@@ -13,6 +13,7 @@
 #include "moetrain/v1/memory_admission.h"
 #include "moetrain/v1/proto_time.h"
 #include "server/core/fleet_internal.h"
+#include "server/core/step_report_shape.h"
 #include "server/core/worker_secret.h"
 
 namespace moetrain::server {
@@ -24,20 +25,6 @@ constexpr int kMaxLogLines = 1000;
 constexpr size_t kMaxLogLineBytes = 16 << 10;
 // How often a long poll asks whether its caller went away.
 constexpr absl::Duration kCancelCheck = absl::Milliseconds(200);
-
-v1::WorkerState ToProto(WorkerState state) {
-  switch (state) {
-    case WorkerState::kIdle:
-      return v1::WORKER_STATE_IDLE;
-    case WorkerState::kBusy:
-      return v1::WORKER_STATE_BUSY;
-    case WorkerState::kDraining:
-      return v1::WORKER_STATE_DRAINING;
-    case WorkerState::kLost:
-      return v1::WORKER_STATE_LOST;
-  }
-  return v1::WORKER_STATE_UNSPECIFIED;
-}
 
 // "step-00000100", as the engine names step directories.
 std::string StepDirName(int64_t step) {
@@ -52,8 +39,11 @@ Fleet::Fleet(Store* store, Coordinator* coordinator, ServiceMetrics* metrics, Fl
     : store_(store),
       coordinator_(coordinator),
       options_(std::move(options)),
-      kv_(RendezvousLimits{options_.kv_max_keys_per_attempt, options_.kv_max_bytes_per_attempt,
-                           options_.kv_max_bytes_total}),
+      kv_(RendezvousLimits{.max_keys_per_rank = options_.kv_max_keys_per_rank,
+                           .max_bytes_per_rank = options_.kv_max_bytes_per_rank,
+                           .max_keys_per_attempt = options_.kv_max_keys_per_attempt,
+                           .max_bytes_per_attempt = options_.kv_max_bytes_per_attempt,
+                           .max_bytes_total = options_.kv_max_bytes_total}),
       metrics_(metrics, options_.metrics_retention) {}
 
 absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(Store* store, Coordinator* coordinator,
@@ -62,6 +52,9 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(Store* store, Coordinator* 
   MOETRAIN_RETURN_IF_ERROR(options.Validate());
   if (options.reconcile_grace == absl::ZeroDuration()) {
     options.reconcile_grace = options.heartbeat_timeout;
+  }
+  if (options.forget_never_heartbeated_after == absl::ZeroDuration()) {
+    options.forget_never_heartbeated_after = options.heartbeat_timeout;
   }
   std::unique_ptr<Fleet> fleet(new Fleet(store, coordinator, metrics, std::move(options)));
   MOETRAIN_RETURN_IF_ERROR(fleet->Reload());
@@ -145,8 +138,8 @@ WorkerState Fleet::StateOf(const WorkerEntry& worker) const {
   return worker.slot.has_value() ? WorkerState::kBusy : WorkerState::kIdle;
 }
 
-absl::StatusOr<v1::RegisterWorkerResponse> Fleet::Register(
-    const v1::RegisterWorkerRequest& request) {
+absl::StatusOr<v1::RegisterWorkerResponse> Fleet::Register(const v1::RegisterWorkerRequest& request,
+                                                           absl::string_view client) {
   const v1::WorkerResources& resources = request.resources();
   if (request.name().size() > kMaxNameBytes) {
     return absl::InvalidArgumentError(
@@ -175,7 +168,9 @@ absl::StatusOr<v1::RegisterWorkerResponse> Fleet::Register(
   MOETRAIN_ASSIGN_OR_RETURN(std::string secret, NewWorkerSecret());
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("the coordinator is shutting down");
+  MOETRAIN_RETURN_IF_ERROR(CheckRegistrationQuota(client));
   auto worker = std::make_unique<WorkerEntry>();
+  worker->client = std::string(client);
   do {
     worker->id = RandomId("w-");
   } while (workers_.count(worker->id) != 0);
@@ -212,6 +207,7 @@ absl::Status Fleet::PersistWorker(const WorkerEntry& worker) {
   stored.set_version(worker.version);
   stored.set_name(worker.name);
   stored.set_secret_sha256(worker.secret_sha256);
+  stored.set_heartbeated(worker.heartbeated);
   record.resources = stored.SerializeAsString();
   record.state = worker.lost ? WorkerState::kLost : WorkerState::kIdle;
   return store_->UpsertWorker(record);
@@ -239,6 +235,7 @@ absl::Status Fleet::Authenticate(absl::string_view worker_id, absl::string_view 
 absl::StatusOr<v1::HeartbeatResponse> Fleet::Heartbeat(const v1::HeartbeatRequest& request) {
   absl::MutexLock lock(&mu_);
   MOETRAIN_ASSIGN_OR_RETURN(WorkerEntry * worker, FindWorker(request.worker_id()));
+  if (!worker->heartbeated) MOETRAIN_RETURN_IF_ERROR(MarkHeartbeated(*worker));
   worker->last_heartbeat = absl::Now();
   worker->reloaded = false;
   if (request.draining()) worker->draining = true;  // shutting down: no new rank
@@ -277,8 +274,14 @@ absl::StatusOr<v1::GetAssignmentResponse> Fleet::GetAssignment(
   // (the first response may have been lost).
   const absl::Duration redeliver_after = 2 * options_.heartbeat_interval;
   absl::MutexLock lock(&mu_);
+  MOETRAIN_ASSIGN_OR_RETURN(WorkerEntry * caller, FindWorker(request.worker_id()));
+  // One long poll per worker: a genuine worker keeps one, so an older call still waiting is one
+  // its worker gave up on (or a flood of calls, each of which would hold a server thread).
+  const int64_t poll = ++caller->polls;
+  changed_.SignalAll();
   for (;;) {
     MOETRAIN_ASSIGN_OR_RETURN(WorkerEntry * worker, FindWorker(request.worker_id()));
+    if (worker->polls != poll) return v1::GetAssignmentResponse();  // a newer poll took over
     const absl::Time now = absl::Now();
     v1::GetAssignmentResponse response;
     if (worker->slot.has_value()) {
@@ -335,6 +338,9 @@ absl::Status Fleet::ReportStep(const v1::ReportStepRequest& request) {
         "metrics.step = ", metrics.step(), " is outside [1, train.steps = ", attempt->total_steps,
         "] of job ", request.job_id()));
   }
+  // Arrays that do not fit the job's model would grow /metrics and the event log without bound.
+  MOETRAIN_RETURN_IF_ERROR(CheckStepReport(
+      metrics, StepReportShape::Of(workers_.at(request.worker_id())->slot->assignment.spec())));
   // Rank 0 speaks for the job; the others' reports only show that they are alive.
   if (request.rank() == 0 && metrics.step() <= attempt->last_step) {
     return absl::AlreadyExistsError(absl::StrCat(
@@ -517,28 +523,6 @@ absl::Status Fleet::CheckDeviceMemory(const v1::JobSpec& spec) {
     }
   }
   return JudgeDeviceMemory(DeviceMemoryNeedOf(*resolved), offered).status;
-}
-
-std::vector<v1::WorkerInfo> Fleet::ListWorkers() {
-  absl::MutexLock lock(&mu_);
-  std::vector<v1::WorkerInfo> list;
-  for (const auto& [id, worker] : workers_) {
-    v1::WorkerInfo& info = list.emplace_back();
-    info.set_id(id);
-    info.set_name(worker->name);
-    info.set_device(worker->resources.device());
-    info.set_device_count(worker->resources.device_count());
-    info.set_device_memory_bytes(worker->resources.device_memory_bytes());
-    info.set_threads(worker->resources.threads());
-    info.set_version(worker->version);
-    info.set_state(ToProto(StateOf(*worker)));
-    ToProtoTimestamp(worker->last_heartbeat, info.mutable_last_heartbeat());
-    if (worker->slot.has_value()) {
-      info.set_current_job_id(worker->slot->assignment.job_id());
-      info.set_current_attempt(worker->slot->assignment.attempt());
-    }
-  }
-  return list;
 }
 
 std::map<WorkerState, int64_t> Fleet::CountWorkersByState() {

@@ -78,11 +78,20 @@ struct FleetOptions {
   absl::Duration reconcile_grace = absl::ZeroDuration();
   // Longest GetAssignment wait a worker may ask for.
   absl::Duration max_assignment_wait = absl::Seconds(60);
+  // Longest KvWait a worker may ask for (a longer timeout is cut to it; none is refused).
+  absl::Duration max_kv_wait = absl::Seconds(60);
   // How often the control loop looks for lost workers, ended grace and work to schedule (it
   // also runs at once after a submit or a freed worker).
   absl::Duration control_interval = absl::Milliseconds(250);
   // Lost workers are forgotten (dropped from ListWorkers and the store) after this long.
   absl::Duration forget_lost_after = absl::Hours(24);
+  // ... and those that never sent a heartbeat after this long (they did no work to look back
+  // on, and a burst of registrations must not stay listed for a day). Zero = heartbeat_timeout.
+  absl::Duration forget_never_heartbeated_after = absl::ZeroDuration();
+  // Registrations from one client (its address without the port) that have not sent a heartbeat
+  // yet and are not lost: one more is ResourceExhausted. A worker heartbeats within
+  // heartbeat_interval of registering, so only a burst of registrations meets it.
+  int64_t max_unheartbeated_registrations_per_client = 16;
   // A job's metric series are removed this long after it ends (SUCCEEDED, FAILED, CANCELLED),
   // so that /metrics does not grow with every job ever run. An hour is many scrapes of the final
   // values, and as long as the longest window of the alert rules (restarts over 1h).
@@ -92,8 +101,12 @@ struct FleetOptions {
   // up to restart_backoff_max. Kept in the store, so a coordinator restart does not cut it short.
   absl::Duration restart_backoff_initial = absl::Seconds(1);
   absl::Duration restart_backoff_max = absl::Minutes(5);
-  // Bounds of the rendezvous (FleetRendezvous): keys of one attempt, bytes (keys and values) of
-  // one attempt, and bytes of all attempts together. KvSet past any is ResourceExhausted.
+  // Bounds of the rendezvous (FleetRendezvous, RendezvousLimits): keys and bytes (of keys and
+  // values) per rank, which bound each worker (by the ranks it runs) and each attempt (by its
+  // world size); keys and bytes of one attempt whatever its size; bytes of all attempts
+  // together. KvSet past any is ResourceExhausted.
+  int64_t kv_max_keys_per_rank = 64;
+  int64_t kv_max_bytes_per_rank = int64_t{2} << 20;
   int64_t kv_max_keys_per_attempt = 1024;
   int64_t kv_max_bytes_per_attempt = int64_t{64} << 20;
   int64_t kv_max_bytes_total = int64_t{256} << 20;
@@ -108,6 +121,16 @@ struct FleetOptions {
 };
 
 // What Fleet::Delete did with the job's files.
+// A page of Fleet::ListWorkers, and what to list.
+struct ListWorkersOptions {
+  int page_size = 0;       // 0 = 100; above 1000 = 1000; negative is InvalidArgument
+  std::string page_token;  // the last page's next_page_token; empty for the first page
+};
+struct WorkerPage {
+  std::vector<v1::WorkerInfo> workers;  // by id
+  std::string next_page_token;          // empty on the last page
+};
+
 struct DeletedJob {
   std::string checkpoint_dir;  // <checkpoint root>/<job id>, as the workers see it
   bool checkpoints_deleted = false;
@@ -132,7 +155,10 @@ class Fleet {
 
   // WorkerService. Requests are validated here (ids, ranges); errors as described above.
   // Register issues the worker's id and secret; the coordinator keeps the secret's SHA-256 only.
-  absl::StatusOr<v1::RegisterWorkerResponse> Register(const v1::RegisterWorkerRequest& request);
+  // `client` names the caller as the transport sees it (its address without the port), for
+  // max_unheartbeated_registrations_per_client; empty (an in-process caller) is not counted.
+  absl::StatusOr<v1::RegisterWorkerResponse> Register(const v1::RegisterWorkerRequest& request,
+                                                      absl::string_view client = {});
   // Whether `secret` is the one issued to `worker_id`, compared in constant time: NotFound for a
   // worker that is unknown or lost (it registers again), Unauthenticated for a missing or wrong
   // secret. The transport asks this before every call of a worker but Register; the calls below
@@ -140,7 +166,8 @@ class Fleet {
   absl::Status Authenticate(absl::string_view worker_id, absl::string_view secret);
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
   // Waits up to min(request.wait_timeout, max_assignment_wait); `is_cancelled` is asked at least
-  // every 200 ms (the client went away).
+  // every 200 ms (the client went away). A worker has one long poll: a newer call of the same
+  // worker makes a waiting one return at once, empty.
   absl::StatusOr<v1::GetAssignmentResponse> GetAssignment(
       const v1::GetAssignmentRequest& request, const std::function<bool()>& is_cancelled);
   absl::Status ReportStep(const v1::ReportStepRequest& request);
@@ -149,10 +176,11 @@ class Fleet {
   absl::Status ReportAttemptEnd(const v1::ReportAttemptEndRequest& request);
 
   // The rendezvous of the job's current attempt, for `worker_id`, which must hold a rank of it
-  // (else PermissionDenied): FailedPrecondition for any other attempt, and for a waiter whose
-  // attempt ends. KvSet: ResourceExhausted past the kv_max_* options. KvWait: DeadlineExceeded
-  // after `timeout` (zero = until `is_cancelled` says so or the fleet stops). The keys go with
-  // their attempt, however it ends.
+  // (else PermissionDenied): FailedPrecondition for any other attempt, for an attempt of one rank
+  // (it has no peers to meet), and for a waiter whose attempt ends. KvSet: ResourceExhausted past
+  // the kv_max_* options. KvWait: InvalidArgument without a positive `timeout`, which is cut to
+  // max_kv_wait; DeadlineExceeded after it; ResourceExhausted while the worker has one KvWait in
+  // flight per rank it runs already. The keys go with their attempt, however it ends.
   absl::Status KvSet(absl::string_view worker_id, absl::string_view job_id, int64_t attempt,
                      absl::string_view key, absl::string_view value);
   absl::StatusOr<std::optional<std::string>> KvGet(absl::string_view worker_id,
@@ -178,8 +206,9 @@ class Fleet {
   // (JudgeDeviceMemory's rule and message, moetrain/v1/memory_admission.h); OK otherwise, and for
   // a spec that does not resolve (the coordinator's own checks say what is wrong with it).
   absl::Status CheckDeviceMemory(const v1::JobSpec& spec);
-  // Every known worker, by id.
-  std::vector<v1::WorkerInfo> ListWorkers();
+  // fleet_workers.cc: the known workers by id, a page at a time. A page ends after page_size
+  // workers or before the one that would take it past kMaxListPageBytes (it holds one at least).
+  absl::StatusOr<WorkerPage> ListWorkers(const ListWorkersOptions& options);
   // Known workers by state (zeros included), for metrics.
   std::map<WorkerState, int64_t> CountWorkersByState();
 
@@ -250,6 +279,13 @@ class Fleet {
   // Forgets the job's live attempt, and its rendezvous with it.
   void ForgetAttempt(absl::string_view job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PersistWorker(const WorkerEntry& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // fleet_workers.cc: ResourceExhausted when `client` has
+  // max_unheartbeated_registrations_per_client registrations that have not heartbeated yet.
+  absl::Status CheckRegistrationQuota(absl::string_view client) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The worker's first heartbeat: recorded, in the store too.
+  absl::Status MarkHeartbeated(WorkerEntry& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // How long after it was declared lost the worker is forgotten.
+  absl::Duration ForgetAfter(const WorkerEntry& worker) const;
 
   absl::StatusOr<WorkerEntry*> FindWorker(absl::string_view worker_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -260,9 +296,17 @@ class Fleet {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<AttemptEntry*> FindCurrentAttempt(absl::string_view job_id, int64_t attempt)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The attempt a rendezvous call is about: the job's current one, with a rank on `worker_id`.
+  // The attempt a rendezvous call is about: the job's current one, of more than one rank, with a
+  // rank on `worker_id`.
   absl::StatusOr<AttemptEntry*> FindKvAttempt(absl::string_view worker_id, absl::string_view job_id,
                                               int64_t attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // KvWait's wait, once admitted: until the key is set, `deadline`, the attempt's end, the
+  // caller's going away or the fleet's stop.
+  absl::StatusOr<std::string> AwaitKey(absl::string_view worker_id, absl::string_view job_id,
+                                       int64_t attempt, absl::string_view key, absl::Time deadline,
+                                       absl::Duration wait,
+                                       const std::function<bool()>& is_cancelled)
+      ABSL_LOCKS_EXCLUDED(mu_);
   WorkerState StateOf(const WorkerEntry& worker) const;
   std::string CheckpointRoot(const JobRecord& job, const v1::JobSpec& spec) const;
   // Wakes the control loop for a scheduling pass soon.

@@ -54,17 +54,23 @@ void LogIfError(const absl::Status& status, absl::string_view what) {
 absl::Status FleetOptions::Validate() const {
   const std::pair<const char*, absl::Duration> positive[] = {
       {"heartbeat_interval", heartbeat_interval},   {"heartbeat_timeout", heartbeat_timeout},
-      {"max_assignment_wait", max_assignment_wait}, {"control_interval", control_interval},
-      {"forget_lost_after", forget_lost_after},     {"metrics_retention", metrics_retention}};
+      {"max_assignment_wait", max_assignment_wait}, {"max_kv_wait", max_kv_wait},
+      {"control_interval", control_interval},       {"forget_lost_after", forget_lost_after},
+      {"metrics_retention", metrics_retention}};
   for (const auto& [name, value] : positive) {
     if (value <= absl::ZeroDuration()) {
       return absl::InvalidArgumentError(
           absl::StrCat(name, " = ", absl::FormatDuration(value), " must be positive"));
     }
   }
-  if (reconcile_grace < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("reconcile_grace = ", absl::FormatDuration(reconcile_grace), " is negative"));
+  const std::pair<const char*, absl::Duration> not_negative[] = {
+      {"reconcile_grace", reconcile_grace},
+      {"forget_never_heartbeated_after", forget_never_heartbeated_after}};
+  for (const auto& [name, value] : not_negative) {
+    if (value < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " = ", absl::FormatDuration(value), " is negative"));
+    }
   }
   if (restart_backoff_initial <= absl::ZeroDuration() ||
       restart_backoff_initial > restart_backoff_max) {
@@ -78,11 +84,14 @@ absl::Status FleetOptions::Validate() const {
         "heartbeat_interval = ", absl::FormatDuration(heartbeat_interval),
         " must be below heartbeat_timeout = ", absl::FormatDuration(heartbeat_timeout)));
   }
-  const std::pair<const char*, int64_t> kv_limits[] = {
+  const std::pair<const char*, int64_t> counts[] = {
+      {"max_unheartbeated_registrations_per_client", max_unheartbeated_registrations_per_client},
+      {"kv_max_keys_per_rank", kv_max_keys_per_rank},
+      {"kv_max_bytes_per_rank", kv_max_bytes_per_rank},
       {"kv_max_keys_per_attempt", kv_max_keys_per_attempt},
       {"kv_max_bytes_per_attempt", kv_max_bytes_per_attempt},
       {"kv_max_bytes_total", kv_max_bytes_total}};
-  for (const auto& [name, value] : kv_limits) {
+  for (const auto& [name, value] : counts) {
     if (value <= 0) {
       return absl::InvalidArgumentError(absl::StrCat(name, " = ", value, " must be positive"));
     }
@@ -114,6 +123,7 @@ absl::Status Fleet::Reload() {
     worker->version = registration.version();
     worker->resources = registration.resources();
     worker->secret_sha256 = registration.secret_sha256();
+    worker->heartbeated = registration.heartbeated();
     worker->lost = record.state == WorkerState::kLost;
     worker->reloaded = !worker->lost;
     // Everyone gets a fresh heartbeat_timeout to show up: the coordinator was away, not them.
@@ -167,8 +177,8 @@ absl::Status Fleet::Reload() {
     }
     metrics_.OnAttemptStart(job, spec, checkpoint.ok() ? &*checkpoint : nullptr);
     metrics_.OnJobState(job_id, job.state);
+    kv_.Open(job_id, record.attempt, attempt->world_size());
     attempts_.emplace(job_id, std::move(attempt));
-    kv_.Open(job_id, record.attempt);
     reconciling_ = true;
   }
   // A job moved on past an ended attempt but not yet to its next state (a crash in between).
@@ -281,7 +291,7 @@ void Fleet::LostWorkersPass(absl::Time now) {
                               "worker ", worker.id, " (", worker.name, ") sent no heartbeat for ",
                               absl::FormatDuration(absl::Trunc(silence, absl::Milliseconds(100))))),
                  absl::StrCat("marking worker ", worker.id, " lost"));
-    } else if (worker.lost && silence > options_.forget_lost_after) {
+    } else if (worker.lost && silence > ForgetAfter(worker)) {
       absl::Status deleted = store_->DeleteWorker(worker.id);
       if (deleted.ok() || absl::IsNotFound(deleted)) {
         it = workers_.erase(it);
@@ -463,8 +473,8 @@ absl::Status Fleet::StartAttempt(const JobRecord& job, const std::vector<std::st
                    checkpoint.ok() ? absl::StrCat(", resuming from ", checkpoint->path) : ""));
   metrics_.OnAttemptStart(job, spec, checkpoint.ok() ? &*checkpoint : nullptr);
   waiting_reasons_.erase(job.id);
+  kv_.Open(job.id, number, attempt->world_size());
   attempts_.insert_or_assign(job.id, std::move(attempt));
-  kv_.Open(job.id, number);
   changed_.SignalAll();
   return absl::OkStatus();
 }

@@ -1,5 +1,6 @@
 // The fleet's in-memory records, shared by fleet.cc (the calls of workers and clients),
-// fleet_control.cc (the control loop and the life of attempts), fleet_delete.cc and fleet_kv.cc.
+// fleet_control.cc (the control loop and the life of attempts), fleet_delete.cc, fleet_kv.cc and
+// fleet_workers.cc.
 // Internal to server/core.
 #ifndef MOETRAIN_SERVER_CORE_FLEET_INTERNAL_H_
 #define MOETRAIN_SERVER_CORE_FLEET_INTERNAL_H_
@@ -47,6 +48,17 @@ struct Fleet::WorkerEntry {
   std::optional<Slot> slot;
   // It stopped a rank on its own (SIGTERM): it is shutting down, so no new rank goes to it.
   bool draining = false;
+  // Who registered it, as the transport names the client (its address without the port); empty
+  // for an in-process caller, and for a worker reloaded from the store.
+  std::string client;
+  // It has sent a heartbeat since it registered (kept in the store): it did work, so it is
+  // remembered for forget_lost_after once lost, not only forget_never_heartbeated_after.
+  bool heartbeated = false;
+  // GetAssignment calls so far; a waiting call whose number is not the latest returns, so the
+  // worker has one long poll at most.
+  int64_t polls = 0;
+  // KvWait calls in flight: at most one per rank the worker runs.
+  int32_t kv_waits = 0;
 };
 
 // The live attempt of a SCHEDULED or RUNNING job. Gang members are indexed 0..n-1; member i

@@ -1,6 +1,8 @@
 // The fleet's side of the per-attempt rendezvous (KvSet, KvGet, KvWait): only a worker holding a
-// rank of the job's current attempt may use its map, which FleetRendezvous keeps (bounded per
-// attempt and in all) and which goes with its attempt, however the attempt ends.
+// rank of the job's current attempt of more than one rank may use its map, which FleetRendezvous
+// keeps (bounded per worker, per attempt and in all) and which goes with its attempt, however
+// the attempt ends. A worker waits in one KvWait per rank at most, so that its waits cannot take
+// the server's threads from the others.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -27,6 +29,13 @@ absl::StatusOr<Fleet::AttemptEntry*> Fleet::FindKvAttempt(absl::string_view work
     return absl::PermissionDeniedError(absl::StrCat(
         "worker ", worker_id, " holds no rank of attempt ", attempt, " of job ", job_id));
   }
+  // Its rank runs alone (the worker's communicator makes no store for one rank): nothing to meet,
+  // and the keys would take from the attempts that need them.
+  if (entry->world_size() < 2) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("attempt ", attempt, " of job ", job_id,
+                     " has one rank, which needs no rendezvous: its world_size is 1"));
+  }
   return entry;
 }
 
@@ -38,8 +47,8 @@ absl::Status Fleet::KvSet(absl::string_view worker_id, absl::string_view job_id,
   MOETRAIN_RETURN_IF_ERROR(FleetRendezvous::CheckKey(key));
   MOETRAIN_RETURN_IF_ERROR(FleetRendezvous::CheckValue(value));
   absl::MutexLock lock(&mu_);
-  MOETRAIN_RETURN_IF_ERROR(FindKvAttempt(worker_id, job_id, attempt).status());
-  return kv_.Set(job_id, attempt, key, value);
+  MOETRAIN_ASSIGN_OR_RETURN(AttemptEntry * entry, FindKvAttempt(worker_id, job_id, attempt));
+  return kv_.Set(job_id, attempt, key, value, worker_id, entry->devices_per_worker);
 }
 
 absl::StatusOr<std::optional<std::string>> Fleet::KvGet(absl::string_view worker_id,
@@ -56,8 +65,40 @@ absl::StatusOr<std::string> Fleet::KvWait(absl::string_view worker_id, absl::str
                                           absl::Duration timeout,
                                           const std::function<bool()>& is_cancelled) {
   MOETRAIN_RETURN_IF_ERROR(FleetRendezvous::CheckKey(key));
-  const absl::Time deadline =
-      timeout > absl::ZeroDuration() ? absl::Now() + timeout : absl::InfiniteFuture();
+  // Every wait ends: one without a deadline would hold a server thread for as long as its
+  // caller liked.
+  if (timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "timeout = ", absl::FormatDuration(timeout), ": KvWait needs a timeout above 0 (at most ",
+        absl::FormatDuration(options_.max_kv_wait), "; a longer one is cut to it)"));
+  }
+  const absl::Duration wait = std::min(timeout, options_.max_kv_wait);
+  const absl::Time deadline = absl::Now() + wait;
+  {
+    absl::MutexLock lock(&mu_);
+    MOETRAIN_ASSIGN_OR_RETURN(AttemptEntry * entry, FindKvAttempt(worker_id, job_id, attempt));
+    WorkerEntry& worker = *workers_.find(worker_id)->second;  // FindKvAttempt found it
+    if (worker.kv_waits >= entry->devices_per_worker) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("worker ", worker_id, " has ", worker.kv_waits,
+                       " KvWait calls in flight already, one "
+                       "per rank it runs of attempt ",
+                       attempt, " of job ", job_id, "; retry once one returns"));
+    }
+    ++worker.kv_waits;
+  }
+  absl::StatusOr<std::string> value =
+      AwaitKey(worker_id, job_id, attempt, key, deadline, wait, is_cancelled);
+  absl::MutexLock lock(&mu_);
+  // The worker may have been forgotten meanwhile; ids are never reused.
+  if (auto it = workers_.find(worker_id); it != workers_.end()) --it->second->kv_waits;
+  return value;
+}
+
+absl::StatusOr<std::string> Fleet::AwaitKey(absl::string_view worker_id, absl::string_view job_id,
+                                            int64_t attempt, absl::string_view key,
+                                            absl::Time deadline, absl::Duration wait,
+                                            const std::function<bool()>& is_cancelled) {
   for (;;) {
     {
       absl::MutexLock lock(&mu_);
@@ -70,7 +111,7 @@ absl::StatusOr<std::string> Fleet::KvWait(absl::string_view worker_id, absl::str
     if (now >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat("key '", key, "' of attempt ", attempt,
                                                       " of job ", job_id, " was not set within ",
-                                                      absl::FormatDuration(timeout)));
+                                                      absl::FormatDuration(wait)));
     }
     if (is_cancelled && is_cancelled()) {
       return absl::CancelledError("the caller stopped waiting");

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "server/core/limits.h"
@@ -53,6 +54,15 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   // RESOURCE_EXHAUSTED instead of the real answer.
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
                       TruncateWithMarker(status.message(), kMaxErrorMessageBytes));
+}
+
+std::string PeerHost(absl::string_view peer) {
+  if (absl::StartsWith(peer, "ipv4:")) return std::string(peer.substr(0, peer.rfind(':')));
+  if (absl::StartsWith(peer, "ipv6:[")) {
+    const size_t close = peer.find(']');
+    if (close != absl::string_view::npos) return std::string(peer.substr(0, close + 1));
+  }
+  return std::string(peer);
 }
 
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {

@@ -45,6 +45,11 @@ grpc::Status Authenticate(const grpc::ServerContext& context, const CallerToken&
 // build: a client newer than the coordinator would otherwise have them silently ignored.
 absl::Status CheckNoUnknownFields(const google::protobuf::Message& message);
 
+// The client of a call as ServerContext::peer() names it, without its port: "ipv4:10.0.0.7"
+// for "ipv4:10.0.0.7:51234", "ipv6:[::1]" for "ipv6:[::1]:51234"; any other form whole. All the
+// connections of one host (or of one proxy in front of many) have the same.
+std::string PeerHost(absl::string_view peer);
+
 // Authenticate, then CheckNoUnknownFields: the first thing every handler does.
 grpc::Status Admit(const grpc::ServerContext& context, const CallerToken& caller,
                    const google::protobuf::Message& request);

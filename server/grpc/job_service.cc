@@ -327,7 +327,11 @@ grpc::Status JobService::ListWorkers(grpc::ServerContext* context,
   if (grpc::Status admitted = Admit(*context, caller_, *request); !admitted.ok()) {
     return admitted;
   }
-  for (v1::WorkerInfo& worker : fleet_->ListWorkers()) *response->add_workers() = std::move(worker);
+  absl::StatusOr<WorkerPage> page =
+      fleet_->ListWorkers({.page_size = request->page_size(), .page_token = request->page_token()});
+  if (!page.ok()) return ToGrpcStatus(page.status());
+  for (v1::WorkerInfo& worker : page->workers) *response->add_workers() = std::move(worker);
+  response->set_next_page_token(page->next_page_token);
   return grpc::Status::OK;
 }
 

@@ -73,7 +73,7 @@ grpc::Status WorkerService::RegisterWorker(grpc::ServerContext* context,
   if (grpc::Status admitted = Admit(*context, caller_, *request); !admitted.ok()) {
     return admitted;
   }
-  return Reply(fleet_->Register(*request), response);
+  return Reply(fleet_->Register(*request, PeerHost(context->peer())), response);
 }
 
 grpc::Status WorkerService::Heartbeat(grpc::ServerContext* context,

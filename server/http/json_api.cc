@@ -16,6 +16,7 @@
 #include "moetrain/v1/coordinator.pb.h"
 #include "moetrain/v1/proto_time.h"
 #include "nlohmann/json.hpp"
+#include "server/core/limits.h"
 #include "server/grpc/grpc_util.h"
 #include "server/grpc/job_service.h"
 
@@ -30,10 +31,13 @@ constexpr char kJobsPrefix[] = "/api/v1/jobs/";
 constexpr char kMetricsSuffix[] = "/metrics";
 constexpr char kWorkersPath[] = "/api/v1/workers";
 constexpr char kJsonContentType[] = "application/json; charset=utf-8";
-// Largest page of jobs the coordinator lists.
+// Largest page of jobs (and of workers) the coordinator lists.
 constexpr int kMaxPageSize = 1000;
 // Events per read of the store's log.
 constexpr int kEventsPerRead = 1000;
+// Events per read for the metrics route, which may stop after the first (a page is full): fewer,
+// so that a read of large reports does not hold many that the page will not use.
+constexpr int kMetricsEventsPerRead = 100;
 
 // What a path under /api/ names.
 struct Target {
@@ -79,12 +83,19 @@ int HttpCode(absl::StatusCode code) {
   }
 }
 
+// `value` as an answer carries it. Invalid UTF-8 (a log line, a name) is replaced rather than
+// failing the whole answer.
+std::string JsonText(const Json& value) {
+  return value.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+size_t JsonBytes(const Json& value) { return JsonText(value).size(); }
+
 HttpResponse JsonResponse(int code, const Json& body) {
   HttpResponse response;
   response.code = code;
   response.content_type = kJsonContentType;
-  // Invalid UTF-8 (a log line, a name) is replaced rather than failing the whole answer.
-  response.body = body.dump(-1, ' ', false, Json::error_handler_t::replace);
+  response.body = JsonText(body);
   // Live data: a cached answer would show a stale job.
   response.headers.emplace_back("Cache-Control", "no-store");
   return response;
@@ -186,6 +197,23 @@ absl::StatusOr<int64_t> IntParam(const HttpRequest& request, const std::string& 
   return value;
 }
 
+// A listing's page_size (1 to kMaxPageSize; 0 when absent: the default) and page_token.
+struct PageQuery {
+  int page_size = 0;
+  std::string page_token;
+};
+
+absl::StatusOr<PageQuery> PageQueryOf(const HttpRequest& request) {
+  PageQuery query;
+  absl::StatusOr<int64_t> page_size = IntParam(request, "page_size", 0, 1, kMaxPageSize);
+  if (!page_size.ok()) return page_size.status();
+  query.page_size = static_cast<int>(*page_size);
+  if (auto it = request.query.find("page_token"); it != request.query.end()) {
+    query.page_token = it->second;
+  }
+  return query;
+}
+
 }  // namespace
 
 JsonApi::JsonApi(Coordinator* coordinator, Fleet* fleet, std::string bearer_token)
@@ -238,7 +266,7 @@ HttpResponse JsonApi::Handle(const HttpRequest& request) {
     case Target::kJobMetrics:
       return JobMetrics(target.job_id, request);
     case Target::kWorkers:
-      return ListWorkers();
+      return ListWorkers(request);
     case Target::kUnknown:
       break;
   }
@@ -358,12 +386,10 @@ Json JobSummary(const JobRecord& record, const v1::Job& job, const std::optional
 
 HttpResponse JsonApi::ListJobs(const HttpRequest& request) {
   ListOptions options;
-  absl::StatusOr<int64_t> page_size = IntParam(request, "page_size", 0, 1, kMaxPageSize);
-  if (!page_size.ok()) return ErrorResponse(page_size.status());
-  options.page_size = static_cast<int>(*page_size);
-  if (auto it = request.query.find("page_token"); it != request.query.end()) {
-    options.page_token = it->second;
-  }
+  absl::StatusOr<PageQuery> page_query = PageQueryOf(request);
+  if (!page_query.ok()) return ErrorResponse(page_query.status());
+  options.page_size = page_query->page_size;
+  options.page_token = page_query->page_token;
   if (auto it = request.query.find("state"); it != request.query.end()) {
     for (absl::string_view name : absl::StrSplit(it->second, ',', absl::SkipEmpty())) {
       absl::StatusOr<JobState> state = ParseJobState(name);
@@ -417,10 +443,13 @@ HttpResponse JsonApi::JobMetrics(const std::string& job_id, const HttpRequest& r
   Json expert_tokens = nullptr;
   int64_t next_after = *after;
   bool more = false;
+  // The answer's bytes: its points, and the per-expert counts of every point that has them (only
+  // the newest are sent, so this overcounts, and a page may end early).
+  size_t page_bytes = 0;
   // Store sequences start at 1, the wire's at 0: after S (wire) is from S + 2 (store).
   for (int64_t from = *after + 2;;) {
     absl::StatusOr<std::vector<EventRecord>> events =
-        coordinator_->ReadEvents(job_id, from, kEventsPerRead);
+        coordinator_->ReadEvents(job_id, from, kMetricsEventsPerRead);
     if (!events.ok()) return ErrorResponse(events.status());
     for (const EventRecord& event : *events) {
       if (static_cast<int64_t>(points.size()) >= *limit) {
@@ -428,20 +457,27 @@ HttpResponse JsonApi::JobMetrics(const std::string& job_id, const HttpRequest& r
         break;
       }
       const int64_t sequence = event.sequence - 1;
-      next_after = sequence;
-      from = event.sequence + 1;
-      if (event.kind != kStepMetricsEventKind) continue;
       v1::StepMetrics metrics;
       // A payload that does not decode is left out (the gRPC watch shows it as text).
-      if (!metrics.ParseFromString(event.payload)) continue;
-      Json point = MetricsJson(metrics);
-      point["sequence"] = sequence;
-      point["time"] = TimeText(event.time);
-      points.push_back(std::move(point));
-      Json counts = ExpertTokensJson(sequence, metrics);
-      if (!counts.is_null()) expert_tokens = std::move(counts);
+      if (event.kind == kStepMetricsEventKind && metrics.ParseFromString(event.payload)) {
+        Json point = MetricsJson(metrics);
+        point["sequence"] = sequence;
+        point["time"] = TimeText(event.time);
+        Json counts = ExpertTokensJson(sequence, metrics);
+        const size_t bytes = JsonBytes(point) + (counts.is_null() ? 0 : JsonBytes(counts));
+        // A page holds at least one point, so that every point can be read.
+        if (!points.empty() && page_bytes + bytes > kMaxListPageBytes) {
+          more = true;
+          break;
+        }
+        page_bytes += bytes;
+        points.push_back(std::move(point));
+        if (!counts.is_null()) expert_tokens = std::move(counts);
+      }
+      next_after = sequence;
+      from = event.sequence + 1;
     }
-    if (more || static_cast<int>(events->size()) < kEventsPerRead) break;
+    if (more || static_cast<int>(events->size()) < kMetricsEventsPerRead) break;
   }
   return JsonResponse(200, {{"job_id", job_id},
                             {"points", std::move(points)},
@@ -450,9 +486,14 @@ HttpResponse JsonApi::JobMetrics(const std::string& job_id, const HttpRequest& r
                             {"expert_tokens", std::move(expert_tokens)}});
 }
 
-HttpResponse JsonApi::ListWorkers() {
+HttpResponse JsonApi::ListWorkers(const HttpRequest& request) {
+  absl::StatusOr<PageQuery> page_query = PageQueryOf(request);
+  if (!page_query.ok()) return ErrorResponse(page_query.status());
+  absl::StatusOr<WorkerPage> page = fleet_->ListWorkers(
+      {.page_size = page_query->page_size, .page_token = page_query->page_token});
+  if (!page.ok()) return ErrorResponse(page.status());
   Json workers = Json::array();
-  for (const v1::WorkerInfo& worker : fleet_->ListWorkers()) {
+  for (const v1::WorkerInfo& worker : page->workers) {
     absl::string_view state = v1::WorkerState_Name(worker.state());
     absl::ConsumePrefix(&state, "WORKER_STATE_");
     workers.push_back({{"id", worker.id()},
@@ -467,7 +508,8 @@ HttpResponse JsonApi::ListWorkers() {
                        {"current_job_id", worker.current_job_id()},
                        {"current_attempt", worker.current_attempt()}});
   }
-  return JsonResponse(200, {{"workers", std::move(workers)}});
+  return JsonResponse(
+      200, {{"workers", std::move(workers)}, {"next_page_token", page->next_page_token}});
 }
 
 }  // namespace moetrain::server

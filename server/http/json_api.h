@@ -7,8 +7,10 @@
 //                                    + "last_metrics" (the newest step report, or null)}
 //   GET /api/v1/jobs/{id}/metrics    {"job_id", "points": [step report...], "next_after", "more",
 //                                    "expert_tokens": {"step", "layers", "experts", "counts"}|null}
-//                                    ?after=S (only events after sequence S) &limit=N (1..10000)
-//   GET /api/v1/workers              {"workers": [worker...]}
+//                                    ?after=S (only events after sequence S) &limit=N (1..10000);
+//                                    a page also ends before 1 MiB of points (`more` set)
+//   GET /api/v1/workers              {"workers": [worker...], "next_page_token"}
+//                                    ?page_size=N (1..1000, default 100) &page_token=T
 //
 // Field by field in docs/service.md. With a bearer token configured every call needs
 // `Authorization: Bearer <token>`: 401 otherwise. Errors are JSON too:
@@ -59,7 +61,7 @@ class JsonApi : public HttpHandler {
   HttpResponse ListJobs(const HttpRequest& request);
   HttpResponse GetJob(const std::string& job_id);
   HttpResponse JobMetrics(const std::string& job_id, const HttpRequest& request);
-  HttpResponse ListWorkers();
+  HttpResponse ListWorkers(const HttpRequest& request);
   // Brings the job's EvalScan up to its newest event. The first call for a job reads its log
   // backward to the newest evaluation; later ones read only the events since.
   absl::StatusOr<EvalScan> LatestEval(const std::string& job_id);

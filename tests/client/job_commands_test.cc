@@ -276,6 +276,54 @@ TEST_F(JobCommandsTest, DescribeCheckpointsAndWorkersShowProgress) {
   EXPECT_EQ(Document(cancel).value("state", ""), "JOB_STATE_CANCELLED");
 }
 
+// More workers than one ListWorkers page (100 by default): `moetrain workers` follows every
+// page, in text and in JSON.
+TEST_F(JobCommandsTest, WorkersListsEveryPage) {
+  ConnectOptions options;
+  options.address = address();
+  options.token_file = token_file_;
+  absl::StatusOr<Connection> connection = Connect(options);
+  ASSERT_TRUE(connection.ok()) << connection.status();
+  const std::unique_ptr<v1::WorkerService::Stub> stub =
+      v1::WorkerService::NewStub(connection->channel);
+  std::set<std::string> registered;
+  for (int i = 0; i < 150; ++i) {
+    v1::RegisterWorkerRequest request;
+    request.set_name(absl::StrCat("fleet-", i));
+    request.mutable_resources()->set_device(v1::ResourceConfig::CPU);
+    request.mutable_resources()->set_device_count(1);
+    request.mutable_resources()->set_threads(1);
+    v1::RegisterWorkerResponse response;
+    grpc::ClientContext context;
+    connection->Prepare(&context, absl::Seconds(10));
+    const grpc::Status status = stub->RegisterWorker(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << i << ": " << status.error_message();
+    registered.insert(response.worker_id());
+    // One heartbeat each: a client may have only 16 registrations that never heartbeated.
+    Connection worker = *connection;
+    worker.worker_id = response.worker_id();
+    worker.worker_secret = response.worker_secret();
+    v1::HeartbeatRequest heartbeat;
+    heartbeat.set_worker_id(response.worker_id());
+    v1::HeartbeatResponse answer;
+    grpc::ClientContext heartbeat_context;
+    worker.Prepare(&heartbeat_context, absl::Seconds(10));
+    ASSERT_TRUE(stub->Heartbeat(&heartbeat_context, heartbeat, &answer).ok());
+  }
+
+  const Finished text = Moetrain(Args({"workers"}));
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  const std::vector<std::string> ids = TableIds(text.out);
+  EXPECT_EQ(std::set<std::string>(ids.begin(), ids.end()), registered);
+  EXPECT_EQ(ids.size(), registered.size());
+  const json listed = Document(Moetrain(Args({"workers", "--json"})));
+  ASSERT_EQ(listed.at("workers").size(), registered.size());
+  std::set<std::string> json_ids;
+  for (const json& worker : listed.at("workers")) json_ids.insert(worker.at("id"));
+  EXPECT_EQ(json_ids, registered);
+  EXPECT_EQ(listed.value("next_page_token", ""), "") << "one listing, not a page";
+}
+
 TEST_F(JobCommandsTest, BadUsageExitsTwo) {
   EXPECT_EQ(Moetrain({"jobs", "--no-such-flag"}).exit_code, 2);
   EXPECT_EQ(Moetrain({"describe"}).exit_code, 2);

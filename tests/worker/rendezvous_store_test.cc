@@ -1,8 +1,9 @@
 // CoordinatorKeyValueStore against a real coordinator in the test process (a CoordinatorServer on
-// a loopback port with a bearer token, the fixture of worker_test_util.h) whose job has attempt 1
-// running: set and get, a get that waits for another rank's set, the timeout, another attempt, a
-// coordinator restart under a waiting get, a wrong token, and two Gloo ranks meeting through it.
-// Then LocalAddressToward on the address forms a coordinator is given by.
+// a loopback port with a bearer token, the fixture of worker_test_util.h) whose two-worker job has
+// attempt 1 running (an attempt of one rank has no rendezvous): set and get, a get that waits for
+// another rank's set, the timeout, another attempt, a coordinator restart under a waiting get, a
+// wrong token, and two Gloo ranks meeting through it. Then LocalAddressToward on the address forms
+// a coordinator is given by.
 #include "worker/rendezvous_store.h"
 
 #include <arpa/inet.h>
@@ -45,27 +46,34 @@ class RendezvousStoreTest : public worker_test::CoordinatorFixture {
 
   void SetUp() override {
     ASSERT_NO_FATAL_FAILURE(CoordinatorFixture::SetUp());
-    ASSERT_NO_FATAL_FAILURE(StartRunningJob());
+    ASSERT_NO_FATAL_FAILURE(StartRunningJob(/*workers=*/2));
     attempt_ = assignment_.attempt();
   }
 
-  // A channel of its own, as another rank's worker would have; `token` replaces the test's.
-  Connection NewConnection(const std::string& token = kToken) {
+  // A channel of its own, as another rank's worker would have, with the credentials of rank 0's
+  // worker (rank 1's with `peer`); `token` replaces the test's.
+  Connection NewConnection(const std::string& token = kToken, bool peer = false) {
     ConnectOptions options;
     options.address = address();
     absl::StatusOr<Connection> connection = Connect(options);
     EXPECT_TRUE(connection.ok()) << connection.status();
     if (!connection.ok()) return connection_;
     connection->token = token;
-    connection->worker_id = connection_.worker_id;  // the running attempt's worker
-    connection->worker_secret = connection_.worker_secret;
+    const Connection& rank = peer ? peer_connection_ : connection_;
+    connection->worker_id = rank.worker_id;  // a worker of the running attempt
+    connection->worker_secret = rank.worker_secret;
     return *std::move(connection);
   }
 
-  // A rank's store for the job's running attempt, or for `attempt` when given.
+  // Rank 0's store for the job's running attempt, or for `attempt` when given.
   std::shared_ptr<CoordinatorKeyValueStore> NewStore(int64_t attempt = -1) {
     return std::make_shared<CoordinatorKeyValueStore>(NewConnection(), job_id_,
                                                       attempt < 0 ? attempt_ : attempt);
+  }
+  // Rank 1's, on the other worker.
+  std::shared_ptr<CoordinatorKeyValueStore> NewPeerStore() {
+    return std::make_shared<CoordinatorKeyValueStore>(NewConnection(kToken, /*peer=*/true), job_id_,
+                                                      attempt_);
   }
 
   int64_t attempt_ = 0;
@@ -80,7 +88,7 @@ TEST_F(RendezvousStoreTest, SetThenGetReturnsTheValue) {
   EXPECT_EQ(*value, binary);
 
   // Another rank reads it, and a second Set overwrites it.
-  const std::shared_ptr<CoordinatorKeyValueStore> other = NewStore();
+  const std::shared_ptr<CoordinatorKeyValueStore> other = NewPeerStore();
   value = other->Get("rank-0", absl::Seconds(10));
   ASSERT_TRUE(value.ok()) << value.status();
   EXPECT_EQ(*value, binary);
@@ -110,7 +118,7 @@ TEST_F(RendezvousStoreTest, GetWithNoTimeLeftStillReturnsAKeyAlreadySet) {
 
 TEST_F(RendezvousStoreTest, GetWaitsForASetMadeLaterByAnotherRank) {
   const std::shared_ptr<CoordinatorKeyValueStore> waiting = NewStore();
-  const std::shared_ptr<CoordinatorKeyValueStore> setting = NewStore();
+  const std::shared_ptr<CoordinatorKeyValueStore> setting = NewPeerStore();
   absl::StatusOr<std::string> value = absl::UnknownError("Get has not returned");
   absl::Time returned_at;
   std::thread waiter([&] {
@@ -241,7 +249,7 @@ TEST_F(RendezvousStoreTest, TwoGlooRanksMeetThroughTheCoordinatorAndAllReduce) {
     for (int64_t i = 0; i < kCount; ++i) {
       data[rank][i] = static_cast<float>(i) * 0.5f + static_cast<float>(rank + 1);
     }
-    ranks.emplace_back([&, rank, store = NewStore()] {
+    ranks.emplace_back([&, rank, store = rank == 0 ? NewStore() : NewPeerStore()] {
       CommOptions options;
       options.backend = CommBackend::kGloo;
       options.listen_host = "127.0.0.1";

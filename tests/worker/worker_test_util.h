@@ -1,7 +1,7 @@
 // What the worker tests share: a real CoordinatorServer on a loopback port over a state file in a
 // fresh directory, a Connection to it (moetrain::Connect, with the bearer token when the test sets
-// one), and the worker's side of getting a job running: register, submit a one-worker job, take
-// its assignment and heartbeat the rank from a thread of the test until TearDown.
+// one), and the workers' side of getting a job running: register, submit a job of one or two
+// workers, take its assignments and heartbeat the ranks from a thread of the test until TearDown.
 #ifndef MOETRAIN_TESTS_WORKER_WORKER_TEST_UTIL_H_
 #define MOETRAIN_TESTS_WORKER_WORKER_TEST_UTIL_H_
 
@@ -83,28 +83,21 @@ class CoordinatorFixture : public ::testing::Test {
     coordinator_.reset();
   }
 
-  // Registers a worker, submits a one-worker job, takes its rank and heartbeats it from a thread
-  // of the test until TearDown: the job is RUNNING when this returns.
-  void StartRunningJob() {
-    v1::RegisterWorkerRequest registration;
-    registration.set_name(name_);
-    registration.mutable_resources()->set_device(v1::ResourceConfig::CPU);
-    registration.mutable_resources()->set_device_count(1);
-    registration.mutable_resources()->set_threads(1);
-    v1::RegisterWorkerResponse registered;
-    grpc::ClientContext register_context;
-    connection_.Prepare(&register_context, absl::Seconds(10));
-    const grpc::Status status =
-        workers_->RegisterWorker(&register_context, registration, &registered);
-    ASSERT_TRUE(status.ok()) << status.error_message();
-    worker_id_ = registered.worker_id();
-    // Every later call of this worker (and of the stores and reporters on connection_) proves it.
-    connection_.worker_id = worker_id_;
-    connection_.worker_secret = registered.worker_secret();
+  // Registers a worker, submits a job of `workers` workers (1 or 2; the second registered as
+  // "<name>-peer", on peer_connection_), takes its ranks and heartbeats them from a thread of the
+  // test until TearDown: the job is RUNNING when this returns. This worker runs rank 0.
+  void StartRunningJob(int workers = 1) {
+    ASSERT_NO_FATAL_FAILURE(RegisterOn(name_, &connection_));
+    worker_id_ = connection_.worker_id;
+    if (workers > 1) {
+      peer_connection_ = connection_;
+      ASSERT_NO_FATAL_FAILURE(RegisterOn(absl::StrCat(name_, "-peer"), &peer_connection_));
+    }
 
     v1::SubmitJobRequest submit;
     submit.set_submission_id(absl::StrCat(name_, "-1"));
-    const std::string spec = absl::StrCat("name: ", name_, "\ntrain:\n  steps: ", steps_, "\n");
+    const std::string spec = absl::StrCat("name: ", name_, "\ntrain:\n  steps: ", steps_,
+                                          "\nresources:\n  workers: ", workers, "\n");
     ASSERT_OK_AND_ASSIGN(*submit.mutable_spec(), ParseJobSpecYaml(spec));
     v1::Job job;
     grpc::ClientContext submit_context;
@@ -113,22 +106,53 @@ class CoordinatorFixture : public ::testing::Test {
     ASSERT_TRUE(submitted.ok()) << submitted.error_message();
     job_id_ = job.id();
 
+    ASSERT_NO_FATAL_FAILURE(AwaitAssignment(connection_, &assignment_));
+    if (workers > 1) {
+      ASSERT_NO_FATAL_FAILURE(AwaitAssignment(peer_connection_, &peer_assignment_));
+      if (assignment_.rank() != 0) {
+        std::swap(connection_, peer_connection_);
+        std::swap(assignment_, peer_assignment_);
+        worker_id_ = connection_.worker_id;
+      }
+    }
+    StartHeartbeats();
+    ASSERT_TRUE(WaitUntil([&] { return GetJob().state() == v1::JOB_STATE_RUNNING; }));
+  }
+
+  // Registers a worker named `name` with `connection`'s channel and token; sets its worker_id
+  // and worker_secret, so that every later call on it (and of the stores and reporters made
+  // from it) proves that worker.
+  void RegisterOn(const std::string& name, Connection* connection) {
+    v1::RegisterWorkerRequest registration;
+    registration.set_name(name);
+    registration.mutable_resources()->set_device(v1::ResourceConfig::CPU);
+    registration.mutable_resources()->set_device_count(1);
+    registration.mutable_resources()->set_threads(1);
+    v1::RegisterWorkerResponse registered;
+    grpc::ClientContext context;
+    connection->Prepare(&context, absl::Seconds(10));
+    const grpc::Status status = workers_->RegisterWorker(&context, registration, &registered);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    connection->worker_id = registered.worker_id();
+    connection->worker_secret = registered.worker_secret();
+  }
+
+  // Polls as `connection`'s worker until it is given a rank of the job.
+  void AwaitAssignment(const Connection& connection, v1::Assignment* assignment) {
     const absl::Time deadline = absl::Now() + kPatience;
-    while (!assignment_.has_spec()) {
+    while (!assignment->has_spec()) {
       ASSERT_LT(absl::Now(), deadline) << "no assignment";
       v1::GetAssignmentRequest poll;
-      poll.set_worker_id(worker_id_);
+      poll.set_worker_id(connection.worker_id);
       ToProtoDuration(absl::Seconds(1), poll.mutable_wait_timeout());
       v1::GetAssignmentResponse response;
       grpc::ClientContext context;
-      connection_.Prepare(&context, absl::Seconds(10));
+      connection.Prepare(&context, absl::Seconds(10));
       const grpc::Status polled = workers_->GetAssignment(&context, poll, &response);
       ASSERT_TRUE(polled.ok()) << polled.error_message();
-      if (response.has_assignment()) assignment_ = response.assignment();
+      if (response.has_assignment()) *assignment = response.assignment();
     }
-    ASSERT_EQ(assignment_.job_id(), job_id_);
-    StartHeartbeats();
-    ASSERT_TRUE(WaitUntil([&] { return GetJob().state() == v1::JOB_STATE_RUNNING; }));
+    ASSERT_EQ(assignment->job_id(), job_id_);
   }
 
   void StartHeartbeats() {
@@ -136,17 +160,22 @@ class CoordinatorFixture : public ::testing::Test {
       const std::unique_ptr<v1::WorkerService::Stub> stub =
           v1::WorkerService::NewStub(connection_.channel);
       while (!stop_heartbeats_.load()) {
-        v1::HeartbeatRequest request;
-        request.set_worker_id(worker_id_);
-        v1::RunningAttempt* running = request.add_running();
-        running->set_job_id(assignment_.job_id());
-        running->set_attempt(assignment_.attempt());
-        running->set_rank(assignment_.rank());
-        v1::HeartbeatResponse response;
-        grpc::ClientContext context;
-        connection_.Prepare(&context, absl::Seconds(2));
-        // Failures are expected while the coordinator restarts.
-        stub->Heartbeat(&context, request, &response);
+        for (const auto& [connection, assignment] :
+             {std::pair(&connection_, &assignment_),
+              std::pair(&peer_connection_, &peer_assignment_)}) {
+          if (connection->worker_id.empty()) continue;  // no peer
+          v1::HeartbeatRequest request;
+          request.set_worker_id(connection->worker_id);
+          v1::RunningAttempt* running = request.add_running();
+          running->set_job_id(assignment->job_id());
+          running->set_attempt(assignment->attempt());
+          running->set_rank(assignment->rank());
+          v1::HeartbeatResponse response;
+          grpc::ClientContext context;
+          connection->Prepare(&context, absl::Seconds(2));
+          // Failures are expected while the coordinator restarts.
+          stub->Heartbeat(&context, request, &response);
+        }
         absl::SleepFor(absl::Milliseconds(50));
       }
     });
@@ -181,6 +210,9 @@ class CoordinatorFixture : public ::testing::Test {
   std::string worker_id_;
   std::string job_id_;
   v1::Assignment assignment_;  // set before the heartbeat thread starts, then only read
+  // The second worker of a two-worker job, and its rank (1); no worker_id without one.
+  Connection peer_connection_;
+  v1::Assignment peer_assignment_;
   std::atomic<bool> stop_heartbeats_{false};
   std::thread heartbeat_thread_;
 };

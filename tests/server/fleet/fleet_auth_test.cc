@@ -54,7 +54,7 @@ TEST_F(FleetAuthTest, EachWorkerGetsItsOwnSecretAndOnlyItProvesThatWorker) {
   EXPECT_TRUE(absl::IsNotFound(unknown)) << unknown;
 
   // The public listing shows ids, never a secret.
-  for (const v1::WorkerInfo& info : fleet_->ListWorkers()) {
+  for (const v1::WorkerInfo& info : AllWorkers()) {
     const std::string bytes = info.SerializeAsString();
     EXPECT_FALSE(absl::StrContains(bytes, a.secret)) << info.DebugString();
     EXPECT_FALSE(absl::StrContains(bytes, b.secret)) << info.DebugString();
@@ -110,7 +110,7 @@ TEST_F(FleetAuthTest, ALostWorkerIsNotFoundWhateverItsSecret) {
 
 TEST_F(FleetAuthTest, TheRendezvousServesOnlyWorkersHoldingARankOfTheAttempt) {
   StartFleet();
-  const RunningJob running = StartOneWorkerJob();
+  const RendezvousJob running = StartRendezvousJob();
   const std::string bystander = Register("bystander");
   const std::string& job = running.job.id;
 

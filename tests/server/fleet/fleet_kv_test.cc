@@ -1,5 +1,6 @@
 // The fleet's per-attempt rendezvous (KvSet, KvGet, KvWait) on a real store and coordinator: it
-// serves the current attempt only, wakes waiters, times out, and ends with its attempt.
+// serves the current attempt of two ranks or more only, wakes waiters, times out (a wait needs a
+// timeout, cut to max_kv_wait), lets a worker wait once per rank, and ends with its attempt.
 #include <optional>
 #include <string>
 #include <thread>
@@ -18,7 +19,7 @@ constexpr size_t kMaxValueBytes = 1 << 20;
 
 TEST_F(FleetTest, KvSetGetAndWaitOnTheCurrentAttempt) {
   StartFleet();
-  const RunningJob running = StartOneWorkerJob();
+  const RendezvousJob running = StartRendezvousJob();
   const std::string& job = running.job.id;
 
   absl::StatusOr<std::optional<std::string>> unset =
@@ -46,7 +47,7 @@ TEST_F(FleetTest, KvSetGetAndWaitOnTheCurrentAttempt) {
 
 TEST_F(FleetTest, KvWaiterWakesWhenTheKeyIsSetFromAnotherThread) {
   StartFleet();
-  const RunningJob running = StartOneWorkerJob();
+  const RendezvousJob running = StartRendezvousJob();
   absl::Notification started;
   absl::StatusOr<std::string> result = absl::UnknownError("the waiter did not return");
   std::thread waiter([&] {
@@ -65,7 +66,7 @@ TEST_F(FleetTest, KvWaiterWakesWhenTheKeyIsSetFromAnotherThread) {
 
 TEST_F(FleetTest, KvWaitForAKeyNobodySetsIsDeadlineExceeded) {
   StartFleet();
-  const RunningJob running = StartOneWorkerJob();
+  const RendezvousJob running = StartRendezvousJob();
   absl::StatusOr<std::string> waited = fleet_->KvWait(running.worker_id, running.job.id, 1,
                                                       "never-set", absl::Milliseconds(50), nullptr);
   EXPECT_TRUE(absl::IsDeadlineExceeded(waited.status())) << waited.status();
@@ -74,7 +75,7 @@ TEST_F(FleetTest, KvWaitForAKeyNobodySetsIsDeadlineExceeded) {
 
 TEST_F(FleetTest, KvOfAnyOtherAttemptIsFailedPrecondition) {
   StartFleet();
-  const RunningJob running = StartOneWorkerJob();
+  const RendezvousJob running = StartRendezvousJob();
   const std::string& job = running.job.id;
   ASSERT_OK(fleet_->KvSet(running.worker_id, job, 1, "key", "one"));
   for (int64_t attempt : {0, 2, -1}) {
@@ -94,6 +95,8 @@ TEST_F(FleetTest, KvOfAnyOtherAttemptIsFailedPrecondition) {
   ASSERT_OK(fleet_->ReportAttemptEnd(
       EndReport(running.worker_id, running.assignment, v1::ATTEMPT_OUTCOME_FAILED, 1, "x")));
   EXPECT_TRUE(absl::IsFailedPrecondition(fleet_->KvGet(running.worker_id, job, 1, "key").status()));
+  // Rank 1, told to stop, is gone from its worker's next heartbeat: the gang is free again.
+  ASSERT_OK(Heartbeat(running.peer_id).status());
   const v1::Assignment next = AwaitAssignment(running.worker_id);
   ASSERT_EQ(next.attempt(), 2);
   absl::StatusOr<std::optional<std::string>> fresh =
@@ -104,7 +107,7 @@ TEST_F(FleetTest, KvOfAnyOtherAttemptIsFailedPrecondition) {
 
 TEST_F(FleetTest, KvWaiterWhoseAttemptEndsGetsFailedPrecondition) {
   StartFleet();
-  const RunningJob running = StartOneWorkerJob();
+  const RendezvousJob running = StartRendezvousJob();
   absl::Notification started;
   absl::StatusOr<std::string> result = absl::UnknownError("the waiter did not return");
   std::thread waiter([&] {
@@ -121,7 +124,7 @@ TEST_F(FleetTest, KvWaiterWhoseAttemptEndsGetsFailedPrecondition) {
 
 TEST_F(FleetTest, KvRejectsEmptyOrOversizedKeysAndValues) {
   StartFleet();
-  const RunningJob running = StartOneWorkerJob();
+  const RendezvousJob running = StartRendezvousJob();
   const std::string& job = running.job.id;
   const std::string long_key(kMaxKeyBytes + 1, 'k');
 
@@ -147,6 +150,87 @@ TEST_F(FleetTest, KvRejectsEmptyOrOversizedKeysAndValues) {
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_TRUE(got->has_value());
   EXPECT_EQ((*got)->size(), kMaxValueBytes);
+}
+
+// A one-rank attempt's rank runs alone (the worker makes no store for it): its rendezvous would
+// only take what the gangs need, so every call is refused, saying why.
+TEST_F(FleetTest, AnAttemptOfOneRankHasNoRendezvous) {
+  StartFleet();
+  const RunningJob running = StartOneWorkerJob();
+  const std::string& job = running.job.id;
+  const absl::Status set = fleet_->KvSet(running.worker_id, job, 1, "key", "value");
+  EXPECT_TRUE(absl::IsFailedPrecondition(set)) << set;
+  EXPECT_THAT(set.message(), HasSubstr("world_size is 1"));
+  EXPECT_TRUE(absl::IsFailedPrecondition(fleet_->KvGet(running.worker_id, job, 1, "key").status()));
+  const absl::Status wait =
+      fleet_->KvWait(running.worker_id, job, 1, "key", absl::Seconds(5), nullptr).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(wait)) << wait;
+  EXPECT_EQ(fleet_->KvBytes(), 0);
+}
+
+// Every wait ends: a KvWait without a timeout is refused, naming the field (`is_cancelled` ends a
+// wait that was let in, so that this test cannot hang).
+TEST_F(FleetTest, AKvWaitWithoutATimeoutIsInvalidArgument) {
+  StartFleet();
+  const RendezvousJob running = StartRendezvousJob();
+  for (absl::Duration timeout : {absl::ZeroDuration(), -absl::Seconds(1)}) {
+    const absl::Status status =
+        fleet_->KvWait(running.worker_id, running.job.id, 1, "key", timeout, [] { return true; })
+            .status();
+    EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+    EXPECT_THAT(status.message(), HasSubstr("timeout = "));
+  }
+}
+
+TEST_F(FleetTest, AKvWaitIsCutToMaxKvWait) {
+  FleetOptions options = DefaultOptions();
+  options.max_kv_wait = absl::Milliseconds(100);
+  StartFleet(options);
+  const RendezvousJob running = StartRendezvousJob();
+  // An hour asked for; the cap ends it (a wait not cut would hold this test past its deadline).
+  const absl::StatusOr<std::string> waited =
+      fleet_->KvWait(running.worker_id, running.job.id, 1, "never-set", absl::Hours(1), nullptr);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(waited.status())) << waited.status();
+  EXPECT_THAT(waited.status().message(), HasSubstr("was not set within 100ms"));
+}
+
+// A worker waits in one KvWait per rank it runs: one more is ResourceExhausted (its rendezvous
+// client retries), so that no worker can hold the server's threads; its peer waits as before.
+TEST_F(FleetTest, AWorkerHasOneKvWaitPerRankInFlight) {
+  StartFleet();
+  const RendezvousJob running = StartRendezvousJob();
+  const std::string& job = running.job.id;
+  absl::Notification started;
+  absl::StatusOr<std::string> first = absl::UnknownError("the waiter did not return");
+  std::thread waiter([&] {
+    started.Notify();
+    // Refused while the test's own probe below is the one in flight: retried, as the worker's
+    // rendezvous client does.
+    do {
+      first = fleet_->KvWait(running.worker_id, job, 1, "rank-1-addr", kPatience, nullptr);
+    } while (absl::IsResourceExhausted(first.status()));
+  });
+  started.WaitForNotification();
+  // Once the first is in its wait, a second of the same worker is refused at once.
+  absl::Status second;
+  EXPECT_TRUE(WaitUntil([&] {
+    second = fleet_->KvWait(running.worker_id, job, 1, "other", absl::Milliseconds(10), nullptr)
+                 .status();
+    return absl::IsResourceExhausted(second);
+  })) << second;
+  EXPECT_THAT(second.message(), HasSubstr("1 KvWait calls in flight already"));
+  // The peer's own wait is its own: answered as soon as the key is there.
+  ASSERT_OK(fleet_->KvSet(running.worker_id, job, 1, "rank-0-addr", "10.0.0.7:1"));
+  absl::StatusOr<std::string> peer =
+      fleet_->KvWait(running.peer_id, job, 1, "rank-0-addr", absl::Seconds(5), nullptr);
+  EXPECT_TRUE(peer.ok()) << peer.status();
+  ASSERT_OK(fleet_->KvSet(running.peer_id, job, 1, "rank-1-addr", "10.0.0.8:1"));
+  waiter.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(*first, "10.0.0.8:1");
+  // The wait has returned: the worker may wait again.
+  EXPECT_OK(
+      fleet_->KvWait(running.worker_id, job, 1, "rank-1-addr", absl::Seconds(5), nullptr).status());
 }
 
 }  // namespace

@@ -44,7 +44,7 @@ TEST_F(FleetTest, RegisterRejectsBadResourcesAndNamesTheField) {
   ASSERT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
   EXPECT_THAT(refused.status().message(), HasSubstr("name has 257 bytes"));
 
-  EXPECT_THAT(fleet_->ListWorkers(), IsEmpty()) << "a refused registration leaves no worker";
+  EXPECT_THAT(AllWorkers(), IsEmpty()) << "a refused registration leaves no worker";
 }
 
 TEST_F(FleetTest, RegisteredWorkersGetDistinctIdsAndAreListedIdle) {

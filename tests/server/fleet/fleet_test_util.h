@@ -234,14 +234,19 @@ class FleetTest : public ::testing::Test {
     coordinator_.reset();
   }
 
-  std::string Register(const std::string& name = "worker") {
+  // A CPU worker's registration, as `moetrain-worker` sends it.
+  static v1::RegisterWorkerRequest CpuWorker(const std::string& name) {
     v1::RegisterWorkerRequest request;
     request.set_name(name);
     request.set_version("test");
     request.mutable_resources()->set_device(v1::ResourceConfig::CPU);
     request.mutable_resources()->set_device_count(1);
     request.mutable_resources()->set_threads(1);
-    absl::StatusOr<v1::RegisterWorkerResponse> response = fleet_->Register(request);
+    return request;
+  }
+
+  std::string Register(const std::string& name = "worker") {
+    absl::StatusOr<v1::RegisterWorkerResponse> response = fleet_->Register(CpuWorker(name));
     EXPECT_TRUE(response.ok()) << response.status();
     return response.ok() ? response->worker_id() : "";
   }
@@ -296,9 +301,23 @@ class FleetTest : public ::testing::Test {
     return WaitUntil([&] { return GetJob(job_id).state == state; });
   }
 
+  // Every worker, following ListWorkers' pages.
+  std::vector<v1::WorkerInfo> AllWorkers() {
+    std::vector<v1::WorkerInfo> all;
+    ListWorkersOptions options;
+    do {
+      absl::StatusOr<WorkerPage> page = fleet_->ListWorkers(options);
+      EXPECT_TRUE(page.ok()) << page.status();
+      if (!page.ok()) break;
+      for (v1::WorkerInfo& info : page->workers) all.push_back(std::move(info));
+      options.page_token = page->next_page_token;
+    } while (!options.page_token.empty());
+    return all;
+  }
+
   // The worker as ListWorkers shows it; an empty id when it is not listed.
   v1::WorkerInfo InfoOf(const std::string& worker_id) {
-    for (const v1::WorkerInfo& info : fleet_->ListWorkers()) {
+    for (const v1::WorkerInfo& info : AllWorkers()) {
       if (info.id() == worker_id) return info;
     }
     return v1::WorkerInfo();
@@ -395,6 +414,23 @@ class FleetTest : public ::testing::Test {
     }
     EXPECT_TRUE(WaitForState(gang.job.id, JobState::kRunning));
     return gang;
+  }
+
+  // The smallest job whose ranks meet at the rendezvous (an attempt of one rank has none): a
+  // two-worker job with both ranks running, seen from rank 0, and rank 1 as its peer.
+  struct RendezvousJob : RunningJob {
+    std::string peer_id;
+    v1::Assignment peer_assignment;
+  };
+  RendezvousJob StartRendezvousJob(int max_restarts = 3) {
+    const RunningGang gang = StartTwoWorkerJob(max_restarts);
+    RendezvousJob running;
+    running.worker_id = gang.workers[0];
+    running.job = gang.job;
+    running.assignment = gang.assignments[0];
+    running.peer_id = gang.workers[1];
+    running.peer_assignment = gang.assignments[1];
+    return running;
   }
 
   const testutil::TempDir temp_dir_{"fleet_test"};

@@ -4,6 +4,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <optional>
@@ -291,19 +292,60 @@ TEST_F(JsonApiTest, LongLogsAreReadWholeAndTheirNewestEvaluationFound) {
   EXPECT_DOUBLE_EQ(job["eval_loss"].get<double>(), 2.0);
   EXPECT_EQ(job["eval_step"], 2501);
 
-  const Json all = GetJson(absl::StrCat("/api/v1/jobs/", id, "/metrics"));
-  ASSERT_EQ(all["points"].size(), 2501u);
-  EXPECT_FALSE(all["more"]);
-  for (size_t i = 0; i < all["points"].size(); ++i) {
-    ASSERT_EQ(all["points"][i]["step"], static_cast<int64_t>(i + 1));
+  // More than 1 MiB of points: pages that join up, each within the bound.
+  std::vector<int64_t> steps;
+  int64_t after = -1;
+  for (bool more = true; more;) {
+    const Json page = GetJson(absl::StrCat("/api/v1/jobs/", id, "/metrics?after=", after));
+    ASSERT_FALSE(page["points"].empty());
+    EXPECT_LE(page["points"].dump().size(), size_t{1} << 20);
+    for (const Json& p : page["points"]) steps.push_back(p["step"].get<int64_t>());
+    after = page["next_after"].get<int64_t>();
+    more = page["more"].get<bool>();
   }
-  EXPECT_EQ(all["next_after"], 2501);
-  const Json capped = GetJson(absl::StrCat("/api/v1/jobs/", id, "/metrics?limit=1500&after=100"));
-  ASSERT_EQ(capped["points"].size(), 1500u);
+  ASSERT_EQ(steps.size(), 2501u);
+  for (size_t i = 0; i < steps.size(); ++i) ASSERT_EQ(steps[i], static_cast<int64_t>(i + 1));
+  EXPECT_EQ(after, 2501);
+  const Json capped = GetJson(absl::StrCat("/api/v1/jobs/", id, "/metrics?limit=500&after=100"));
+  ASSERT_EQ(capped["points"].size(), 500u);
   EXPECT_TRUE(capped["more"]);
   // Sequence 0 is the submission, so step s is sequence s.
   EXPECT_EQ(capped["points"][0]["step"], 101);
-  EXPECT_EQ(capped["next_after"], 1600);
+  EXPECT_EQ(capped["next_after"], 600);
+}
+
+// Reports of a large model (here 4,000 MoE layers) make large points: the answer ends before
+// 1 MiB of them, whatever `limit` allows, and the pages join up without gaps or repeats.
+TEST_F(JsonApiTest, MetricsArePagedByBytes) {
+  const std::string id = MustSubmit("wide", 100);
+  std::vector<NewEvent> events;
+  for (int64_t step = 1; step <= 40; ++step) {
+    v1::StepMetrics metrics = Report(step);
+    metrics.clear_expert_load_per_layer();
+    metrics.clear_expert_tokens();
+    for (int layer = 0; layer < 4000; ++layer)
+      metrics.add_expert_load_per_layer(1.0 + 1e-7 * layer);
+    events.push_back({id, kStepMetricsEventKind, metrics.SerializeAsString()});
+  }
+  ASSERT_OK(coordinator_->AppendEvents(events));
+  std::vector<int64_t> steps;
+  int64_t after = -1;
+  int pages = 0;
+  for (bool more = true; more && pages < 100; ++pages) {
+    httplib::Result result = Get(absl::StrCat("/api/v1/jobs/", id, "/metrics?after=", after),
+                                 absl::StrCat("Bearer ", kToken));
+    ASSERT_TRUE(result);
+    ASSERT_EQ(result->status, 200) << result->body.substr(0, 200);
+    EXPECT_LE(result->body.size(), (size_t{1} << 20) + 4096);
+    const Json page = Json::parse(result->body);
+    ASSERT_FALSE(page["points"].empty());
+    for (const Json& p : page["points"]) steps.push_back(p["step"].get<int64_t>());
+    after = page["next_after"].get<int64_t>();
+    more = page["more"].get<bool>();
+  }
+  EXPECT_GT(pages, 1);
+  ASSERT_EQ(steps.size(), 40u);
+  for (size_t i = 0; i < steps.size(); ++i) ASSERT_EQ(steps[i], static_cast<int64_t>(i + 1));
 }
 
 TEST_F(JsonApiTest, ReportsWithoutExpertsHaveNoHeatmap) {
@@ -341,6 +383,32 @@ TEST_F(JsonApiTest, ListsWorkers) {
   EXPECT_EQ(worker["current_job_id"], "");
   EXPECT_EQ(worker["current_attempt"], 0);
   EXPECT_FALSE(worker["last_heartbeat"].get<std::string>().empty());
+}
+
+TEST_F(JsonApiTest, WorkersArePaged) {
+  std::vector<std::string> registered;
+  for (int i = 0; i < 3; ++i) {
+    v1::RegisterWorkerRequest registration;
+    registration.set_name(absl::StrCat("node-", i));
+    registration.mutable_resources()->set_device_count(1);
+    registration.mutable_resources()->set_threads(1);
+    ASSERT_OK_AND_ASSIGN(const v1::RegisterWorkerResponse worker, fleet_->Register(registration));
+    registered.push_back(worker.worker_id());
+  }
+  std::sort(registered.begin(), registered.end());
+  const Json first = GetJson("/api/v1/workers?page_size=2");
+  ASSERT_EQ(first["workers"].size(), 2u);
+  EXPECT_EQ(first["workers"][0]["id"], registered[0]);
+  EXPECT_EQ(first["workers"][1]["id"], registered[1]);
+  const std::string token = first["next_page_token"].get<std::string>();
+  ASSERT_FALSE(token.empty());
+  const Json second = GetJson(absl::StrCat("/api/v1/workers?page_size=2&page_token=", token));
+  ASSERT_EQ(second["workers"].size(), 1u);
+  EXPECT_EQ(second["workers"][0]["id"], registered[2]);
+  EXPECT_EQ(second["next_page_token"], "");
+  EXPECT_EQ(GetJson("/api/v1/workers")["workers"].size(), 3u);
+  const Json bad = GetJson("/api/v1/workers?page_size=0", 400);
+  EXPECT_THAT(bad["error"]["message"].get<std::string>(), HasSubstr("page_size"));
 }
 
 TEST_F(JsonApiTest, TheApiNeedsTheTokenAndTheProbesDoNot) {
