@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "engine/backend/exec_context.h"
+#include "engine/core/json.h"
 #include "engine/core/status.h"
 #include "engine/model/transformer.h"
 #include "engine/ops/elementwise/elementwise.h"
@@ -40,12 +41,7 @@ absl::StatusOr<Json> ReadJsonFile(const fs::path& path) {
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path.string()));
   std::ostringstream text;
   text << in.rdbuf();
-  try {
-    return Json::parse(text.str());
-  } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path.string(), " is not valid JSON: ", e.what()));
-  }
+  return ParseJson(text.str(), path.string());
 }
 
 std::string JsonText(const Json& json) { return json.dump(2) + "\n"; }
