@@ -41,8 +41,7 @@ int EvalCheckpoint(const EvalOptions& options) {
   if (!format.ok()) return CommandFailed("eval", format.status());
   absl::StatusOr<LoadedCheckpoint> checkpoint = LoadCheckpoint(options.checkpoint);
   if (!checkpoint.ok()) return CommandFailed("eval", checkpoint.status());
-  absl::StatusOr<ModelConfig> model_config =
-      ModelConfigFromJson(checkpoint->manifest.value("model_config", nlohmann::json()));
+  absl::StatusOr<ModelConfig> model_config = ManifestModelConfig(checkpoint->manifest);
   if (!model_config.ok()) return CommandFailed("eval", model_config.status());
   const int64_t seq_len = checkpoint->hf_config.value("max_position_embeddings", int64_t{0});
   if (seq_len < 1 || seq_len > model_config->max_seq_len) {
@@ -74,7 +73,9 @@ int EvalCheckpoint(const EvalOptions& options) {
     const int64_t first = b * batch_size, count = std::min(batch_size, windows - first);
     Tensor tokens = Tensor::Empty(DType::kI32, {count, window});
     for (int64_t w = 0; w < count; ++w) {
-      file->Read((first + w) * seq_len, window, tokens.data<int32_t>() + w * window);
+      const absl::Status read =
+          file->Read((first + w) * seq_len, window, tokens.data<int32_t>() + w * window);
+      if (!read.ok()) return CommandFailed("eval", read);
     }
     absl::StatusOr<float> loss = model->Evaluate(tokens);
     if (!loss.ok()) return CommandFailed("eval", loss.status());

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/core/dtype.h"
+#include "engine/core/json.h"
 #include "engine/core/status.h"
 #include "engine/plan/plan.h"
 #include "nlohmann/json.hpp"
@@ -35,17 +36,15 @@ absl::StatusOr<double> Number(const Json& root, const std::vector<std::string>& 
   MOETRAIN_ASSIGN_OR_RETURN(const Json* node, Find(root, path));
   if (!node->is_number() || !(node->get<double>() > 0 || (zero_ok && node->get<double>() == 0))) {
     return absl::InvalidArgumentError(
-        absl::StrCat("calibration file: ", absl::StrJoin(path, "."), " = ", node->dump(),
+        absl::StrCat("calibration file: ", absl::StrJoin(path, "."), " = ", JsonExcerpt(*node),
                      zero_ok ? " is not a number ≥ 0" : " is not a positive number"));
   }
   return node->get<double>();
 }
 
 absl::StatusOr<Json> Parse(std::string_view text) {
-  Json json = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded() || !json.is_object()) {
-    return absl::InvalidArgumentError("calibration file: not a JSON object");
-  }
+  MOETRAIN_ASSIGN_OR_RETURN(Json json, ParseJson(text, "calibration file"));
+  if (!json.is_object()) return absl::InvalidArgumentError("calibration file: not a JSON object");
   return json;
 }
 
@@ -54,7 +53,7 @@ absl::StatusOr<DType> DTypeAt(const Json& root, const std::vector<std::string>& 
   if (*node == "bf16") return DType::kBF16;
   if (*node == "f32") return DType::kF32;
   return absl::InvalidArgumentError(absl::StrCat("calibration file: ", absl::StrJoin(path, "."),
-                                                 " = ", node->dump(), " is not bf16 or f32"));
+                                                 " = ", JsonExcerpt(*node), " is not bf16 or f32"));
 }
 
 absl::StatusOr<ClusterSpec> ClusterOf(const Json& root, int ranks) {

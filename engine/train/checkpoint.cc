@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "engine/core/json.h"
 #include "engine/core/log.h"
 #include "engine/core/status.h"
 #include "engine/train/safetensors.h"
@@ -162,13 +163,9 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& dir, int64_t dir_step) 
   absl::StatusOr<std::string> text = ReadWholeFile(Join(dir, kManifestName));
   if (!text.ok()) return Damaged(absl::StrCat(kManifestName, " is missing or unreadable"));
   Manifest manifest;
-  try {
-    manifest.json = Json::parse(*text);
-  } catch (const Json::parse_error& e) {
-    return Damaged(absl::StrCat(kManifestName, " is not valid JSON (at byte ", e.byte, ")"));
-  } catch (const Json::exception& e) {  // e.g. a number beyond a double
-    return Damaged(absl::StrCat(kManifestName, " cannot be read: ", e.what()));
-  }
+  absl::StatusOr<Json> parsed = ParseJson(*text, kManifestName);
+  if (!parsed.ok()) return Damaged(parsed.status().message());
+  manifest.json = *std::move(parsed);
   if (!manifest.json.is_object()) return Damaged(absl::StrCat(kManifestName, " is no object"));
   MOETRAIN_ASSIGN_OR_RETURN(const int64_t version,
                             GetInteger(manifest.json, "format_version", kManifestName));
@@ -199,7 +196,7 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& dir, int64_t dir_step) 
     // Names come from a file on disk: never let one reach outside the directory.
     if (file.name.empty() || file.name == "." || file.name == ".." ||
         file.name.find('/') != std::string::npos || file.bytes < 0 || !IsSha256Hex(file.sha256)) {
-      return Damaged(absl::StrCat(where, " is malformed: ", entry.dump()));
+      return Damaged(absl::StrCat(where, " is malformed: ", JsonExcerpt(entry)));
     }
     manifest.files.push_back(std::move(file));
   }
@@ -288,13 +285,9 @@ absl::StatusOr<LoadedCheckpoint> LoadStep(const std::string& dir,
   loaded.tokens_seen = manifest.tokens_seen;
   loaded.ranks = options.ranks;
   MOETRAIN_ASSIGN_OR_RETURN(const std::string config_text, ReadWholeFile(Join(dir, kConfigName)));
-  try {
-    loaded.hf_config = Json::parse(config_text);
-  } catch (const Json::parse_error& e) {
-    return Damaged(absl::StrCat(kConfigName, " is not valid JSON (at byte ", e.byte, ")"));
-  } catch (const Json::exception& e) {  // e.g. a number beyond a double
-    return Damaged(absl::StrCat(kConfigName, " cannot be read: ", e.what()));
-  }
+  absl::StatusOr<Json> config = ParseJson(config_text, kConfigName);
+  if (!config.ok()) return Damaged(config.status().message());
+  loaded.hf_config = *std::move(config);
   for (const std::string& name : model_names) {
     MOETRAIN_RETURN_IF_ERROR(MergeTensorFile(dir, name, &loaded.model_tensors));
   }

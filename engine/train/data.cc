@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "engine/core/json.h"
 #include "engine/core/status.h"
 #include "nlohmann/json.hpp"
 
@@ -39,19 +41,28 @@ TokenFileFormat FileFormat(DataConfig::Format format) {
   }
 }
 
-absl::StatusOr<int64_t> NonNegativeInteger(const nlohmann::json& json, const char* key) {
+// json[key] as an int64_t >= 0; InvalidArgument naming `what` ("data position") and the key.
+absl::StatusOr<int64_t> NonNegativeInteger(const nlohmann::json& json, absl::string_view what,
+                                           const char* key) {
   const auto it = json.find(key);
   if (it == json.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("data position: missing \"", key, "\""));
+    return absl::InvalidArgumentError(absl::StrCat(what, ": missing \"", key, "\""));
   }
   const bool fits = it->is_number_unsigned()
                         ? it->get<uint64_t>() <= uint64_t{std::numeric_limits<int64_t>::max()}
                         : it->is_number_integer() && it->get<int64_t>() >= 0;
   if (!fits) {
-    return absl::InvalidArgumentError(absl::StrCat("data position: \"", key, "\" = ", it->dump(),
+    return absl::InvalidArgumentError(absl::StrCat(what, ": \"", key, "\" = ", JsonExcerpt(*it),
                                                    " is not a non-negative 64-bit integer"));
   }
   return it->get<int64_t>();
+}
+
+// "1664 bytes, modified 2024-04-25T00:53:20.123456789Z".
+std::string DescribeFile(const DataFileStamp& stamp) {
+  return absl::StrCat(stamp.bytes, " bytes, modified ",
+                      absl::FormatTime("%Y-%m-%dT%H:%M:%E9SZ", absl::FromUnixNanos(stamp.mtime_ns),
+                                       absl::UTCTimeZone()));
 }
 
 }  // namespace
@@ -65,19 +76,15 @@ struct DataLoader::Source {
   int64_t eval_begin = 0;     // first held-out token of the file
   int64_t eval_windows = 0;
 
-  void ReadTrain(int64_t window, int32_t* out) const {
-    if (synthetic) {
-      synthetic->Read(SyntheticSource::Split::kTrain, window * window_tokens, window_tokens, out);
-    } else {
-      file->Read(window * window_tokens, window_tokens, out);
-    }
+  absl::Status ReadTrain(int64_t window, int32_t* out) const {
+    if (!synthetic) return file->Read(window * window_tokens, window_tokens, out);
+    synthetic->Read(SyntheticSource::Split::kTrain, window * window_tokens, window_tokens, out);
+    return absl::OkStatus();
   }
-  void ReadEval(int64_t window, int32_t* out) const {
-    if (synthetic) {
-      synthetic->Read(SyntheticSource::Split::kEval, window * window_tokens, window_tokens, out);
-    } else {
-      file->Read(eval_begin + window * window_tokens, window_tokens, out);
-    }
+  absl::Status ReadEval(int64_t window, int32_t* out) const {
+    if (!synthetic) return file->Read(eval_begin + window * window_tokens, window_tokens, out);
+    synthetic->Read(SyntheticSource::Split::kEval, window * window_tokens, window_tokens, out);
+    return absl::OkStatus();
   }
 };
 
@@ -156,12 +163,33 @@ nlohmann::json DataPosition::ToJson() const { return {{"epoch", epoch}, {"index"
 absl::StatusOr<DataPosition> DataPosition::FromJson(const nlohmann::json& json) {
   if (!json.is_object()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("data position: expected an object, got ", json.dump()));
+        absl::StrCat("data position: expected an object, got ", JsonExcerpt(json)));
   }
   DataPosition position;
-  MOETRAIN_ASSIGN_OR_RETURN(position.epoch, NonNegativeInteger(json, "epoch"));
-  MOETRAIN_ASSIGN_OR_RETURN(position.index, NonNegativeInteger(json, "index"));
+  MOETRAIN_ASSIGN_OR_RETURN(position.epoch, NonNegativeInteger(json, "data position", "epoch"));
+  MOETRAIN_ASSIGN_OR_RETURN(position.index, NonNegativeInteger(json, "data position", "index"));
   return position;
+}
+
+nlohmann::json DataFileStamp::ToJson() const {
+  return {{"path", path}, {"bytes", bytes}, {"mtime_ns", mtime_ns}};
+}
+
+absl::StatusOr<DataFileStamp> DataFileStamp::FromJson(const nlohmann::json& json) {
+  constexpr absl::string_view kWhat = "data position file";
+  if (!json.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kWhat, ": expected an object, got ", JsonExcerpt(json)));
+  }
+  DataFileStamp stamp;
+  const auto path = json.find("path");
+  if (path == json.end() || !path->is_string()) {
+    return absl::InvalidArgumentError(absl::StrCat(kWhat, ": \"path\" is missing or not a string"));
+  }
+  stamp.path = path->get<std::string>();
+  MOETRAIN_ASSIGN_OR_RETURN(stamp.bytes, NonNegativeInteger(json, kWhat, "bytes"));
+  MOETRAIN_ASSIGN_OR_RETURN(stamp.mtime_ns, NonNegativeInteger(json, kWhat, "mtime_ns"));
+  return stamp;
 }
 
 WindowShuffle::WindowShuffle(int64_t n, uint64_t seed, int64_t epoch)
@@ -251,14 +279,16 @@ absl::StatusOr<DataLoader> DataLoader::Create(const DataConfig& config, int rank
   return loader;
 }
 
-Tensor DataLoader::Next() {
+absl::StatusOr<Tensor> DataLoader::Next() {
   const int64_t rows = local_batch_size();
   const int64_t window = source_->window_tokens;
   Tensor batch = Tensor::Empty(DType::kI32, {rows, window});
   int32_t* out = batch.data<int32_t>();
   const int64_t first = position_.index + rank_ * rows;  // place of row 0 in the window order
   if (source_->synthetic) {
-    for (int64_t j = 0; j < rows; ++j) source_->ReadTrain(first + j, out + j * window);
+    for (int64_t j = 0; j < rows; ++j) {
+      MOETRAIN_RETURN_IF_ERROR(source_->ReadTrain(first + j, out + j * window));
+    }
     position_.index += config_.batch_size;
     return batch;
   }
@@ -267,7 +297,7 @@ Tensor DataLoader::Next() {
   for (int64_t j = 0; j < rows; ++j) {
     const int64_t place = first + j;
     const WindowShuffle shuffle(per_epoch, config_.seed, position_.epoch + place / per_epoch);
-    source_->ReadTrain(shuffle(place % per_epoch), out + j * window);
+    MOETRAIN_RETURN_IF_ERROR(source_->ReadTrain(shuffle(place % per_epoch), out + j * window));
   }
   const int64_t next = position_.index + config_.batch_size;
   position_ = {position_.epoch + next / per_epoch, next % per_epoch};
@@ -293,6 +323,32 @@ absl::Status DataLoader::Restore(const DataPosition& position) {
   return absl::OkStatus();
 }
 
+std::optional<DataFileStamp> DataLoader::file_stamp() const {
+  if (!source_->file) return std::nullopt;
+  return DataFileStamp{config_.path, source_->file->file_bytes(), source_->file->mtime_ns()};
+}
+
+absl::Status DataLoader::CheckSameFile(const std::optional<DataFileStamp>& recorded) const {
+  const std::optional<DataFileStamp> now = file_stamp();
+  if (!recorded.has_value()) return absl::OkStatus();
+  if (!now.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat("the checkpoint was trained on data.path ",
+                                                      recorded->path, " (", recorded->bytes,
+                                                      " bytes), and this job's data is synthetic"));
+  }
+  if (now->bytes == recorded->bytes && now->mtime_ns == recorded->mtime_ns) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "data.path ", now->path, " has changed since the checkpoint was written: it had ",
+      DescribeFile(*recorded),
+      recorded->path == now->path ? "" : absl::StrCat(" (as ", recorded->path, ")"), "; it has ",
+      DescribeFile(*now),
+      " now. Resuming would read other windows than the checkpoint's data position counts: "
+      "restore the file (cp -p keeps its modification time), or train on the new data in a new "
+      "job"));
+}
+
 EvalIterator DataLoader::Eval() const {
   EvalIterator eval;
   eval.source_ = source_;
@@ -314,7 +370,7 @@ const SyntheticSource* DataLoader::synthetic() const {
   return source_->synthetic ? &*source_->synthetic : nullptr;
 }
 
-std::optional<Tensor> EvalIterator::Next() {
+absl::StatusOr<std::optional<Tensor>> EvalIterator::Next() {
   if (next_batch_ >= num_batches_) return std::nullopt;
   const int64_t begin = next_batch_ * batch_size_;
   const int64_t count = std::min(batch_size_, source_->eval_windows - begin);
@@ -323,10 +379,11 @@ std::optional<Tensor> EvalIterator::Next() {
   const int64_t window = source_->window_tokens;
   Tensor batch = Tensor::Empty(DType::kI32, {row_end - row_begin, window});
   for (int64_t w = row_begin; w < row_end; ++w) {
-    source_->ReadEval(w, batch.data<int32_t>() + (w - row_begin) * window);
+    MOETRAIN_RETURN_IF_ERROR(
+        source_->ReadEval(w, batch.data<int32_t>() + (w - row_begin) * window));
   }
   ++next_batch_;
-  return batch;
+  return std::optional<Tensor>(std::move(batch));
 }
 
 }  // namespace moetrain

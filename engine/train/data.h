@@ -82,6 +82,23 @@ struct DataPosition {
   static absl::StatusOr<DataPosition> FromJson(const nlohmann::json& json);
 };
 
+// A data file as the loader found it when it opened it. A checkpoint records it beside the data
+// position ("data_position": {..., "file": {"path", "bytes", "mtime_ns"}}), so that a resume over a
+// file that changed since, whose windows are no longer the ones the position counts, is refused.
+struct DataFileStamp {
+  std::string path;
+  int64_t bytes = 0;
+  int64_t mtime_ns = 0;  // st_mtim, in nanoseconds since the Unix epoch
+
+  bool operator==(const DataFileStamp&) const = default;
+
+  // {"path": "/data/tokens.bin", "bytes": 1664, "mtime_ns": 1714000000123456789}.
+  nlohmann::json ToJson() const;
+  // InvalidArgument unless `json` is an object with a string "path" and non-negative integers
+  // "bytes" and "mtime_ns".
+  static absl::StatusOr<DataFileStamp> FromJson(const nlohmann::json& json);
+};
+
 // A pseudo-random permutation of [0, n) keyed by (seed, epoch), evaluated one element at a time
 // in O(1) memory: a balanced Feistel network over the smallest even number of bits that covers
 // n, with cycle walking back into [0, n).
@@ -110,15 +127,23 @@ class DataLoader {
   static absl::StatusOr<DataLoader> Create(const DataConfig& config, int rank, int world_size);
 
   // This rank's slice of the next global batch: (batch_size / world_size, window) i32, rows
-  // in global batch order. Inputs are columns [0, S), targets columns [1, S + 1). Cannot fail:
-  // Create checked all of the data.
-  Tensor Next();
+  // in global batch order. Inputs are columns [0, S), targets columns [1, S + 1). Fails only
+  // when the file changed since Create checked it (TokenFile::Read's errors, naming the file).
+  absl::StatusOr<Tensor> Next();
 
   DataPosition position() const { return position_; }
   // Continues from `position` (from position() of a loader with the same config, on any rank):
   // the following batches are the ones that loader would have produced. InvalidArgument if the
   // index is past this data's epoch (another data set) or the epoch is not 0 for synthetic data.
   absl::Status Restore(const DataPosition& position);
+
+  // The data file as Create found it; nullopt for synthetic data.
+  std::optional<DataFileStamp> file_stamp() const;
+  // OK when `recorded` (a checkpoint's record of its data file; nullopt when it has none, as
+  // checkpoints written before the record have not) matches this loader's file in size and
+  // modification time; else FailedPrecondition naming the file, both sizes and times, and what
+  // to do about it.
+  absl::Status CheckSameFile(const std::optional<DataFileStamp>& recorded) const;
 
   // The held-out windows from the start, split over ranks like the training batches.
   EvalIterator Eval() const;
@@ -151,8 +176,9 @@ class EvalIterator {
   int64_t num_batches() const { return num_batches_; }
   // This rank's share of the next global eval batch, (rows, window) i32. Full batches give
   // every rank batch_size / world_size rows; the last may be short, and its windows are split as
-  // evenly as possible, so a rank can get 0 rows. nullopt after the last batch.
-  std::optional<Tensor> Next();
+  // evenly as possible, so a rank can get 0 rows. nullopt after the last batch. Fails as
+  // DataLoader::Next does.
+  absl::StatusOr<std::optional<Tensor>> Next();
 
  private:
   friend class DataLoader;

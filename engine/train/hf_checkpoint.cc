@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "engine/backend/exec_context.h"
+#include "engine/core/json.h"
 #include "engine/core/status.h"
 #include "engine/model/transformer.h"
 #include "engine/ops/elementwise/elementwise.h"
@@ -42,15 +43,11 @@ constexpr size_t kNamesListed = 5;
 constexpr int64_t kMaxConfigBytes = int64_t{1} << 20;
 constexpr int64_t kMaxIndexBytes = int64_t{16} << 20;
 
-// `name` in `dir` (OpenInputFile, at most `max_bytes`), parsed.
+// `name` in `dir` (OpenInputFile, at most `max_bytes`), parsed with its nesting bounded.
 absl::StatusOr<Json> ReadJsonFile(const fs::path& dir, const std::string& name, int64_t max_bytes) {
   MOETRAIN_ASSIGN_OR_RETURN(const InputFile file, OpenInputFile(dir.string(), name, max_bytes));
   MOETRAIN_ASSIGN_OR_RETURN(const std::string text, file.ReadAll());
-  try {
-    return Json::parse(text);
-  } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(file.path(), " is not valid JSON: ", e.what()));
-  }
+  return ParseJson(text, file.path());
 }
 
 std::string JsonText(const Json& json) { return json.dump(2) + "\n"; }

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/core/json.h"
 #include "engine/core/status.h"
 #include "engine/train/model_config_json.h"
 
@@ -22,7 +23,7 @@ absl::Status Expect(const Json& json, const char* key, const Json& expected, con
   auto it = json.find(key);
   if (it == json.end() || *it == expected) return absl::OkStatus();
   return absl::InvalidArgumentError(
-      absl::StrCat("config.json: ", key, " = ", it->dump(), " is not supported: ", why));
+      absl::StrCat("config.json: ", key, " = ", JsonExcerpt(*it), " is not supported: ", why));
 }
 
 }  // namespace
@@ -141,7 +142,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromHuggingFace(const Json& json, int64_t
   MOETRAIN_RETURN_IF_ERROR(ReadKey(json, "architectures", &architectures));
   if (architectures.size() != 1 || architectures[0] != kDeepseekV3Architecture) {
     return absl::InvalidArgumentError(
-        absl::StrCat("config.json: architectures = ", json["architectures"].dump(),
+        absl::StrCat("config.json: architectures = ", JsonExcerpt(json["architectures"]),
                      " is not supported; moetrain imports [\"", kDeepseekV3Architecture,
                      "\"] and its own exports"));
   }

@@ -234,4 +234,10 @@ absl::StatusOr<ModelConfig> ModelConfigFromJson(const nlohmann::json& json) {
   return c;
 }
 
+absl::StatusOr<ModelConfig> ManifestModelConfig(const nlohmann::json& manifest) {
+  const auto it = manifest.find("model_config");
+  if (it == manifest.end()) return ModelConfigFromJson(nlohmann::json());
+  return ModelConfigFromJson(*it);
+}
+
 }  // namespace moetrain

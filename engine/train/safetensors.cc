@@ -14,6 +14,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "engine/core/json.h"
 #include "engine/core/sha256.h"
 #include "engine/core/status.h"
 #include "nlohmann/json.hpp"
@@ -319,12 +320,12 @@ absl::StatusOr<uint64_t> NonNegativeInteger(const nlohmann::json& value, std::st
     if (v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return v;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat(ToAbsl(what), " must be a non-negative integer, got ", value.dump()));
+      absl::StrCat(ToAbsl(what), " must be a non-negative integer, got ", JsonExcerpt(value)));
 }
 
 absl::StatusOr<Entry> ParseEntry(const std::string& name, const nlohmann::json& value) {
   if (!value.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat("expected an object, got ", value.dump()));
+    return absl::InvalidArgumentError(absl::StrCat("expected an object, got ", JsonExcerpt(value)));
   }
   Entry entry{name, DType::kF32, {}, 0, 0};
   const auto dtype = value.find("dtype");
@@ -338,7 +339,7 @@ absl::StatusOr<Entry> ParseEntry(const std::string& name, const nlohmann::json& 
     return absl::InvalidArgumentError("missing \"shape\" array");
   }
   if (shape->size() > static_cast<size_t>(kMaxRank)) {
-    return absl::InvalidArgumentError(absl::StrCat("shape ", shape->dump(), " has rank ",
+    return absl::InvalidArgumentError(absl::StrCat("shape ", JsonExcerpt(*shape), " has rank ",
                                                    shape->size(), ", more than ", kMaxRank));
   }
   // Overflow-checked: a corrupt extent must not wrap into a small, plausible size. The nonzero
@@ -360,7 +361,7 @@ absl::StatusOr<Entry> ParseEntry(const std::string& name, const nlohmann::json& 
     }
   }
   if (overflow) {
-    return absl::InvalidArgumentError(absl::StrCat("shape ", shape->dump(), " is too large"));
+    return absl::InvalidArgumentError(absl::StrCat("shape ", JsonExcerpt(*shape), " is too large"));
   }
 
   const auto offsets = value.find("data_offsets");
@@ -371,12 +372,13 @@ absl::StatusOr<Entry> ParseEntry(const std::string& name, const nlohmann::json& 
   MOETRAIN_ASSIGN_OR_RETURN(entry.end, NonNegativeInteger((*offsets)[1], "data_offsets end"));
   if (entry.end < entry.begin) {
     return absl::InvalidArgumentError(
-        absl::StrCat("data_offsets ", offsets->dump(), ": end is before begin"));
+        absl::StrCat("data_offsets ", JsonExcerpt(*offsets), ": end is before begin"));
   }
   if (entry.end - entry.begin != bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "shape ", shape->dump(), " ", ToAbsl(dtype->get_ref<const std::string&>()), " needs ",
-        bytes, " bytes, but data_offsets ", offsets->dump(), " span ", entry.end - entry.begin));
+        "shape ", JsonExcerpt(*shape), " ", ToAbsl(dtype->get_ref<const std::string&>()), " needs ",
+        bytes, " bytes, but data_offsets ", JsonExcerpt(*offsets), " span ",
+        entry.end - entry.begin));
   }
   return entry;
 }
@@ -443,15 +445,9 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(int fd, const std::string& path)
   }
   std::string header_text(header_length, '\0');
   MOETRAIN_RETURN_IF_ERROR(ReadFileAt(fd, path, header_text.data(), header_text.size(), 8));
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(header_text);
-  } catch (const nlohmann::json::parse_error& e) {
-    return invalid(absl::StrCat("the header is not valid JSON (at byte ", e.byte, ")"));
-  } catch (const nlohmann::json::exception&) {
-    // A number beyond a double's range is out_of_range, thrown apart from parse errors.
-    return invalid("the header is not valid JSON (a number is out of range)");
-  }
+  absl::StatusOr<nlohmann::json> parsed = ParseJson(header_text, "the header");
+  if (!parsed.ok()) return invalid(std::string(parsed.status().message()));
+  const nlohmann::json header = *std::move(parsed);
   if (!header.is_object()) return invalid("the header is not a JSON object");
 
   SafetensorsFile file;
@@ -462,7 +458,8 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(int fd, const std::string& path)
       if (!value.is_object()) return invalid("\"__metadata__\" is not an object");
       for (const auto& [key, text] : value.items()) {
         if (!text.is_string()) {
-          return invalid(absl::StrCat("metadata \"", key, "\" is not a string: ", text.dump()));
+          return invalid(
+              absl::StrCat("metadata \"", key, "\" is not a string: ", JsonExcerpt(text)));
         }
         file.metadata_[key] = text.get<std::string>();
       }

@@ -1,14 +1,15 @@
 #include "engine/train/token_file.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -60,52 +61,25 @@ absl::string_view FormatName(TokenFileFormat format) {
   return "token file";
 }
 
+// Tokens Open checks per Read while it scans the file: a 1 MiB buffer at most.
+constexpr int64_t kScanTokens = int64_t{1} << 18;
+// One pread moves at most this much (Linux caps a call near 2 GiB anyway).
+constexpr int64_t kMaxReadBytes = int64_t{1} << 30;
+
 }  // namespace
 
-// The whole file, mapped read-only (pages come in on demand, so a large shard costs address
-// space, not memory). An empty file has no mapping.
-class TokenFile::Mapping {
+// The open file; closed when the last TokenFile that reads it goes.
+class TokenFile::Descriptor {
  public:
-  static absl::StatusOr<std::shared_ptr<const Mapping>> Map(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      const int error = errno;
-      if (error == ENOENT) return absl::NotFoundError(absl::StrCat(Where(path), "no such file"));
-      return FromErrno(error, path, "open");
-    }
-    auto mapping = std::shared_ptr<Mapping>(new Mapping);
-    absl::Status status = mapping->MapFd(fd, path);
-    ::close(fd);
-    MOETRAIN_RETURN_IF_ERROR(status);
-    return std::shared_ptr<const Mapping>(std::move(mapping));
-  }
+  explicit Descriptor(int fd) : fd_(fd) {}
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+  ~Descriptor() { ::close(fd_); }
 
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-  ~Mapping() {
-    if (data_ != nullptr) ::munmap(data_, static_cast<size_t>(size_));
-  }
-
-  const unsigned char* data() const { return static_cast<const unsigned char*>(data_); }
-  int64_t size() const { return size_; }
+  int fd() const { return fd_; }
 
  private:
-  Mapping() = default;
-
-  absl::Status MapFd(int fd, const std::string& path) {
-    struct stat info;
-    if (::fstat(fd, &info) != 0) return FromErrno(errno, path, "fstat");
-    if (!S_ISREG(info.st_mode)) return Invalid(path, "is not a regular file");
-    size_ = static_cast<int64_t>(info.st_size);
-    if (size_ == 0) return absl::OkStatus();
-    void* data = ::mmap(nullptr, static_cast<size_t>(size_), PROT_READ, MAP_PRIVATE, fd, 0);
-    if (data == MAP_FAILED) return FromErrno(errno, path, "mmap");
-    data_ = data;
-    return absl::OkStatus();
-  }
-
-  void* data_ = nullptr;
-  int64_t size_ = 0;
+  const int fd_;
 };
 
 absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path, TokenFileFormat format,
@@ -113,9 +87,21 @@ absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path, TokenFileForm
   TokenFile file;
   file.path_ = path;
   file.format_ = format;
-  MOETRAIN_ASSIGN_OR_RETURN(file.mapping_, Mapping::Map(path));
-  const unsigned char* bytes = file.mapping_->data();
-  const int64_t size = file.mapping_->size();
+  file.vocab_size_ = vocab_size;
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int error = errno;
+    if (error == ENOENT) return absl::NotFoundError(absl::StrCat(Where(path), "no such file"));
+    return FromErrno(error, path, "open");
+  }
+  file.file_ = std::make_shared<const Descriptor>(fd);
+  struct stat info;
+  if (::fstat(fd, &info) != 0) return FromErrno(errno, path, "fstat");
+  if (!S_ISREG(info.st_mode)) return Invalid(path, "is not a regular file");
+  const int64_t size = static_cast<int64_t>(info.st_size);
+  file.file_bytes_ = size;
+  file.mtime_ns_ = int64_t{info.st_mtim.tv_sec} * 1'000'000'000 + info.st_mtim.tv_nsec;
 
   switch (format) {
     case TokenFileFormat::kLlmc: {
@@ -123,6 +109,8 @@ absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path, TokenFileForm
         return Invalid(path, absl::StrCat("has ", size, " bytes, fewer than the ", kLlmcHeaderBytes,
                                           "-byte llm.c header"));
       }
+      unsigned char bytes[12];
+      MOETRAIN_RETURN_IF_ERROR(file.ReadBytes(0, sizeof(bytes), bytes));
       const int32_t magic = LoadI32(bytes);
       const int32_t version = LoadI32(bytes + 4);
       const int32_t declared = LoadI32(bytes + 8);
@@ -188,8 +176,6 @@ absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path, TokenFileForm
       return Invalid(
           path, absl::StrCat("format ", static_cast<int>(format), " is not a token file format"));
   }
-  file.tokens_ = bytes == nullptr ? nullptr : bytes + file.data_offset_;
-
   if (file.num_tokens_ < min_tokens) {
     return Invalid(path,
                    absl::StrCat(FormatName(format), " has ", file.num_tokens_,
@@ -199,34 +185,59 @@ absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path, TokenFileForm
   // the vocabulary covers all of them. Read returns int32, so uint32 tokens stop below 2^31
   // whatever the vocabulary.
   const int64_t token_limit = std::min(vocab_size, int64_t{1} << 31);
+  file.token_limit_ = token_limit < 0 ? 0 : static_cast<uint32_t>(token_limit);
   if (file.token_bytes_ > 1 && token_limit < (int64_t{1} << (8 * file.token_bytes_))) {
-    const uint32_t limit = token_limit < 0 ? 0 : static_cast<uint32_t>(token_limit);
-    for (int64_t i = 0; i < file.num_tokens_; ++i) {
-      const uint32_t token = LoadToken(file.tokens_ + file.token_bytes_ * i, file.token_bytes_);
-      if (token >= limit) {
-        return Invalid(path,
-                       absl::StrCat("token ", token, " at byte offset ", file.ByteOffset(i),
-                                    token >= vocab_size
-                                        ? absl::StrCat(" is >= model.vocab_size = ", vocab_size)
-                                        : std::string(" is >= 2^31, above any token id")));
-      }
+    std::vector<int32_t> scratch(static_cast<size_t>(std::min(file.num_tokens_, kScanTokens)));
+    for (int64_t begin = 0; begin < file.num_tokens_; begin += kScanTokens) {
+      MOETRAIN_RETURN_IF_ERROR(
+          file.Read(begin, std::min(kScanTokens, file.num_tokens_ - begin), scratch.data()));
     }
   }
   return file;
 }
 
-void TokenFile::Read(int64_t begin, int64_t count, int32_t* out) const {
-  if (token_bytes_ == 1) {
-    for (int64_t j = 0; j < count; ++j) out[j] = tokens_[begin + j];
-    return;
+absl::Status TokenFile::ReadBytes(int64_t offset, int64_t bytes, void* out) const {
+  auto* p = static_cast<unsigned char*>(out);
+  for (int64_t done = 0; done < bytes;) {
+    const ssize_t n =
+        ::pread(file_->fd(), p + done, std::min(bytes - done, kMaxReadBytes), offset + done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return FromErrno(errno, path_, "pread");
+    if (n == 0) {
+      struct stat info;
+      const int64_t now = ::fstat(file_->fd(), &info) == 0 ? int64_t{info.st_size} : -1;
+      return absl::FailedPreconditionError(absl::StrCat(
+          Where(path_), "byte offset ", offset + done, " is past the end of the file, which has ",
+          now, " bytes now and had ", file_bytes_,
+          " when it was opened: it was truncated or rewritten while in use. Restore the file, or "
+          "train on the new data in a new job"));
+    }
+    done += n;
   }
-  const unsigned char* p = tokens_ + token_bytes_ * begin;
-  if (token_bytes_ == 2) {
-    for (int64_t j = 0; j < count; ++j) out[j] = static_cast<int32_t>(LoadU16(p + 2 * j));
-    return;
+  return absl::OkStatus();
+}
+
+absl::Status TokenFile::Read(int64_t begin, int64_t count, int32_t* out) const {
+  // The raw tokens go into the first count·token_bytes bytes of `out` and are widened in place
+  // from the last: token j's 4 bytes overwrite only raw tokens >= j, which are read already.
+  auto* raw = reinterpret_cast<unsigned char*>(out);
+  MOETRAIN_RETURN_IF_ERROR(ReadBytes(ByteOffset(begin), count * token_bytes_, raw));
+  int64_t first_bad = -1;  // the first token out of range, as Open reports it
+  uint32_t bad_token = 0;
+  for (int64_t j = count - 1; j >= 0; --j) {
+    const uint32_t token = LoadToken(raw + token_bytes_ * j, token_bytes_);
+    if (token >= token_limit_) {
+      first_bad = j;
+      bad_token = token;
+    }
+    out[j] = static_cast<int32_t>(token);
   }
-  // Open checked every uint32 token is below 2^31.
-  for (int64_t j = 0; j < count; ++j) out[j] = static_cast<int32_t>(LoadU32(p + 4 * j));
+  if (first_bad < 0) return absl::OkStatus();
+  return Invalid(
+      path_, absl::StrCat("token ", bad_token, " at byte offset ", ByteOffset(begin + first_bad),
+                          bad_token >= vocab_size_
+                              ? absl::StrCat(" is >= model.vocab_size = ", vocab_size_)
+                              : std::string(" is >= 2^31, above any token id")));
 }
 
 }  // namespace moetrain

@@ -1,4 +1,6 @@
-// Token files on disk, mapped read-only and validated once when opened.
+// Token files on disk, validated once when opened, then read with pread as the loader needs them.
+// They are not memory-mapped: a file truncated or rewritten while a job reads it must be an error
+// naming the file, not a SIGBUS that kills the process.
 //
 // Formats (every integer little-endian):
 //   llm.c shard: 256 int32 header (header[0] = 20240520 magic, header[1] = version, header[2] =
@@ -34,10 +36,11 @@ enum class TokenFileFormat { kLlmc, kU16, kU32, kText };
 
 class TokenFile {
  public:
-  // Maps `path` read-only and checks it: the header (llm.c), the byte count against the format,
-  // every token < vocab_size (the model's vocabulary, reported as model.vocab_size) and < 2^31
-  // (Read's int32), and at least min_tokens tokens. NotFound for a missing file; InvalidArgument
-  // for a malformed one, naming the path, the byte offset where one applies, and what is wrong:
+  // Opens `path` read-only and checks it: a regular file, the header (llm.c), the byte count
+  // against the format, every token < vocab_size (the model's vocabulary, reported as
+  // model.vocab_size) and < 2^31 (Read's int32), and at least min_tokens tokens. NotFound for a
+  // missing file; InvalidArgument for a malformed one, naming the path, the byte offset where one
+  // applies, and what is wrong:
   // "data.path /x/a.bin: token 70000 at byte offset 1052 is >= model.vocab_size = 50257".
   static absl::StatusOr<TokenFile> Open(const std::string& path, TokenFileFormat format,
                                         int64_t vocab_size, int64_t min_tokens);
@@ -49,22 +52,37 @@ class TokenFile {
   int64_t token_bytes() const { return token_bytes_; }
   // Where token i starts in the file (after the header for llm.c).
   int64_t ByteOffset(int64_t i) const { return data_offset_ + i * token_bytes_; }
+  // The file's size and modification time (st_mtim, in nanoseconds since the Unix epoch) when Open
+  // checked it: what a checkpoint records of the data it was trained on.
+  int64_t file_bytes() const { return file_bytes_; }
+  int64_t mtime_ns() const { return mtime_ns_; }
 
   // out[j] = token begin + j for j < count. Needs 0 <= begin <= begin + count <= num_tokens().
-  void Read(int64_t begin, int64_t count, int32_t* out) const;
+  // Reads the file again, with one pread for the whole range (into `out` itself: no other
+  // buffer; more than 1 GiB takes several), and checks each token as Open did. When the file
+  // changed since Open: FailedPrecondition if it is now too short, naming the path, the byte offset
+  // and both sizes; InvalidArgument, as Open's, for a token out of range. Another read error is
+  // Unavailable or as IoError maps it.
+  absl::Status Read(int64_t begin, int64_t count, int32_t* out) const;
 
  private:
-  class Mapping;
+  class Descriptor;
 
   TokenFile() = default;
 
+  // Exactly `bytes` bytes at `offset` into `out`; FailedPrecondition when the file ends first.
+  absl::Status ReadBytes(int64_t offset, int64_t bytes, void* out) const;
+
   std::string path_;
   TokenFileFormat format_ = TokenFileFormat::kU16;
-  std::shared_ptr<const Mapping> mapping_;  // shared: copies of a TokenFile map the file once
-  const unsigned char* tokens_ = nullptr;   // first token byte inside the mapping
+  std::shared_ptr<const Descriptor> file_;  // shared: copies of a TokenFile read one descriptor
   int64_t data_offset_ = 0;                 // bytes before the first token
   int64_t token_bytes_ = 2;                 // 1 (text), 2 (uint16) or 4 (uint32)
   int64_t num_tokens_ = 0;
+  int64_t vocab_size_ = 0;    // model.vocab_size, for the messages
+  uint32_t token_limit_ = 0;  // every token is below it: min(vocab_size, 2^31)
+  int64_t file_bytes_ = 0;
+  int64_t mtime_ns_ = 0;
 };
 
 }  // namespace moetrain

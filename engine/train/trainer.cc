@@ -196,7 +196,8 @@ absl::StatusOr<StepReport> Trainer::TrainStep(StepPhaseSeconds* phases) {
   const int64_t shares = config_.micro_batches() * groups_->world_size();
   StepStats stats(model_->num_moe_layers(), config_.model.moe.num_experts,
                   config_.model.mtp_depth > 0);
-  MOETRAIN_RETURN_IF_ERROR(ForwardBackward(data_->Next(), &stats, phases));
+  MOETRAIN_ASSIGN_OR_RETURN(const Tensor batch, data_->Next());
+  MOETRAIN_RETURN_IF_ERROR(ForwardBackward(batch, &stats, phases));
   // Every rank reports the global step: the sums reach every rank with the same bits, so every
   // rank takes the same branch below.
   const double sums_start = Seconds();
@@ -267,7 +268,7 @@ absl::StatusOr<double> Trainer::Evaluate() {
   // One row of token 0, for a rank whose share of a short batch is empty.
   std::optional<Tensor> placeholder;
   while (config_.eval_batches == 0 || batches < config_.eval_batches) {
-    std::optional<Tensor> batch = eval.Next();
+    MOETRAIN_ASSIGN_OR_RETURN(std::optional<Tensor> batch, eval.Next());
     if (!batch.has_value()) break;
     const int64_t rows = batch->dim(0);
     const int64_t batch_rows = std::min(batch_size, windows - batches * batch_size);

@@ -166,6 +166,25 @@ absl::StatusOr<ParallelConfig> ManifestLayout(const Json& manifest) {
   return config;
 }
 
+// The loader's position, and the file it reads as it found it (none for synthetic data).
+Json DataPositionJson(const DataLoader& data) {
+  Json json = data.position().ToJson();
+  if (const std::optional<DataFileStamp> file = data.file_stamp()) json["file"] = file->ToJson();
+  return json;
+}
+
+// The data file a manifest's data position records; nullopt when it records none (synthetic data,
+// or a checkpoint written before the record). DataLoss when the record is malformed.
+absl::StatusOr<std::optional<DataFileStamp>> RecordedDataFile(const Json& manifest) {
+  const auto position = manifest.find("data_position");
+  if (position == manifest.end() || !position->is_object()) return std::nullopt;
+  const auto file = position->find("file");
+  if (file == position->end()) return std::nullopt;
+  absl::StatusOr<DataFileStamp> stamp = DataFileStamp::FromJson(*file);
+  if (!stamp.ok()) return absl::DataLossError(absl::StrCat("manifest ", stamp.status().message()));
+  return std::optional<DataFileStamp>(*std::move(stamp));
+}
+
 }  // namespace
 
 absl::Status RestoreModelParameters(const LoadedCheckpoint& loaded, Transformer* model) {
@@ -199,7 +218,7 @@ absl::Status RestoreModelParameters(const LoadedCheckpoint& loaded, Transformer*
 
 absl::Status Trainer::InitializeFrom(const std::string& step_dir) {
   MOETRAIN_ASSIGN_OR_RETURN(const Json manifest, LoadCheckpointManifest(step_dir));
-  absl::StatusOr<ModelConfig> theirs = ModelConfigFromJson(manifest.value("model_config", Json()));
+  absl::StatusOr<ModelConfig> theirs = ManifestModelConfig(manifest);
   if (!theirs.ok()) {
     return absl::DataLossError(absl::StrCat(step_dir, ": ", theirs.status().message()));
   }
@@ -276,7 +295,7 @@ CheckpointContents Trainer::CheckpointContentsOfRank() const {
         {"data_parallel", config_.parallel.data_parallel},
         {"expert_parallel", ep},
         {"shards", std::move(shards)}}},
-      {"data_position", data_->position().ToJson()},
+      {"data_position", DataPositionJson(*data_)},
       // The RNG is counter-based: (seed, step, rank, stream) is its whole state.
       {"rng_state", {{"seed", config_.seed}, {"data_seed", config_.data.seed}, {"step", step_}}},
       {"optimizer", {{"step", optimizer_->step()}}},
@@ -497,6 +516,12 @@ absl::Status Trainer::Resume(TrainObserver* observer) {
           dir, " was written by ", layout->DebugString(), " and this job runs ",
           config_.parallel.DebugString(),
           ": a checkpoint resumes only on its own layout (re-sharding is not supported yet)"));
+    } else if (absl::StatusOr<std::optional<DataFileStamp>> file = RecordedDataFile(*manifest);
+               !file.ok()) {
+      damaged = file.status();
+    } else if (absl::Status same = data_->CheckSameFile(*file); !same.ok()) {
+      // Every older step of the job read the same file: no fallback.
+      unusable = absl::FailedPreconditionError(absl::StrCat(dir, ": ", same.message()));
     } else if (absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpoint(dir, read); !loaded.ok()) {
       damaged = loaded.status();
     } else {

@@ -17,10 +17,8 @@ namespace {
 
 void Check(const std::string& step_dir) {
   absl::StatusOr<nlohmann::json> manifest = LoadCheckpointManifest(step_dir);
-  if (!manifest.ok()) {
-    ExpectCode(manifest.status(),
-               {absl::StatusCode::kDataLoss, absl::StatusCode::kFailedPrecondition},
-               "LoadCheckpointManifest");
+  if (Refused(manifest, {absl::StatusCode::kDataLoss, absl::StatusCode::kFailedPrecondition},
+              "LoadCheckpointManifest")) {
     return;
   }
   if (!manifest->is_object()) Fail("an accepted manifest is no object");

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace moetrain::fuzz {
@@ -28,6 +29,16 @@ std::string WriteScratchFile(absl::string_view name, const uint8_t* data, size_t
 // Aborts unless `status` has one of the codes a reader documents for bad input.
 void ExpectCode(const absl::Status& status, std::initializer_list<absl::StatusCode> allowed,
                 absl::string_view reader);
+
+// Whether `result` is a refusal, whose code ExpectCode checked; the caller stops there:
+//   if (Refused(manifest, {absl::StatusCode::kDataLoss}, "LoadCheckpointManifest")) return;
+template <typename T>
+bool Refused(const absl::StatusOr<T>& result, std::initializer_list<absl::StatusCode> allowed,
+             absl::string_view reader) {
+  if (result.ok()) return false;
+  ExpectCode(result.status(), allowed, reader);
+  return true;
+}
 
 }  // namespace moetrain::fuzz
 

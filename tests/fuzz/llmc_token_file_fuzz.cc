@@ -1,7 +1,7 @@
 // The token-file reader (TokenFile::Open, engine/train/token_file.h) on arbitrary file contents,
 // as an llm.c shard first (version 1 or 2), then as raw uint16, raw uint32 and as text. Beyond not
 // crashing: a refusal is InvalidArgument, and an accepted file has the token count its format
-// implies, and every token Read() returns is below the vocabulary.
+// implies, reads whole, and every token Read() returns is below the vocabulary.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -42,7 +42,8 @@ void Check(const std::string& path, size_t size, TokenFileFormat format) {
   std::vector<int32_t> tokens(97);
   for (int64_t begin = 0; begin < n; begin += static_cast<int64_t>(tokens.size())) {
     const int64_t count = std::min<int64_t>(static_cast<int64_t>(tokens.size()), n - begin);
-    file->Read(begin, count, tokens.data());
+    const absl::Status read = file->Read(begin, count, tokens.data());
+    if (!read.ok()) Fail("Read of an unchanged file failed", read);
     for (int64_t j = 0; j < count; ++j) {
       if (tokens[j] < 0 || tokens[j] >= kVocabSize) {
         Fail(absl::StrCat("token ", begin + j, " = ", tokens[j], " is outside the vocabulary"));

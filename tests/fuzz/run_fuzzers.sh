@@ -4,33 +4,37 @@
 # no target crashed, 1 when one did (the reproducer is under BUILD_DIR/artifacts/<name>/), 77 when
 # clang++ or libFuzzer is missing (nothing is built or run).
 #
-#   tests/fuzz/run_fuzzers.sh [--seconds N] [--build-dir DIR] [--build-only | --no-build] [NAME...]
+#   tests/fuzz/run_fuzzers.sh [--seconds N] [--max-len BYTES] [--build-dir DIR]
+#                             [--build-only | --no-build] [NAME...]
 #
-# NAME: job_spec, safetensors, checkpoint_manifest, llmc_token_file (default: all). --seconds:
-# per target (default 60). --build-dir: default build/fuzz. The inputs a run finds that add
-# coverage are kept in BUILD_DIR/corpus/<name>/, so later runs start from them as well as from the
-# seed corpus tests/fuzz/corpus/<name>/. Environment: CXX (default clang++), FUZZ_BUILD_JOBS
-# (default 2), FUZZ_RSS_LIMIT_MB (default 2048).
+# NAME: job_spec, safetensors, checkpoint_manifest, llmc_token_file, model_config (default: all).
+# --seconds: per target (default 60). --max-len: libFuzzer's -max_len, the largest input it makes
+# (default 2097152, 2 MiB: JSON nested 10^6 deep fits). --build-dir: default build/fuzz. The
+# inputs a run finds that add coverage are kept in BUILD_DIR/corpus/<name>/, so later runs start
+# from them as well as from the seed corpus tests/fuzz/corpus/<name>/. Environment: CXX (default
+# clang++), FUZZ_BUILD_JOBS (default 2), FUZZ_RSS_LIMIT_MB (default 2048).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 seconds=60
+max_len=2097152
 build_dir=$root/build/fuzz
 mode=all
 targets=()
 while [ $# -gt 0 ]; do
   case $1 in
     --seconds) seconds=$2; shift 2 ;;
+    --max-len) max_len=$2; shift 2 ;;
     --build-dir) build_dir=$2; shift 2 ;;
     --build-only) mode=build; shift ;;
     --no-build) mode=run; shift ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run_fuzzers.sh: unknown option $1" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
 done
-[ ${#targets[@]} -gt 0 ] || targets=(job_spec safetensors checkpoint_manifest llmc_token_file)
+[ ${#targets[@]} -gt 0 ] || targets=(job_spec safetensors checkpoint_manifest llmc_token_file model_config)
 for t in "${targets[@]}"; do
   [ -f "$here/${t}_fuzz.cc" ] || { echo "run_fuzzers.sh: no fuzz target $t" >&2; exit 2; }
 done
@@ -74,8 +78,9 @@ for t in "${targets[@]}"; do
   # (rerun a reproducer by hand for full stacks); the outer timeout ends a target that hangs past
   # its time inside one input.
   ASAN_OPTIONS=${ASAN_OPTIONS:-malloc_context_size=2} timeout -s KILL $((seconds + 300)) \
-    "$binary" -max_total_time="$seconds" -rss_limit_mb="${FUZZ_RSS_LIMIT_MB:-2048}" -timeout=30 \
-    -print_final_stats=1 -dict="$here/$t.dict" -artifact_prefix="$build_dir/artifacts/$t/" \
+    "$binary" -max_total_time="$seconds" -max_len="$max_len" \
+    -rss_limit_mb="${FUZZ_RSS_LIMIT_MB:-2048}" -timeout=30 -print_final_stats=1 \
+    -dict="$here/$t.dict" -artifact_prefix="$build_dir/artifacts/$t/" \
     "$build_dir/corpus/$t" "$here/corpus/$t" >"$log" 2>&1 || status=$?
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   if [ $status -ne 0 ]; then

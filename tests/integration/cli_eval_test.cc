@@ -212,6 +212,23 @@ TEST_F(EvalTest, ExportedAndReimportedCheckpointEvaluatesTheSame) {
   EXPECT_EQ(missing.exit_code, 2) << missing.err;
 }
 
+// A config.json nested 10^6 deep (2 MB): `moetrain import` printed its architectures in the
+// refusal, recursing once per level, and died of SIGSEGV. Now it exits 2 naming the file.
+TEST_F(EvalTest, DeeplyNestedConfigJsonIsRefusedByImport) {
+  const fs::path hf = dir_ / "deep-hf";
+  fs::create_directories(hf);
+  WriteFile(hf / "config.json", "{\"max_position_embeddings\": 32, \"architectures\": " +
+                                    testutil::NestedJsonArrays(1000000) + "}");
+  const Finished run =
+      Moetrain({"import", "--from-hf", hf.string(), "--out", (dir_ / "out").string()});
+  EXPECT_EQ(run.term_signal, 0);
+  EXPECT_EQ(run.exit_code, 2) << run.err;
+  EXPECT_TRUE(Contains(run.err, (hf / "config.json").string() +
+                                    " nests JSON arrays and objects deeper than 64 levels"))
+      << run.err;
+  EXPECT_FALSE(fs::exists(dir_ / "out"));
+}
+
 // A Hugging Face DeepSeek-V3 directory written here without Python: a config.json of DeepSeek-V3's
 // own keys, bf16 weights in two shards and their index. `moetrain import` then `moetrain eval`
 // give the loss the engine computes for those weights.

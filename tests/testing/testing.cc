@@ -63,4 +63,18 @@ absl::StatusOr<PromtoolResult> PromtoolCheckMetrics(std::string_view exposition)
   return result;
 }
 
+std::string NestedJsonArrays(int64_t depth) {
+  std::string text(static_cast<size_t>(depth), '[');
+  text += '0';
+  text.append(static_cast<size_t>(depth), ']');
+  return text;
+}
+
+void ExitWithError(const absl::Status& status) {
+  const std::string text = status.ToString();
+  std::fprintf(stderr, "%s\n", text.c_str());
+  std::fflush(stderr);
+  _exit(status.ok() ? 1 : 0);
+}
+
 }  // namespace moetrain::testutil

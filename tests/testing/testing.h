@@ -1,9 +1,11 @@
 // What tests across the tree share: assertions on absl::Status and absl::StatusOr that print the
-// status when they fail, a scratch directory that removes itself, and `promtool check metrics`.
+// status when they fail, a scratch directory that removes itself, `promtool check metrics`, and
+// what the death tests of crash fixes need (deeply nested JSON, a child's exit by its status).
 // Every test executable links it (tests/CMakeLists.txt, target moetrain_testing).
 #ifndef MOETRAIN_TESTS_TESTING_TESTING_H_
 #define MOETRAIN_TESTS_TESTING_TESTING_H_
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -57,6 +59,21 @@ T Must(absl::StatusOr<T> result) {
     return T{};
   }
   return *std::move(result);
+}
+
+// JSON text of `depth` arrays, one inside the other, around a 0: "[[[0]]]" for 3. 10^6 of them
+// (2 MB) overflowed the stack of any reader that copied, compared or printed the parsed value.
+std::string NestedJsonArrays(int64_t depth);
+
+// The end of a death test's child for a crash fix: prints `status` to stderr and exits, 0 when it
+// is an error (the clean refusal the test wants), 1 when it is OK. Before the fix the child dies of
+// the signal instead, and the test fails saying which:
+//   EXPECT_EXIT(testutil::ExitWithError(ReadSafetensors(path)), ::testing::ExitedWithCode(0),
+//               "deeper than 64 levels");
+[[noreturn]] void ExitWithError(const absl::Status& status);
+template <typename T>
+[[noreturn]] void ExitWithError(const absl::StatusOr<T>& status_or) {
+  ExitWithError(status_or.status());
 }
 
 }  // namespace moetrain::testutil

@@ -104,7 +104,8 @@ TEST(CalibrationTest, CpuPresetIsTheStoredCalibration) {
 }
 
 TEST(CalibrationTest, BadFilesAreRefusedNamingTheField) {
-  EXPECT_THAT(CheckCalibration("not json").status().message(), HasSubstr("not a JSON object"));
+  EXPECT_THAT(CheckCalibration("not json").status().message(),
+              HasSubstr("calibration file is not valid JSON"));
   EXPECT_THAT(CheckCalibration("{}").status().message(),
               HasSubstr("train_bench.config.vocab_size is missing"));
   EXPECT_THAT(CheckCalibration(WithNumber({"calibrate_bench", "efficiency", "attention"}, -1))
@@ -120,6 +121,18 @@ TEST(CalibrationTest, BadFilesAreRefusedNamingTheField) {
                   .message(),
               HasSubstr("dispatch_bench.4.link.latency_s = -0.001 is not a number ≥ 0"));
   EXPECT_OK(CheckCalibration(WithNumber({"dispatch_bench", "4", "link", "latency_s"}, 0)).status());
+}
+
+// A figure nested 10^6 deep (2 MB): quoting it in the refusal recursed once per level and
+// overflowed the stack (SIGSEGV). Now the file is refused as it is parsed; in a child process, so
+// that the old crash fails only this test.
+TEST(CalibrationTest, DeeplyNestedFileIsRefusedNotACrash) {
+  nlohmann::json json = nlohmann::json::parse(StoredCalibration());
+  json["calibrate_bench"]["efficiency"]["attention"] = "DEEP";
+  std::string text = json.dump();
+  text.replace(text.find("\"DEEP\""), 6, testutil::NestedJsonArrays(1000000));
+  EXPECT_EXIT(testutil::ExitWithError(CheckCalibration(text)), ::testing::ExitedWithCode(0),
+              "calibration file nests JSON arrays and objects deeper than 64 levels");
 }
 
 }  // namespace

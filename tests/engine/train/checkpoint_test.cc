@@ -223,6 +223,49 @@ TEST_F(CheckpointTest, CorruptManifestFallsBack) {
       "step-00000200: manifest.json is not valid JSON");
 }
 
+// A files entry that is malformed and holds a member nested 10^6 deep (2 MB): quoting the entry in
+// the error recursed once per level and overflowed the stack (SIGSEGV), in every reader of the
+// step. In a child process, so that the old crash fails only this test.
+TEST_F(CheckpointTest, DeeplyNestedManifestIsDamageNotACrash) {
+  Write(100);
+  const fs::path step200 = Write(200);
+  Json manifest = Json::parse(ReadBytes(step200 / "manifest.json"));
+  manifest["files"][0]["name"] = "../elsewhere";
+  std::string text = manifest.dump();
+  const std::string name = "\"name\":\"../elsewhere\"";
+  ASSERT_NE(text.find(name), std::string::npos) << text;
+  text.insert(text.find(name) + name.size(), ",\"deep\":" + testutil::NestedJsonArrays(1000000));
+  WriteBytes(step200 / "manifest.json", text);
+  const std::string refusal = "manifest.json nests JSON arrays and objects deeper than 64 levels";
+  EXPECT_EXIT(testutil::ExitWithError(LoadCheckpointManifest(step200.string())),
+              ::testing::ExitedWithCode(0), refusal);
+  if (HasFailure()) return;  // the old code would crash the test process below
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(root_.string());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step, 100);
+  ASSERT_EQ(loaded->warnings.size(), 1u);
+  EXPECT_EQ(loaded->warnings[0], "step-00000200: " + refusal);
+}
+
+// config.json is parsed with the same bound when a step is loaded.
+TEST_F(CheckpointTest, DeeplyNestedConfigJsonFallsBack) {
+  ExpectFallbackTo100(
+      [](const fs::path& step) {
+        const fs::path config = step / "config.json";
+        WriteBytes(config, "{\"architectures\": " + testutil::NestedJsonArrays(1000000) + "}");
+        const FileDigest digest = *DigestFile(config.string());
+        Json manifest = Json::parse(ReadBytes(step / "manifest.json"));
+        for (Json& entry : manifest["files"]) {
+          if (entry["name"] == "config.json") {
+            entry["bytes"] = digest.bytes;
+            entry["sha256"] = digest.sha256;
+          }
+        }
+        WriteBytes(step / "manifest.json", manifest.dump());
+      },
+      "step-00000200: config.json nests JSON arrays and objects deeper than 64 levels");
+}
+
 TEST_F(CheckpointTest, ManifestOfAnotherVersionFallsBack) {
   ExpectFallbackTo100(
       [](const fs::path& step) {

@@ -1,5 +1,7 @@
 #include "engine/train/data.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -18,6 +20,8 @@
 
 namespace moetrain {
 namespace {
+
+using testutil::Must;
 
 // The position-coded file: token i is i, so a row's first token says where its window starts.
 // S = 7 (windows of 8 tokens); 810 tokens with eval_fraction 0.1 hold out floor(81) tokens:
@@ -236,7 +240,7 @@ TEST_F(DataTest, EachEpochVisitsEveryTrainingWindowOnce) {
   // 91 windows in batches of 6: batch 15 holds the last window of epoch 0 and 5 of epoch 1.
   std::vector<int64_t> order;
   for (int b = 0; b < 46; ++b) {  // 276 places: three whole epochs and 3 more
-    const Tensor batch = loader.Next();
+    const Tensor batch = Must(loader.Next());
     ASSERT_EQ(batch.dim(0), 6);
     for (int64_t id : TrainWindowIds(batch)) order.push_back(id);
     if (b == 14) {
@@ -272,10 +276,10 @@ TEST_F(DataTest, SameSeedSameBatchesOtherSeedOthers) {
   DataLoader other = MustCreate(other_config);
   std::vector<int64_t> from_a, from_other;
   for (int step = 0; step < 20; ++step) {
-    const std::vector<int64_t> ids = TrainWindowIds(a.Next());
-    EXPECT_EQ(ids, TrainWindowIds(b.Next())) << "step " << step;
+    const std::vector<int64_t> ids = TrainWindowIds(Must(a.Next()));
+    EXPECT_EQ(ids, TrainWindowIds(Must(b.Next()))) << "step " << step;
     from_a.insert(from_a.end(), ids.begin(), ids.end());
-    const std::vector<int64_t> other_ids = TrainWindowIds(other.Next());
+    const std::vector<int64_t> other_ids = TrainWindowIds(Must(other.Next()));
     from_other.insert(from_other.end(), other_ids.begin(), other_ids.end());
   }
   EXPECT_NE(from_a, from_other);
@@ -285,12 +289,12 @@ TEST_F(DataTest, RestoreContinuesWithTheSameBatches) {
   const DataConfig config = FileConfig();
   DataLoader reference = MustCreate(config);
   std::vector<std::vector<std::vector<int32_t>>> batches;
-  for (int step = 0; step < 40; ++step) batches.push_back(Rows(reference.Next()));
+  for (int step = 0; step < 40; ++step) batches.push_back(Rows(Must(reference.Next())));
   // Mid-epoch, just before a batch that spans the epoch boundary, right after it, at the next
   // boundary's neighbourhood.
   for (int resume_at : {0, 3, 15, 16, 30, 31}) {
     DataLoader first = MustCreate(config);
-    for (int step = 0; step < resume_at; ++step) first.Next();
+    for (int step = 0; step < resume_at; ++step) Must(first.Next());
     const std::string saved = first.position().ToJson().dump();
     absl::StatusOr<DataPosition> position = DataPosition::FromJson(nlohmann::json::parse(saved));
     ASSERT_TRUE(position.ok()) << position.status();
@@ -298,7 +302,7 @@ TEST_F(DataTest, RestoreContinuesWithTheSameBatches) {
     DataLoader resumed = MustCreate(config);
     ASSERT_TRUE(resumed.Restore(*position).ok());
     for (int step = resume_at; step < 40; ++step) {
-      ASSERT_EQ(Rows(resumed.Next()), batches[step])
+      ASSERT_EQ(Rows(Must(resumed.Next())), batches[step])
           << "resumed at " << resume_at << ", step " << step;
     }
     EXPECT_EQ(resumed.position(), reference.position());
@@ -328,14 +332,14 @@ TEST_F(DataTest, RankSlicesAreDisjointAndMakeUpTheGlobalBatch) {
         std::set<int64_t> ids;
         for (DataLoader& rank : ranks) {
           EXPECT_EQ(rank.local_batch_size(), batch_size / world_size);
-          const Tensor slice = rank.Next();
+          const Tensor slice = Must(rank.Next());
           ASSERT_EQ(slice.dim(0), batch_size / world_size);
           for (int64_t id : TrainWindowIds(slice)) ids.insert(id);
           for (auto& row : Rows(slice)) joined.push_back(row);
         }
         EXPECT_EQ(ids.size(), static_cast<size_t>(batch_size))
             << "W " << world_size << " step " << step;
-        ASSERT_EQ(joined, Rows(reference.Next())) << "W " << world_size << " step " << step;
+        ASSERT_EQ(joined, Rows(Must(reference.Next()))) << "W " << world_size << " step " << step;
         for (DataLoader& rank : ranks) EXPECT_EQ(rank.position(), reference.position());
       }
     }
@@ -347,11 +351,11 @@ TEST_F(DataTest, EvalCoversTheHeldOutWindowsFromTheStart) {
   std::vector<std::vector<std::vector<int32_t>>> global;  // per batch, W = 1
   {
     DataLoader loader = MustCreate(config);
-    for (int step = 0; step < 3; ++step) loader.Next();  // eval does not depend on training
+    for (int step = 0; step < 3; ++step) Must(loader.Next());  // eval does not depend on training
     EvalIterator eval = loader.Eval();
     EXPECT_EQ(eval.num_batches(), 2);  // 10 windows: 6 + 4
     int64_t next_window = 0;
-    while (std::optional<Tensor> batch = eval.Next()) {
+    while (std::optional<Tensor> batch = Must(eval.Next())) {
       for (const auto& row : Rows(*batch)) {
         EXPECT_EQ(row[0], kEvalBegin + next_window * kWindow);
         for (int64_t c = 1; c < kWindow; ++c) EXPECT_EQ(row[c], row[0] + c);
@@ -360,9 +364,9 @@ TEST_F(DataTest, EvalCoversTheHeldOutWindowsFromTheStart) {
       global.push_back(Rows(*batch));
     }
     EXPECT_EQ(next_window, kEvalWindows);
-    EXPECT_FALSE(eval.Next().has_value());
+    EXPECT_FALSE(Must(eval.Next()).has_value());
     // A fresh iterator starts over.
-    EXPECT_EQ(Rows(*loader.Eval().Next()), global[0]);
+    EXPECT_EQ(Rows(*Must(loader.Eval().Next())), global[0]);
   }
   ASSERT_EQ(global.size(), 2u);
   // Every eval token is past every training token: windows [0, 91) end at token 728 < 729.
@@ -377,7 +381,7 @@ TEST_F(DataTest, EvalCoversTheHeldOutWindowsFromTheStart) {
     for (size_t b = 0; b < global.size(); ++b) {
       std::vector<std::vector<int32_t>> joined;
       for (int r = 0; r < world_size; ++r) {
-        std::optional<Tensor> slice = evals[r].Next();
+        std::optional<Tensor> slice = Must(evals[r].Next());
         ASSERT_TRUE(slice.has_value());
         // The short last batch (4 windows) splits 2 + 2 over two ranks, 1 + 1 + 2 over three.
         if (b == 1 && world_size == 3) {
@@ -387,7 +391,7 @@ TEST_F(DataTest, EvalCoversTheHeldOutWindowsFromTheStart) {
       }
       EXPECT_EQ(joined, global[b]) << "W " << world_size << " batch " << b;
     }
-    for (EvalIterator& eval : evals) EXPECT_FALSE(eval.Next().has_value());
+    for (EvalIterator& eval : evals) EXPECT_FALSE(Must(eval.Next()).has_value());
   }
 
   DataConfig no_eval = config;
@@ -396,7 +400,7 @@ TEST_F(DataTest, EvalCoversTheHeldOutWindowsFromTheStart) {
   EXPECT_EQ(loader.windows_per_epoch(), kTokens / kWindow);
   EvalIterator eval = loader.Eval();
   EXPECT_EQ(eval.num_batches(), 0);
-  EXPECT_FALSE(eval.Next().has_value());
+  EXPECT_FALSE(Must(eval.Next()).has_value());
 }
 
 TEST_F(DataTest, ReadsLlmcShardsAndText) {
@@ -406,7 +410,9 @@ TEST_F(DataTest, ReadsLlmcShardsAndText) {
   DataLoader from_llmc = MustCreate(llmc);
   DataLoader from_u16 = MustCreate(FileConfig());
   EXPECT_EQ(from_llmc.windows_per_epoch(), kTrainWindows);
-  for (int step = 0; step < 5; ++step) EXPECT_EQ(Rows(from_llmc.Next()), Rows(from_u16.Next()));
+  for (int step = 0; step < 5; ++step) {
+    EXPECT_EQ(Rows(Must(from_llmc.Next())), Rows(Must(from_u16.Next())));
+  }
 
   // Text: bytes are tokens, UTF-8 or not.
   std::string text = "Grüße, 世界! ";
@@ -429,7 +435,7 @@ TEST_F(DataTest, ReadsLlmcShardsAndText) {
     expected.insert(window);
   }
   for (int64_t step = 0; step < windows / 4; ++step) {
-    for (auto& row : Rows(loader.Next())) seen.insert(row);
+    for (auto& row : Rows(Must(loader.Next()))) seen.insert(row);
   }
   EXPECT_EQ(seen, expected);
 }
@@ -451,12 +457,12 @@ TEST_F(DataTest, ReadsUint32FilesAboveTheUint16Range) {
   EXPECT_EQ(from_u32.windows_per_epoch(), kTrainWindows);
   EXPECT_EQ(from_u32.num_eval_windows(), kEvalWindows);
   for (int step = 0; step < 5; ++step) {
-    std::vector<std::vector<int32_t>> expected = Rows(from_u16.Next());
+    std::vector<std::vector<int32_t>> expected = Rows(Must(from_u16.Next()));
     for (auto& row : expected) {
       for (int32_t& token : row) token += static_cast<int32_t>(kFirst);
     }
-    EXPECT_EQ(Rows(from_u32.Next()), expected);
-    EXPECT_EQ(Rows(from_llmc.Next()), expected);
+    EXPECT_EQ(Rows(Must(from_u32.Next())), expected);
+    EXPECT_EQ(Rows(Must(from_llmc.Next())), expected);
   }
 
   DataConfig small_vocab = u32;
@@ -479,7 +485,7 @@ TEST_F(DataTest, SyntheticBatchesComeFromTheSourceStreams) {
   EXPECT_LT(source.entropy_rate(), 0.5 * std::log(64.0));
   const int64_t window = config.seq_len + 1;
   for (int step = 0; step < 4; ++step) {
-    const Tensor batch = loader.Next();
+    const Tensor batch = Must(loader.Next());
     ASSERT_EQ(batch.dim(0), 6);
     ASSERT_EQ(batch.dim(1), window);
     for (int64_t r = 0; r < 6; ++r) {
@@ -494,12 +500,12 @@ TEST_F(DataTest, SyntheticBatchesComeFromTheSourceStreams) {
   // Resume far out; ranks split it like file data.
   DataLoader reference = MustCreate(config);
   ASSERT_TRUE(reference.Restore({0, 1000000}).ok());
-  const std::vector<std::vector<int32_t>> global = Rows(reference.Next());
+  const std::vector<std::vector<int32_t>> global = Rows(Must(reference.Next()));
   std::vector<std::vector<int32_t>> joined;
   for (int r = 0; r < 3; ++r) {
     DataLoader rank = MustCreate(config, r, 3);
     ASSERT_TRUE(rank.Restore({0, 1000000}).ok());
-    for (auto& row : Rows(rank.Next())) joined.push_back(row);
+    for (auto& row : Rows(Must(rank.Next()))) joined.push_back(row);
   }
   EXPECT_EQ(joined, global);
   EXPECT_TRUE(MessageHas(reference.Restore({1, 0}), "synthetic data has a single epoch"));
@@ -509,15 +515,15 @@ TEST_F(DataTest, SyntheticBatchesComeFromTheSourceStreams) {
   DataConfig reseeded = config;
   reseeded.seed = 8;
   DataLoader other = MustCreate(reseeded);
-  const std::vector<std::vector<int32_t>> first = Rows(again.Next());
-  EXPECT_EQ(first, Rows(MustCreate(config).Next()));
-  EXPECT_NE(first, Rows(other.Next()));
+  const std::vector<std::vector<int32_t>> first = Rows(Must(again.Next()));
+  EXPECT_EQ(first, Rows(Must(MustCreate(config).Next())));
+  EXPECT_NE(first, Rows(Must(other.Next())));
 
   // Eval: its own stream, synthetic_eval_sequences windows from the start.
   EvalIterator eval = loader.Eval();
   EXPECT_EQ(eval.num_batches(), 4);  // 20 windows: 6 + 6 + 6 + 2
   int64_t windows = 0;
-  while (std::optional<Tensor> batch = eval.Next()) {
+  while (std::optional<Tensor> batch = Must(eval.Next())) {
     for (int64_t r = 0; r < batch->dim(0); ++r, ++windows) {
       std::vector<int32_t> expected(window);
       source.Read(SyntheticSource::Split::kEval, windows * window, window, expected.data());
@@ -525,6 +531,35 @@ TEST_F(DataTest, SyntheticBatchesComeFromTheSourceStreams) {
     }
   }
   EXPECT_EQ(windows, 20);
+}
+
+// What a checkpoint records of the file (size, modification time), and the resume check on it.
+TEST_F(DataTest, FileStampIsComparedBySizeAndModificationTime) {
+  const DataLoader loader = MustCreate(FileConfig());
+  const std::optional<DataFileStamp> stamp = loader.file_stamp();
+  ASSERT_TRUE(stamp.has_value());
+  EXPECT_EQ(stamp->path, u16_path_);
+  EXPECT_EQ(stamp->bytes, 2 * kTokens);
+  struct stat info;
+  ASSERT_EQ(stat(u16_path_.c_str(), &info), 0);
+  EXPECT_EQ(stamp->mtime_ns, int64_t{info.st_mtim.tv_sec} * 1'000'000'000 + info.st_mtim.tv_nsec);
+  EXPECT_EQ(*DataFileStamp::FromJson(stamp->ToJson()), *stamp);
+  EXPECT_OK(loader.CheckSameFile(stamp));
+  EXPECT_OK(loader.CheckSameFile(std::nullopt));  // a checkpoint from before the record
+  DataFileStamp longer = *stamp, touched = *stamp;
+  longer.bytes += 2;
+  touched.mtime_ns -= 1;
+  for (const DataFileStamp& recorded : {longer, touched}) {
+    const absl::Status status = loader.CheckSameFile(recorded);
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(MessageHas(status, "data.path " + u16_path_ + " has changed since the checkpoint"));
+    EXPECT_TRUE(MessageHas(status, "restore the file"));
+  }
+  EXPECT_TRUE(MessageHas(loader.CheckSameFile(longer), "it had 1622 bytes, modified "));
+  EXPECT_EQ(MustCreate(SyntheticConfig()).file_stamp(), std::nullopt);
+  EXPECT_TRUE(
+      MessageHas(DataFileStamp::FromJson(nlohmann::json::parse(R"({"path": "x"})")).status(),
+                 "data position file: missing \"bytes\""));
 }
 
 TEST(DataPositionTest, JsonRoundTripAndErrors) {

@@ -1,19 +1,23 @@
 // Which Hugging Face class config.json names (hf_config.h): each way a model can compute another
 // function than DeepSeek-V3's code is listed, and a config.json of DeepSeek-V3's keys that the
-// engine would compute differently is refused on import.
+// engine would compute differently, or one nested too deep, is refused on import.
 #include "engine/train/hf_config.h"
 
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engine/train/hf_checkpoint.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/engine/model/transformer_test_util.h"
+#include "tests/testing/testing.h"
 
 namespace moetrain {
 namespace {
@@ -160,6 +164,33 @@ TEST(HfConfigTest, IntegerKeysMustBeExactIntegersInRange) {
   moetrain["moetrain_model_config"]["moe"]["num_experts"] = 8.25;
   EXPECT_EQ(ModelConfigFromHuggingFace(moetrain, &seq_len).status().message(),
             "model config: moe.num_experts = 8.25 is not an integer");
+}
+
+// A config.json nested 10^6 deep (2 MB) where import reads it: architectures (printed in the
+// refusal), a key of moetrain_model_config (printed as the wrong type), and architectures beside a
+// good moetrain_model_config (copied by ImportHuggingFace). Each overflowed the stack (SIGSEGV) and
+// took `moetrain import` down; now config.json is refused as it is parsed. In a child process, so
+// that the old crash fails only this test.
+TEST(HfConfigTest, DeeplyNestedConfigJsonIsRefusedOnImport) {
+  const testutil::TempDir dir("hf_config_test");
+  nlohmann::json deepseek_keys = HuggingFaceConfig(DeepseekLike(), 16);
+  deepseek_keys.erase("moetrain_model_config");
+  deepseek_keys["architectures"] = "DEEP";
+  nlohmann::json bad_key = HuggingFaceConfig(DeepseekLike(), 16);
+  bad_key["moetrain_model_config"]["vocab_size"] = "DEEP";
+  nlohmann::json moetrain_export = HuggingFaceConfig(DeepseekLike(), 16);
+  moetrain_export["architectures"] = "DEEP";
+  for (const nlohmann::json& config : {deepseek_keys, bad_key, moetrain_export}) {
+    std::string text = config.dump();
+    text.replace(text.find("\"DEEP\""), 6, testutil::NestedJsonArrays(1000000));
+    const std::filesystem::path hf = dir.path() / "hf";
+    std::filesystem::create_directories(hf);
+    std::ofstream(hf / "config.json", std::ios::trunc) << text;
+    EXPECT_EXIT(testutil::ExitWithError(
+                    ImportHuggingFace(hf.string(), (dir.path() / "out" / "job").string())),
+                ::testing::ExitedWithCode(0),
+                "hf/config.json nests JSON arrays and objects deeper than 64 levels");
+  }
 }
 
 }  // namespace

@@ -319,6 +319,31 @@ TEST_F(SafetensorsTest, RejectsBadJson) {
   ExpectRejected(RawFile("[1, 2]", ""), {"not a JSON object"});
 }
 
+// A header nested 10^6 deep (2 MB, under the 100 MiB header limit) where the reader quotes a value
+// in its error: a tensor entry, a shape extent, a metadata value. Printing it recursed once per
+// level and overflowed the stack (SIGSEGV); in a child process, so that the old crash fails only
+// this test.
+TEST_F(SafetensorsTest, DeeplyNestedHeaderIsRefusedNotACrash) {
+  const std::string deep = testutil::NestedJsonArrays(1000000);
+  const std::vector<std::string> headers = {
+      "{\"w\": " + deep + "}",
+      R"({"w": {"dtype": "F32", "data_offsets": [0, 4], "shape": [)" + deep + "]}}",
+      R"({"__metadata__": {"format": )" + deep + "}}"};
+  for (const std::string& header : headers) {
+    const std::string path = Path("deep.safetensors");
+    WriteBytes(path, RawFile(header, ""));
+    EXPECT_EXIT(testutil::ExitWithError(ReadSafetensors(path)), ::testing::ExitedWithCode(0),
+                "deep.safetensors: the header nests JSON arrays and objects deeper than 64 levels")
+        << header.substr(0, 60);
+  }
+  // Nested within the limit, the values are quoted by their first bytes only.
+  const std::string wide = "[\"" + std::string(1000, 'x') + "\"]";
+  ExpectRejected(
+      RawFile(R"({"w": {"dtype": "F32", "data_offsets": [0, 4], "shape": [)" + wide + "]}}",
+              "xxxx"),
+      {"every extent must be a non-negative integer, got [\"xxx", "... (1004 bytes)"});
+}
+
 TEST_F(SafetensorsTest, RejectsUnknownDType) {
   ExpectRejected(RawFile(R"({"w":{"dtype":"F16","shape":[1],"data_offsets":[0,2]}})", "xx"),
                  {"tensor \"w\"", "unsupported dtype \"F16\""});

@@ -60,7 +60,7 @@ std::vector<uint32_t> Iota(int64_t n, uint32_t modulo = 65536) {
 
 std::vector<int32_t> ReadAll(const TokenFile& file) {
   std::vector<int32_t> out(file.num_tokens());
-  file.Read(0, file.num_tokens(), out.data());
+  EXPECT_OK(file.Read(0, file.num_tokens(), out.data()));
   return out;
 }
 
@@ -89,7 +89,7 @@ TEST_F(TokenFileTest, ReadsLlmcShard) {
   const std::vector<int32_t> read = ReadAll(*file);
   for (int i = 0; i < 1000; ++i) ASSERT_EQ(read[i], static_cast<int32_t>(tokens[i])) << i;
   std::vector<int32_t> middle(5);
-  file->Read(500, 5, middle.data());
+  ASSERT_OK(file->Read(500, 5, middle.data()));
   EXPECT_EQ(middle, (std::vector<int32_t>{500, 501, 502, 503, 504}));
 }
 
@@ -114,7 +114,7 @@ TEST_F(TokenFileTest, ReadsRawU32AboveTheUint16Range) {
   EXPECT_EQ(file->ByteOffset(3), 12);
   EXPECT_EQ(ReadAll(*file), (std::vector<int32_t>{0, 65535, 65536, 100000, 129279, 1, 70000}));
   std::vector<int32_t> middle(3);
-  file->Read(2, 3, middle.data());
+  ASSERT_OK(file->Read(2, 3, middle.data()));
   EXPECT_EQ(middle, (std::vector<int32_t>{65536, 100000, 129279}));
 }
 
@@ -158,7 +158,7 @@ TEST_F(TokenFileTest, TextIsOneTokenPerByteEvenWhenNotUtf8) {
             (std::vector<int32_t>{'h', 0xC3, 0xA9, 'l', 'l', 'o', 0xFF, 0xC3, 0x00, 0x80}));
 }
 
-TEST_F(TokenFileTest, CopiesShareTheMapping) {
+TEST_F(TokenFileTest, CopiesShareTheOpenFile) {
   const std::string path = Write("tokens.u16", U16Bytes(Iota(64)));
   std::optional<TokenFile> copy;
   {
@@ -166,9 +166,9 @@ TEST_F(TokenFileTest, CopiesShareTheMapping) {
     ASSERT_TRUE(file.ok()) << file.status();
     copy = *file;
   }
-  std::filesystem::remove(path);  // the mapping outlives the name, too
+  std::filesystem::remove(path);  // the open file outlives the name, too
   std::vector<int32_t> out(3);
-  copy->Read(61, 3, out.data());
+  ASSERT_OK(copy->Read(61, 3, out.data()));
   EXPECT_EQ(out, (std::vector<int32_t>{61, 62, 63}));
 }
 
@@ -356,6 +356,58 @@ TEST_F(TokenFileTest, VocabularyBoundIsExclusive) {
   file = TokenFile::Open(wide, TokenFileFormat::kU32, 129279, 1);
   EXPECT_TRUE(
       MessageHas(file.status(), "token 129279 at byte offset 4 is >= model.vocab_size = 129279"));
+}
+
+// A token file truncated while a job reads it: the file was memory-mapped, and touching a page past
+// its new end killed the process with SIGBUS (exit 135), whatever the worker was doing. Now each
+// Read is a pread, and the short read is an error naming the file, the offset and both sizes. In a
+// child process first, so that the old crash fails only this test.
+TEST_F(TokenFileTest, TruncatedUnderAReaderIsAnErrorNamingTheFileOffsetAndSize) {
+  const std::string path = Write("truncated.u16", U16Bytes(Iota(32768)));  // 64 KiB, 16 pages
+  absl::StatusOr<TokenFile> file = TokenFile::Open(path, TokenFileFormat::kU16, 65536, 1);
+  ASSERT_OK(file);
+  EXPECT_EQ(file->file_bytes(), 65536);
+  std::vector<int32_t> out(10);
+  const auto truncate_then_read = [&](int64_t new_size, int64_t begin) {
+    std::filesystem::resize_file(path, new_size);
+    return file->Read(begin, static_cast<int64_t>(out.size()), out.data());
+  };
+  EXPECT_EXIT(testutil::ExitWithError(truncate_then_read(0, 20000)), ::testing::ExitedWithCode(0),
+              "byte offset 40000 is past the end of the file, which has 0 bytes now and had 65536 "
+              "when it was opened");
+  if (HasFailure()) return;  // the old code would crash the test process below
+  // Whole again.
+  Write("truncated.u16", U16Bytes(Iota(32768)));
+  ASSERT_OK(file->Read(20000, 10, out.data()));
+  EXPECT_EQ(out[9], 20009);
+  // Cut in the middle of the range read: the message names where the file ends.
+  const absl::Status status = truncate_then_read(40010, 20000);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      status.message(),
+      "data.path " + path +
+          ": byte offset 40010 is past the end of the file, which has 40010 bytes now and had "
+          "65536 when it was opened: it was truncated or rewritten while in use. Restore the "
+          "file, or train on the new data in a new job");
+  ASSERT_OK(file->Read(0, 10, out.data()));  // what is still there reads
+  EXPECT_EQ(out, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+}
+
+// Rewritten in place with a token the model has no embedding for: refused as Open refuses it,
+// never handed to the model.
+TEST_F(TokenFileTest, ATokenRewrittenOutOfRangeIsRefusedByRead) {
+  const std::string path = Write("rewritten.u16", U16Bytes(Iota(100, 50)));
+  absl::StatusOr<TokenFile> file = TokenFile::Open(path, TokenFileFormat::kU16, 50, 1);
+  ASSERT_OK(file);
+  std::vector<uint32_t> tokens = Iota(100, 50);
+  tokens[42] = 60000;
+  tokens[43] = 50;
+  Write("rewritten.u16", U16Bytes(tokens));
+  std::vector<int32_t> out(20);
+  const absl::Status status = file->Read(40, 20, out.data());
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(),
+            "data.path " + path + ": token 60000 at byte offset 84 is >= model.vocab_size = 50");
 }
 
 }  // namespace

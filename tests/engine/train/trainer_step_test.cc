@@ -66,7 +66,7 @@ TEST(TrainerStepTest, TheTrainersStepIsTheStepComposedByHand) {
 
   for (int64_t step = 0; step < config.steps; ++step) {
     SCOPED_TRACE(testing::Message() << "step " << step + 1);
-    const Tensor batch = data->Next();
+    ASSERT_OK_AND_ASSIGN(const Tensor batch, data->Next());
     double loss = 0;
     std::vector<std::vector<int64_t>> counts(layers, std::vector<int64_t>(experts_per_layer, 0));
     for (int64_t m = 0; m < micro_batches; ++m) {
