@@ -43,7 +43,14 @@ int EvalCheckpoint(const EvalOptions& options) {
   if (!checkpoint.ok()) return CommandFailed("eval", checkpoint.status());
   absl::StatusOr<ModelConfig> model_config = ManifestModelConfig(checkpoint->manifest);
   if (!model_config.ok()) return CommandFailed("eval", model_config.status());
-  const int64_t seq_len = checkpoint->hf_config.value("max_position_embeddings", int64_t{0});
+  // Read exactly: config.json is the checkpoint's, whoever wrote it.
+  int64_t seq_len = 0;
+  if (const absl::Status read = ReadJsonKey(checkpoint->hf_config, "config.json: ",
+                                            "max_position_embeddings", &seq_len);
+      !read.ok()) {
+    return CommandFailed("eval", absl::DataLossError(
+                                     absl::StrCat(options.checkpoint, ": ", read.message())));
+  }
   if (seq_len < 1 || seq_len > model_config->max_seq_len) {
     return CommandFailed("eval", absl::DataLossError(absl::StrCat(
                                      options.checkpoint, ": config.json max_position_embeddings = ",

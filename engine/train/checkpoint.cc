@@ -7,13 +7,11 @@
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <random>
-#include <sstream>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
@@ -22,6 +20,7 @@
 #include "engine/core/json.h"
 #include "engine/core/log.h"
 #include "engine/core/status.h"
+#include "engine/train/input_file.h"
 #include "engine/train/safetensors.h"
 
 namespace moetrain {
@@ -73,13 +72,16 @@ absl::StatusOr<std::string> DumpJson(const AnyJson& value, std::string_view what
   }
 }
 
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat("cannot read ", path));
-  return text.str();
+// The most a checkpoint's manifest.json or config.json may hold: a manifest lists 2 files a rank
+// (about 300 KB at 1,024 ranks), a config.json is a few KB.
+constexpr int64_t kMaxCheckpointJsonBytes = int64_t{16} << 20;
+
+// `name` of the step directory `dir`, which must be a regular file there (no link, FIFO or
+// device: a checkpoint can come from anyone, as init_from does) of bounded size.
+absl::StatusOr<std::string> ReadCheckpointJson(const std::string& dir, const char* name) {
+  MOETRAIN_ASSIGN_OR_RETURN(const InputFile file,
+                            OpenInputFile(dir, name, kMaxCheckpointJsonBytes));
+  return file.ReadAll();
 }
 
 // The step directories and the leftovers (.tmp-*, .damaged-*) directly under a root.
@@ -160,8 +162,10 @@ bool IsSha256Hex(const std::string& s) {
 
 // Parses and checks the manifest of `dir`, whose name gives `dir_step` (-1: not a step name).
 absl::StatusOr<Manifest> ReadManifest(const std::string& dir, int64_t dir_step) {
-  absl::StatusOr<std::string> text = ReadWholeFile(Join(dir, kManifestName));
-  if (!text.ok()) return Damaged(absl::StrCat(kManifestName, " is missing or unreadable"));
+  absl::StatusOr<std::string> text = ReadCheckpointJson(dir, kManifestName);
+  if (!text.ok()) {
+    return Damaged(absl::StrCat(kManifestName, " is missing or unreadable: ", text.status().message()));
+  }
   Manifest manifest;
   absl::StatusOr<Json> parsed = ParseJson(*text, kManifestName);
   if (!parsed.ok()) return Damaged(parsed.status().message());
@@ -284,8 +288,9 @@ absl::StatusOr<LoadedCheckpoint> LoadStep(const std::string& dir,
   loaded.step = manifest.step;
   loaded.tokens_seen = manifest.tokens_seen;
   loaded.ranks = options.ranks;
-  MOETRAIN_ASSIGN_OR_RETURN(const std::string config_text, ReadWholeFile(Join(dir, kConfigName)));
-  absl::StatusOr<Json> config = ParseJson(config_text, kConfigName);
+  absl::StatusOr<std::string> config_text = ReadCheckpointJson(dir, kConfigName);
+  if (!config_text.ok()) return Damaged(config_text.status().message());
+  absl::StatusOr<Json> config = ParseJson(*config_text, kConfigName);
   if (!config.ok()) return Damaged(config.status().message());
   loaded.hf_config = *std::move(config);
   for (const std::string& name : model_names) {

@@ -154,14 +154,35 @@ std::vector<int> ModelFileRanks(const Json& manifest) {
 
 // The world layout a manifest records. Format 1 (single-rank) manifests have only world_size.
 absl::StatusOr<ParallelConfig> ManifestLayout(const Json& manifest) {
-  const Json layout = manifest.value("world_layout", Json::object());
+  const auto layout = manifest.find("world_layout");
   ParallelConfig config;
-  try {
-    const int world_size = layout.value("world_size", 1);
-    config.data_parallel = layout.value("data_parallel", world_size);
-    config.expert_parallel = layout.value("expert_parallel", 1);
-  } catch (const Json::exception& e) {
-    return absl::DataLossError(absl::StrCat("manifest world_layout: ", e.what()));
+  if (layout == manifest.end()) return config;
+  if (!layout->is_object()) {
+    return absl::DataLossError(
+        absl::StrCat("manifest world_layout is not an object: ", JsonExcerpt(*layout)));
+  }
+  // Each count read exactly, as a positive int: a manifest's number is no trusted one.
+  auto read = [&](const char* key, int fallback, int* out) -> absl::Status {
+    *out = fallback;
+    if (!layout->contains(key)) return absl::OkStatus();
+    const absl::Status status = ReadJsonKey(*layout, "manifest world_layout.", key, out);
+    if (!status.ok()) return absl::DataLossError(status.message());
+    if (*out < 1) {
+      return absl::DataLossError(
+          absl::StrCat("manifest world_layout.", key, " = ", *out, " is below 1"));
+    }
+    return absl::OkStatus();
+  };
+  int world_size = 1;
+  MOETRAIN_RETURN_IF_ERROR(read("world_size", 1, &world_size));
+  MOETRAIN_RETURN_IF_ERROR(read("data_parallel", world_size, &config.data_parallel));
+  MOETRAIN_RETURN_IF_ERROR(read("expert_parallel", 1, &config.expert_parallel));
+  // No job has more ranks than a spec can ask for (2^20 workers × 1,024 devices).
+  constexpr int64_t kMostRanks = int64_t{1} << 30;
+  if (int64_t{config.data_parallel} * config.expert_parallel > kMostRanks) {
+    return absl::DataLossError(absl::StrCat("manifest world_layout: ", config.data_parallel, " × ",
+                                            config.expert_parallel, " ranks is more than ",
+                                            kMostRanks));
   }
   return config;
 }

@@ -20,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
+#include "engine/core/sha256.h"
 #include "engine/model/transformer.h"
 #include "engine/ops/elementwise/elementwise.h"
 #include "engine/train/safetensors.h"
@@ -157,6 +159,39 @@ TEST_F(EvalTest, CorruptCheckpointFailsNamingTheFile) {
   EXPECT_TRUE(run.out.empty()) << run.out;
 }
 
+// A checkpoint's config.json, rewritten with its manifest's record to match, whose sequence
+// length is no integer: `moetrain eval` read it unchecked, and a string there threw out of main
+// (SIGABRT). Now it is refused naming the key.
+TEST_F(EvalTest, AConfigJsonSequenceLengthThatIsNoIntegerIsRefused) {
+  const fs::path checkpoint = TrainedCheckpoint();
+  ASSERT_TRUE(fs::exists(checkpoint));
+  const std::string data = WriteU16("tokens.u16", Tokens(10 * kSeqLen + 1));
+  for (const json& value : {json("32"), json(32.5)}) {
+    SCOPED_TRACE(value.dump());
+    const fs::path edited = dir_ / "edited" / StepDirName(10);
+    fs::remove_all(edited.parent_path());
+    fs::create_directories(edited.parent_path());
+    fs::copy(checkpoint, edited, fs::copy_options::recursive);
+    json config = json::parse(ReadFile(edited / "config.json"));
+    config["max_position_embeddings"] = value;
+    const std::string text = config.dump(2);
+    WriteFile(edited / "config.json", text);
+    json manifest = json::parse(ReadFile(edited / "manifest.json"));
+    for (json& file : manifest["files"]) {
+      if (file["name"] != "config.json") continue;
+      absl::StatusOr<std::string> digest = Sha256Digest(text);
+      ASSERT_TRUE(digest.ok()) << digest.status();
+      file["bytes"] = text.size();
+      file["sha256"] = absl::BytesToHexString(*digest);
+    }
+    WriteFile(edited / "manifest.json", manifest.dump(2));
+    const Finished run = Eval(edited, data);
+    EXPECT_EQ(run.term_signal, 0) << run.err;
+    EXPECT_EQ(run.exit_code, 1) << run.err;
+    EXPECT_TRUE(Contains(run.err, "config.json: max_position_embeddings")) << run.err;
+  }
+}
+
 TEST_F(EvalTest, TokenOutsideTheVocabularyFailsNamingFileAndOffset) {
   const fs::path checkpoint = TrainedCheckpoint();
   ASSERT_TRUE(fs::exists(checkpoint));
@@ -212,13 +247,14 @@ TEST_F(EvalTest, ExportedAndReimportedCheckpointEvaluatesTheSame) {
   EXPECT_EQ(missing.exit_code, 2) << missing.err;
 }
 
-// A config.json nested 10^6 deep (2 MB): `moetrain import` printed its architectures in the
-// refusal, recursing once per level, and died of SIGSEGV. Now it exits 2 naming the file.
+// A config.json nested 500,000 deep (1 MB, within import's 1 MiB cap on config.json): `moetrain
+// import` printed its architectures in the refusal, recursing once per level, and died of SIGSEGV.
+// Now it exits 2 naming the file.
 TEST_F(EvalTest, DeeplyNestedConfigJsonIsRefusedByImport) {
   const fs::path hf = dir_ / "deep-hf";
   fs::create_directories(hf);
   WriteFile(hf / "config.json", "{\"max_position_embeddings\": 32, \"architectures\": " +
-                                    testutil::NestedJsonArrays(1000000) + "}");
+                                    testutil::NestedJsonArrays(500000) + "}");
   const Finished run =
       Moetrain({"import", "--from-hf", hf.string(), "--out", (dir_ / "out").string()});
   EXPECT_EQ(run.term_signal, 0);

@@ -1,13 +1,16 @@
 #include "engine/train/checkpoint.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <set>
 #include <sstream>
 #include <string>
@@ -264,6 +267,39 @@ TEST_F(CheckpointTest, DeeplyNestedConfigJsonFallsBack) {
         WriteBytes(step / "manifest.json", manifest.dump());
       },
       "step-00000200: config.json nests JSON arrays and objects deeper than 64 levels");
+}
+
+// A step's manifest.json or config.json that is a FIFO, a link or too large, as a checkpoint from
+// elsewhere (init_from) can hold: the FIFO blocked the reader for good, a large one was read whole.
+// Now each is damage, named, and an older good step is used. On a thread with a deadline, so that
+// a blocking read fails the test rather than hanging it.
+TEST_F(CheckpointTest, AManifestThatIsNoPlainFileOrTooLargeFallsBack) {
+  Write(100);
+  const fs::path step200 = Write(200);
+  const std::string saved = ReadBytes(step200 / "manifest.json");
+  const std::pair<std::function<void(const fs::path&)>, std::string> cases[] = {
+      {[](const fs::path& file) { ASSERT_EQ(mkfifo(file.c_str(), 0600), 0); }, "a FIFO"},
+      {[](const fs::path& file) { fs::create_symlink("elsewhere.json", file); },
+       "a symbolic link"},
+      {[](const fs::path& file) { WriteBytes(file, std::string((16 << 20) + 1, ' ')); },
+       "more than"}};
+  for (const auto& [make, what] : cases) {
+    SCOPED_TRACE(what);
+    fs::remove(step200 / "manifest.json");
+    make(step200 / "manifest.json");
+    std::future<absl::StatusOr<LoadedCheckpoint>> loading = std::async(
+        std::launch::async, [&] { return LoadLatestCheckpoint(root_.string()); });
+    ASSERT_EQ(loading.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+        << "the reader blocks on " << what;
+    const absl::StatusOr<LoadedCheckpoint> loaded = loading.get();
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    EXPECT_EQ(loaded->step, 100);
+    ASSERT_EQ(loaded->warnings.size(), 1u);
+    EXPECT_NE(loaded->warnings[0].find("manifest.json"), std::string::npos) << loaded->warnings[0];
+    EXPECT_NE(loaded->warnings[0].find(what), std::string::npos) << loaded->warnings[0];
+  }
+  fs::remove(step200 / "manifest.json");
+  WriteBytes(step200 / "manifest.json", saved);
 }
 
 TEST_F(CheckpointTest, ManifestOfAnotherVersionFallsBack) {

@@ -166,9 +166,9 @@ TEST(HfConfigTest, IntegerKeysMustBeExactIntegersInRange) {
             "model config: moe.num_experts = 8.25 is not an integer");
 }
 
-// A config.json nested 10^6 deep (2 MB) where import reads it: architectures (printed in the
-// refusal), a key of moetrain_model_config (printed as the wrong type), and architectures beside a
-// good moetrain_model_config (copied by ImportHuggingFace). Each overflowed the stack (SIGSEGV) and
+// A config.json nested 500,000 deep (1 MB, within import's 1 MiB cap on config.json) where import
+// reads it: architectures (printed in the refusal), a key of moetrain_model_config (printed as the
+// wrong type), and architectures beside a good moetrain_model_config (copied by ImportHuggingFace). Each overflowed the stack (SIGSEGV) and
 // took `moetrain import` down; now config.json is refused as it is parsed. In a child process, so
 // that the old crash fails only this test.
 TEST(HfConfigTest, DeeplyNestedConfigJsonIsRefusedOnImport) {
@@ -182,7 +182,7 @@ TEST(HfConfigTest, DeeplyNestedConfigJsonIsRefusedOnImport) {
   moetrain_export["architectures"] = "DEEP";
   for (const nlohmann::json& config : {deepseek_keys, bad_key, moetrain_export}) {
     std::string text = config.dump();
-    text.replace(text.find("\"DEEP\""), 6, testutil::NestedJsonArrays(1000000));
+    text.replace(text.find("\"DEEP\""), 6, testutil::NestedJsonArrays(500000));
     const std::filesystem::path hf = dir.path() / "hf";
     std::filesystem::create_directories(hf);
     std::ofstream(hf / "config.json", std::ios::trunc) << text;

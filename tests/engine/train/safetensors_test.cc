@@ -319,10 +319,10 @@ TEST_F(SafetensorsTest, RejectsBadJson) {
   ExpectRejected(RawFile("[1, 2]", ""), {"not a JSON object"});
 }
 
-// A header nested 10^6 deep (2 MB, under the 100 MiB header limit) where the reader quotes a value
-// in its error: a tensor entry, a shape extent, a metadata value. Printing it recursed once per
-// level and overflowed the stack (SIGSEGV); in a child process, so that the old crash fails only
-// this test.
+// A header nested 10^6 deep (2 MB, under the 100,000,000-byte header limit) where the reader
+// quotes a value in its error: a tensor entry, a shape extent, a metadata value. Printing it
+// recursed once per level and overflowed the stack (SIGSEGV); in a child process, so that the old
+// crash fails only this test.
 TEST_F(SafetensorsTest, DeeplyNestedHeaderIsRefusedNotACrash) {
   const std::string deep = testutil::NestedJsonArrays(1000000);
   const std::vector<std::string> headers = {

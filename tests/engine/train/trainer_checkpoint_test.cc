@@ -112,6 +112,29 @@ TEST_F(FileJobTest, ADeeplyNestedManifestIsRefusedNotACrash) {
   EXPECT_OK(Resume());
 }
 
+// The layout a manifest records is read exactly: 2.5 ranks was read as 2 (and 1e300 as whatever
+// the conversion, undefined there, gave). Now the step is damaged, naming the key and value.
+TEST_F(FileJobTest, AManifestLayoutThatIsNoCountIsDamage) {
+  const fs::path step = Train(Config());
+  const std::string saved = ReadText(step / "manifest.json");
+  const std::pair<Json, std::string> cases[] = {
+      {2.5, "world_layout.data_parallel = 2.5 is not an integer"},
+      {1e300, "world_layout.data_parallel = 1e+300 is out of range"},
+      {-1, "world_layout.data_parallel = -1 is below 1"},
+      {"2", "world_layout.data_parallel must be an integer, not a JSON string"},
+      {int64_t{1} << 31, "world_layout.data_parallel = 2147483648 is out of the range of a 32-bit"}};
+  for (const auto& [value, message] : cases) {
+    SCOPED_TRACE(value.dump());
+    Json manifest = Json::parse(saved);
+    manifest["world_layout"]["data_parallel"] = value;
+    WriteText(step / "manifest.json", manifest.dump());
+    const absl::Status resumed = Resume();
+    EXPECT_NE(resumed.message().find(message), std::string::npos) << resumed;
+  }
+  WriteText(step / "manifest.json", saved);
+  EXPECT_OK(Resume());
+}
+
 // Truncating the token file under a training job: the file was memory-mapped, and the next batch
 // killed the process with SIGBUS (exit 135). Now the step fails naming the file and the offset.
 TEST_F(FileJobTest, ATokenFileTruncatedWhileTrainingFailsTheStepNamingIt) {

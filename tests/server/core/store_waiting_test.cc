@@ -56,10 +56,10 @@ TEST_F(StoreTest, StoreOfThePreviousSchemaGainsTheWaitingColumns) {
     ASSERT_NE(store, nullptr);
     id = JobIn(*store, S::kPending);
   }
-  // As schema 2 left it.
+  // As schema 2 left it: without schema 3's columns, nor schema 4's table of deleted submissions.
   RawExec(path_,
           "ALTER TABLE jobs DROP COLUMN waiting_reason; ALTER TABLE jobs DROP COLUMN "
-          "next_attempt_us; UPDATE schema_version SET version = 2");
+          "next_attempt_us; DROP TABLE deleted_submissions; UPDATE schema_version SET version = 2");
   auto store = OpenStore();
   ASSERT_NE(store, nullptr);
   EXPECT_EQ(RawQuery(path_, "SELECT version FROM schema_version"),
