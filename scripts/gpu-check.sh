@@ -430,12 +430,20 @@ for root in nvidia.__path__:
 EOF
 }
 
-# The libraries ldd cannot resolve for the bundled binaries, one "binary: library" a line.
+# The libraries ldd cannot resolve for the bundled binaries, one "binary: library" a line; and
+# cuBLASLt, which the CUDA backend loads with dlopen (so ldd does not list it), when neither a
+# folder of LD_LIBRARY_PATH nor the loader's cache has it.
 unresolved_libraries() {
-  local dir=$1 binary
+  local dir=$1 binary folder cublaslt=libcublasLt.so.13 found=
   for binary in "$dir"/bin/*; do
     ldd "$binary" 2>/dev/null | awk -v b="${binary##*/}" '/not found/ { print b ": " $1 }'
   done
+  local -a folders
+  IFS=: read -ra folders <<<"${LD_LIBRARY_PATH:-}"
+  for folder in "${folders[@]}"; do
+    [ -n "$folder" ] && [ -e "$folder/$cublaslt" ] && found=1
+  done
+  [ -n "$found" ] || /sbin/ldconfig -p 2>/dev/null | grep -q "$cublaslt" || echo "dlopen: $cublaslt"
 }
 
 # Seconds left of GPU_CHECK_BUDGET (set by run_unpacked); every phase stops starting work at 0.

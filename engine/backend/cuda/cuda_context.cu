@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "engine/backend/cuda/cublaslt_api.h"
 #include "engine/backend/cuda/cuda_backend.h"
 #include "engine/backend/cuda/cuda_check.h"
 #include "engine/backend/cuda/cuda_context.h"
@@ -114,7 +115,8 @@ absl::Status CudaContext::Init() {
     MOETRAIN_CUDA_RETURN_IF_ERROR(kOp,
                                   cudaEventCreateWithFlags(&order_event_, cudaEventDisableTiming));
   }
-  MOETRAIN_CUBLAS_RETURN_IF_ERROR(kOp, cublasLtCreate(&cublaslt_));
+  MOETRAIN_RETURN_IF_ERROR(LoadCublasLt());
+  MOETRAIN_CUBLAS_RETURN_IF_ERROR(kOp, Lt().cublasLtCreate(&cublaslt_));
   for (void*& workspace : workspaces_) {
     MOETRAIN_CUDA_RETURN_IF_ERROR(kOp, cudaMalloc(&workspace, kCublasWorkspaceBytes));
   }
@@ -129,7 +131,7 @@ CudaContext::~CudaContext() {
   for (void* workspace : workspaces_) {
     if (workspace != nullptr) cudaFree(workspace);
   }
-  if (cublaslt_ != nullptr) cublasLtDestroy(cublaslt_);
+  if (cublaslt_ != nullptr) Lt().cublasLtDestroy(cublaslt_);
   {
     absl::MutexLock lock(&event_mu_);
     if (order_event_ != nullptr) cudaEventDestroy(order_event_);

@@ -13,10 +13,13 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "engine/backend/cuda/cublaslt_api.h"
 #include "engine/backend/cuda/cuda_check.h"
 #include "engine/backend/cuda/cuda_context.h"
 
 namespace moetrain::ops::cuda {
+
+using ::moetrain::cuda::Lt;
 
 // The alignment cuBLASLt may assume of a pointer: its largest power-of-two divisor, capped at
 // 256 (cuBLASLt's default assumption). A group's rows start at any element, so the heuristic must
@@ -42,15 +45,17 @@ struct LtMatmulDescriptors {
   ~LtMatmulDescriptors() {
     // Destroying a descriptor only frees host memory (cuBLASLt has copied what a queued matmul
     // needs); nothing to report.
-    if (lt_c != nullptr) cublasLtMatrixLayoutDestroy(lt_c);
-    if (lt_b != nullptr) cublasLtMatrixLayoutDestroy(lt_b);
-    if (lt_a != nullptr) cublasLtMatrixLayoutDestroy(lt_a);
-    if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
+    if (lt_c != nullptr) Lt().cublasLtMatrixLayoutDestroy(lt_c);
+    if (lt_b != nullptr) Lt().cublasLtMatrixLayoutDestroy(lt_b);
+    if (lt_a != nullptr) Lt().cublasLtMatrixLayoutDestroy(lt_a);
+    if (desc != nullptr) Lt().cublasLtMatmulDescDestroy(desc);
   }
 };
 
 struct LtPreferenceDeleter {
-  void operator()(cublasLtMatmulPreferenceOpaque_t* p) const { cublasLtMatmulPreferenceDestroy(p); }
+  void operator()(cublasLtMatmulPreferenceOpaque_t* p) const {
+    Lt().cublasLtMatmulPreferenceDestroy(p);
+  }
 };
 using LtPreference = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, LtPreferenceDeleter>;
 
@@ -60,13 +65,13 @@ using LtPreference = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, LtPrefere
 inline absl::StatusOr<LtPreference> MakeLtPreference(const char* op, uint32_t align_a,
                                                      uint32_t align_b, uint32_t align_c) {
   cublasLtMatmulPreference_t raw_preference = nullptr;
-  MOETRAIN_CUBLAS_RETURN_IF_ERROR(op, cublasLtMatmulPreferenceCreate(&raw_preference));
+  MOETRAIN_CUBLAS_RETURN_IF_ERROR(op, Lt().cublasLtMatmulPreferenceCreate(&raw_preference));
   LtPreference preference(raw_preference);
   const uint64_t workspace_bytes = ::moetrain::cuda::CudaContext::kCublasWorkspaceBytes;
   MOETRAIN_CUBLAS_RETURN_IF_ERROR(
-      op, cublasLtMatmulPreferenceSetAttribute(preference.get(),
-                                               CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                               &workspace_bytes, sizeof(workspace_bytes)));
+      op, Lt().cublasLtMatmulPreferenceSetAttribute(preference.get(),
+                                                    CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &workspace_bytes, sizeof(workspace_bytes)));
   // cuBLASLt's A is our b and its B our a.
   const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_b},
@@ -75,7 +80,7 @@ inline absl::StatusOr<LtPreference> MakeLtPreference(const char* op, uint32_t al
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c},
   };
   for (const auto& [attribute, bytes] : alignments) {
-    MOETRAIN_CUBLAS_RETURN_IF_ERROR(op, cublasLtMatmulPreferenceSetAttribute(
+    MOETRAIN_CUBLAS_RETURN_IF_ERROR(op, Lt().cublasLtMatmulPreferenceSetAttribute(
                                             preference.get(), attribute, &bytes, sizeof(bytes)));
   }
   return preference;

@@ -88,42 +88,42 @@ absl::Status DescribeFp8Matmul(const Fp8PlanKey& key, const void* a_scale_inv,
                                const void* b_scale_inv, Fp8Matmul& mm) {
   constexpr const char* kOp = "fp8 gemm";
   MOETRAIN_CUBLAS_RETURN_IF_ERROR(
-      kOp, cublasLtMatmulDescCreate(&mm.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      kOp, Lt().cublasLtMatmulDescCreate(&mm.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const int32_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
   MOETRAIN_CUBLAS_RETURN_IF_ERROR(
-      kOp, cublasLtMatmulDescSetAttribute(mm.desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
-                                          sizeof(trans_a)));
+      kOp, Lt().cublasLtMatmulDescSetAttribute(mm.desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
+                                               sizeof(trans_a)));
   MOETRAIN_CUBLAS_RETURN_IF_ERROR(
-      kOp, cublasLtMatmulDescSetAttribute(mm.desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
-                                          sizeof(trans_b)));
+      kOp, Lt().cublasLtMatmulDescSetAttribute(mm.desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
+                                               sizeof(trans_b)));
   const int8_t fast_accum = 0;
   MOETRAIN_CUBLAS_RETURN_IF_ERROR(
-      kOp, cublasLtMatmulDescSetAttribute(mm.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum,
-                                          sizeof(fast_accum)));
+      kOp, Lt().cublasLtMatmulDescSetAttribute(mm.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+                                               &fast_accum, sizeof(fast_accum)));
   // cuBLASLt's A is our b, its B our a.
   MOETRAIN_CUBLAS_RETURN_IF_ERROR(
-      kOp, cublasLtMatmulDescSetAttribute(mm.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                                          &b_scale_inv, sizeof(b_scale_inv)));
+      kOp, Lt().cublasLtMatmulDescSetAttribute(mm.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                               &b_scale_inv, sizeof(b_scale_inv)));
   MOETRAIN_CUBLAS_RETURN_IF_ERROR(
-      kOp, cublasLtMatmulDescSetAttribute(mm.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                                          &a_scale_inv, sizeof(a_scale_inv)));
+      kOp, Lt().cublasLtMatmulDescSetAttribute(mm.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                               &a_scale_inv, sizeof(a_scale_inv)));
   if (key.scaling_a != Fp8Scaling::kTensor) {
     const int32_t mode_a = CublasScaleMode(key.scaling_b), mode_b = CublasScaleMode(key.scaling_a);
     MOETRAIN_CUBLAS_RETURN_IF_ERROR(
-        kOp, cublasLtMatmulDescSetAttribute(mm.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a,
-                                            sizeof(mode_a)));
+        kOp, Lt().cublasLtMatmulDescSetAttribute(mm.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                                                 &mode_a, sizeof(mode_a)));
     MOETRAIN_CUBLAS_RETURN_IF_ERROR(
-        kOp, cublasLtMatmulDescSetAttribute(mm.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b,
-                                            sizeof(mode_b)));
+        kOp, Lt().cublasLtMatmulDescSetAttribute(mm.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                                                 &mode_b, sizeof(mode_b)));
   }
   const uint64_t m = static_cast<uint64_t>(key.m), n = static_cast<uint64_t>(key.n),
                  k = static_cast<uint64_t>(key.k);
   MOETRAIN_CUBLAS_RETURN_IF_ERROR(
-      kOp, cublasLtMatrixLayoutCreate(&mm.lt_a, Fp8CudaType(key.format_b), k, n, key.ldb));
+      kOp, Lt().cublasLtMatrixLayoutCreate(&mm.lt_a, Fp8CudaType(key.format_b), k, n, key.ldb));
   MOETRAIN_CUBLAS_RETURN_IF_ERROR(
-      kOp, cublasLtMatrixLayoutCreate(&mm.lt_b, Fp8CudaType(key.format_a), k, m, key.lda));
-  MOETRAIN_CUBLAS_RETURN_IF_ERROR(kOp,
-                                  cublasLtMatrixLayoutCreate(&mm.lt_c, CUDA_R_32F, n, m, key.ldc));
+      kOp, Lt().cublasLtMatrixLayoutCreate(&mm.lt_b, Fp8CudaType(key.format_a), k, m, key.lda));
+  MOETRAIN_CUBLAS_RETURN_IF_ERROR(
+      kOp, Lt().cublasLtMatrixLayoutCreate(&mm.lt_c, CUDA_R_32F, n, m, key.ldc));
   return absl::OkStatus();
 }
 
@@ -140,7 +140,7 @@ absl::StatusOr<Fp8Algo> QueryFp8Algo(cublasLtHandle_t handle, const Fp8PlanKey& 
                             MakeLtPreference(kOp, key.align_a, key.align_b, key.align_c));
   cublasLtMatmulHeuristicResult_t result{};
   int returned = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+  const cublasStatus_t status = Lt().cublasLtMatmulAlgoGetHeuristic(
       handle, mm.desc, mm.lt_a, mm.lt_b, mm.lt_c, mm.lt_c, preference.get(), 1, &result, &returned);
   // NOT_SUPPORTED (or no result) means no kernel for this problem: the caller falls back.
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) return Fp8Algo{};
@@ -204,7 +204,7 @@ absl::Status RunCublasLtFp8(const CudaOp& op, const Fp8GemmArgs& args, bool* ran
   // beta = 0: cuBLASLt does not read c, so an uninitialised (even NaN) c is fine.
   const float beta = args.accumulate ? 1.0f : 0.0f;
   void* c = args.c.raw();
-  const cublasStatus_t status = cublasLtMatmul(
+  const cublasStatus_t status = Lt().cublasLtMatmul(
       op.context->cublaslt(), mm.desc, &alpha, args.b.data.raw(), mm.lt_a, args.a.data.raw(),
       mm.lt_b, &beta, c, mm.lt_c, c, mm.lt_c, &algo.algo, op.context->cublas_workspace(0),
       CudaContext::kCublasWorkspaceBytes, op.stream);

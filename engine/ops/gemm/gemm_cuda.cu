@@ -67,36 +67,36 @@ absl::StatusOr<std::shared_ptr<const MatmulPlan>> CreatePlan(cublasLtHandle_t ha
   // f32 compute for both input types; for f32 inputs this is true f32, not TF32 (which
   // CUBLAS_COMPUTE_32F_FAST_TF32 would allow).
   MOETRAIN_CUBLAS_RETURN_IF_ERROR(
-      op, cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      op, Lt().cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const int32_t lt_trans_a = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int32_t lt_trans_b = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   MOETRAIN_CUBLAS_RETURN_IF_ERROR(
-      op, cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &lt_trans_a,
-                                         sizeof(lt_trans_a)));
+      op, Lt().cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &lt_trans_a,
+                                              sizeof(lt_trans_a)));
   MOETRAIN_CUBLAS_RETURN_IF_ERROR(
-      op, cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &lt_trans_b,
-                                         sizeof(lt_trans_b)));
+      op, Lt().cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &lt_trans_b,
+                                              sizeof(lt_trans_b)));
 
   const cudaDataType_t input_type = key.dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
   const uint64_t m = static_cast<uint64_t>(key.m), n = static_cast<uint64_t>(key.n),
                  k = static_cast<uint64_t>(key.k);
   MOETRAIN_CUBLAS_RETURN_IF_ERROR(
-      op, cublasLtMatrixLayoutCreate(&plan->lt_a, input_type, key.trans_b ? k : n,
-                                     key.trans_b ? n : k, key.ldb));
+      op, Lt().cublasLtMatrixLayoutCreate(&plan->lt_a, input_type, key.trans_b ? k : n,
+                                          key.trans_b ? n : k, key.ldb));
   MOETRAIN_CUBLAS_RETURN_IF_ERROR(
-      op, cublasLtMatrixLayoutCreate(&plan->lt_b, input_type, key.trans_a ? m : k,
-                                     key.trans_a ? k : m, key.lda));
+      op, Lt().cublasLtMatrixLayoutCreate(&plan->lt_b, input_type, key.trans_a ? m : k,
+                                          key.trans_a ? k : m, key.lda));
   MOETRAIN_CUBLAS_RETURN_IF_ERROR(
-      op, cublasLtMatrixLayoutCreate(&plan->lt_c, CUDA_R_32F, n, m, key.ldc));
+      op, Lt().cublasLtMatrixLayoutCreate(&plan->lt_c, CUDA_R_32F, n, m, key.ldc));
 
   MOETRAIN_ASSIGN_OR_RETURN(const LtPreference preference,
                             MakeLtPreference(op, key.align_a, key.align_b, key.align_c));
 
   cublasLtMatmulHeuristicResult_t result{};
   int returned = 0;
-  MOETRAIN_CUBLAS_RETURN_IF_ERROR(
-      op, cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->lt_a, plan->lt_b, plan->lt_c,
-                                         plan->lt_c, preference.get(), 1, &result, &returned));
+  MOETRAIN_CUBLAS_RETURN_IF_ERROR(op, Lt().cublasLtMatmulAlgoGetHeuristic(
+                                          handle, plan->desc, plan->lt_a, plan->lt_b, plan->lt_c,
+                                          plan->lt_c, preference.get(), 1, &result, &returned));
   if (returned < 1 || result.state != CUBLAS_STATUS_SUCCESS) {
     return absl::UnimplementedError(
         absl::StrCat(op, ": cuBLASLt has no algorithm for ", std::string(DTypeName(key.dtype)),
@@ -173,10 +173,10 @@ absl::Status RunDeviceGemm(CudaContext& context, int stream_index, const DeviceG
   // beta = 0: cuBLASLt does not read c, so an uninitialised (even NaN) c is fine.
   const float beta = gemm.accumulate ? 1.0f : 0.0f;
   MOETRAIN_CUBLAS_RETURN_IF_ERROR(
-      op, cublasLtMatmul(context.cublaslt(), plan->desc, &alpha, gemm.b, plan->lt_a, gemm.a,
-                         plan->lt_b, &beta, gemm.c, plan->lt_c, gemm.c, plan->lt_c, &plan->algo,
-                         context.cublas_workspace(stream_index), CudaContext::kCublasWorkspaceBytes,
-                         stream));
+      op, Lt().cublasLtMatmul(context.cublaslt(), plan->desc, &alpha, gemm.b, plan->lt_a, gemm.a,
+                              plan->lt_b, &beta, gemm.c, plan->lt_c, gemm.c, plan->lt_c,
+                              &plan->algo, context.cublas_workspace(stream_index),
+                              CudaContext::kCublasWorkspaceBytes, stream));
   return absl::OkStatus();
 }
 
