@@ -60,7 +60,7 @@ readonly BUNDLE_FORMAT=2
 # GPU tests whose names do not end in _cuda_test: the device query, the CUDA runtime and the NCCL
 # communicator (it runs collectives on device memory where a GPU is). Run first, in this order:
 # when the runtime is broken, their failures say so before the op tests' do.
-readonly RUNTIME_TESTS=(device_query_test exec_context_test caching_allocator_test)
+readonly RUNTIME_TESTS=(device_query_test exec_context_test caching_allocator_test cublaslt_api_test)
 readonly LAST_TESTS=(nccl_communicator_test)
 # The benchmarks, in the order `run` runs them, and the arguments of each (bench_args).
 readonly BENCHMARKS=(train_bench moe_layer_bench)

@@ -38,9 +38,8 @@ namespace moetrain {
 // and writes the master, the moments and the bf16 copy: 4·4 + 3·4 + 2.
 inline constexpr double kOptimizerBytesPerParameter = 30;
 
-// The most GPUs a plan is made for: as many as a job spec can have ranks (2^20 workers of 1,024
-// devices each). Counts of [1, kMaxPlanGpus] keep the layout arithmetic within an int.
-inline constexpr int kMaxPlanGpus = 1 << 30;
+// The most GPUs a plan is made for: one a rank, as many as a job can have (kMaxRanks).
+inline constexpr int kMaxPlanGpus = kMaxRanks;
 
 struct Layout {
   int data_parallel = 1;

@@ -164,7 +164,8 @@ bool IsSha256Hex(const std::string& s) {
 absl::StatusOr<Manifest> ReadManifest(const std::string& dir, int64_t dir_step) {
   absl::StatusOr<std::string> text = ReadCheckpointJson(dir, kManifestName);
   if (!text.ok()) {
-    return Damaged(absl::StrCat(kManifestName, " is missing or unreadable: ", text.status().message()));
+    return Damaged(
+        absl::StrCat(kManifestName, " is missing or unreadable: ", text.status().message()));
   }
   Manifest manifest;
   absl::StatusOr<Json> parsed = ParseJson(*text, kManifestName);

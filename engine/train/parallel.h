@@ -24,6 +24,10 @@
 
 namespace moetrain {
 
+// The most ranks a job can have: as many as a job spec can ask for (2^20 workers of 1,024 devices
+// each). Layouts of [1, kMaxRanks] ranks keep their arithmetic within an int.
+inline constexpr int kMaxRanks = 1 << 30;
+
 // Field names mirror JobSpec.parallel.
 struct ParallelConfig {
   int expert_parallel = 1;  // ep ≥ 1: ranks that split the routed experts; divides num_experts

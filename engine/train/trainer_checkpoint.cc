@@ -32,6 +32,7 @@
 #include "engine/train/checkpoint.h"
 #include "engine/train/hf_config.h"
 #include "engine/train/model_config_json.h"
+#include "engine/train/parallel.h"
 #include "engine/train/trainer.h"
 
 namespace moetrain {
@@ -177,12 +178,10 @@ absl::StatusOr<ParallelConfig> ManifestLayout(const Json& manifest) {
   MOETRAIN_RETURN_IF_ERROR(read("world_size", 1, &world_size));
   MOETRAIN_RETURN_IF_ERROR(read("data_parallel", world_size, &config.data_parallel));
   MOETRAIN_RETURN_IF_ERROR(read("expert_parallel", 1, &config.expert_parallel));
-  // No job has more ranks than a spec can ask for (2^20 workers × 1,024 devices).
-  constexpr int64_t kMostRanks = int64_t{1} << 30;
-  if (int64_t{config.data_parallel} * config.expert_parallel > kMostRanks) {
+  if (int64_t{config.data_parallel} * config.expert_parallel > kMaxRanks) {
     return absl::DataLossError(absl::StrCat("manifest world_layout: ", config.data_parallel, " × ",
                                             config.expert_parallel, " ranks is more than ",
-                                            kMostRanks));
+                                            kMaxRanks));
   }
   return config;
 }

@@ -56,7 +56,8 @@ fi
 # tests that exist.
 mapfile -t expected < <({
   find "$repo/tests" -name '*_cuda_test.cc' -printf '%f\n'
-  for name in device_query_test exec_context_test caching_allocator_test nccl_communicator_test; do
+  for name in device_query_test exec_context_test caching_allocator_test cublaslt_api_test \
+    nccl_communicator_test; do
     [ -z "$(find "$repo/tests" -name "$name.cc" -print -quit)" ] || echo "$name.cc"
   done
 } | sed 's/\.cc$//' | LC_ALL=C sort -u)

@@ -64,7 +64,7 @@ const CublasLtApi& Lt() {
   const absl::StatusOr<CublasLtApi>& loaded = Once();
   if (!loaded.ok()) {
     // A programming error (a cuBLASLt call without a CudaContext): no caller can recover.
-    std::fprintf(stderr, "moetrain: cuBLASLt used before it was loaded: %s\n",
+    std::fprintf(stderr, "moetrain: cuBLASLt called, but it could not be loaded: %s\n",
                  loaded.status().ToString().c_str());
     std::abort();
   }

@@ -168,9 +168,10 @@ TEST(HfConfigTest, IntegerKeysMustBeExactIntegersInRange) {
 
 // A config.json nested 500,000 deep (1 MB, within import's 1 MiB cap on config.json) where import
 // reads it: architectures (printed in the refusal), a key of moetrain_model_config (printed as the
-// wrong type), and architectures beside a good moetrain_model_config (copied by ImportHuggingFace). Each overflowed the stack (SIGSEGV) and
-// took `moetrain import` down; now config.json is refused as it is parsed. In a child process, so
-// that the old crash fails only this test.
+// wrong type), and architectures beside a good moetrain_model_config (copied by
+// ImportHuggingFace). Each overflowed the stack (SIGSEGV) and took `moetrain import` down; now
+// config.json is refused as it is parsed. In a child process, so that the old crash fails only
+// this test.
 TEST(HfConfigTest, DeeplyNestedConfigJsonIsRefusedOnImport) {
   const testutil::TempDir dir("hf_config_test");
   nlohmann::json deepseek_keys = HuggingFaceConfig(DeepseekLike(), 16);

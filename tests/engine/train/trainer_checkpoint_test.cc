@@ -122,7 +122,8 @@ TEST_F(FileJobTest, AManifestLayoutThatIsNoCountIsDamage) {
       {1e300, "world_layout.data_parallel = 1e+300 is out of range"},
       {-1, "world_layout.data_parallel = -1 is below 1"},
       {"2", "world_layout.data_parallel must be an integer, not a JSON string"},
-      {int64_t{1} << 31, "world_layout.data_parallel = 2147483648 is out of the range of a 32-bit"}};
+      {int64_t{1} << 31,
+       "world_layout.data_parallel = 2147483648 is out of the range of a 32-bit"}};
   for (const auto& [value, message] : cases) {
     SCOPED_TRACE(value.dump());
     Json manifest = Json::parse(saved);
