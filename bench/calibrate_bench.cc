@@ -14,7 +14,8 @@
 //            FLOPs; so the routing and permutation are charged to this class.
 // attention  the causal attention core forward + backward (f32, as the model runs it).
 // memory_bound  the optimizer phase over 16 M parameters (grad norm, clip, AdamW, the compute
-//            copy, zeroing): kOptimizerBytesPerParameter (plan.h) / time, over the copy bandwidth.
+//            copy, zeroing): OptimizerBytes (plan.h; 30 B a parameter) / time, over the copy
+//            bandwidth.
 // Efficiency = FLOPs as `moetrain plan` counts them (SplitTrainingFlops) / time / peak.
 // scripts/calibrate-plan.sh stores this JSON with train_bench's and dispatch_bench's
 // (engine/plan/calibration.h); --check FILE compares the plan's predictions with such a file.
@@ -288,8 +289,7 @@ int Main(int argc, char** argv) {
   const double dense_eff = dense_flops / dense_s / *peak;
   const double experts_eff = tokens * split.routed_experts / experts_s / *peak;
   const double attention_eff = tokens * split.attention_core / attention_s / *peak;
-  const double optimizer_rate =
-      static_cast<double>(optimizer_n) * kOptimizerBytesPerParameter / optimizer_s;
+  const double optimizer_rate = OptimizerBytes(optimizer_n, optimizer_n, 4) / optimizer_s;
   const double memory_eff = std::min(1.0, optimizer_rate / bandwidth);
   auto op = [](double seconds, double flops, double efficiency) {
     return nlohmann::json{

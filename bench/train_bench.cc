@@ -3,7 +3,9 @@
 // GEMM rate of the same device measured in the same run (2048³ on the CPU, 8192³ on a GPU).
 //
 //   train_bench [--json] [--steps N (default 4)] [--dtype bf16|f32] [--device cpu|cuda|cuda:N]
-//               [--config default|d2048] [--layers L] [--hidden D] [--batch B]   (--help: all)
+//               [--config default|d2048] [--layers L] [--hidden D] [--batch B]
+//               [--ranks N [--ep E]] [--sharding none|optimizer] [--moment-dtype f32|bf16]
+//               (--help: all)
 //
 // Configs (synthetic data; the first step, a warm-up, is not timed):
 //   default  d=512, 8 layers (the first dense, ffn 2048), 8 heads, seq 512, E=16, k=2,
@@ -17,6 +19,14 @@
 // "phase_seconds" holds the median seconds of each phase of a step (StepPhaseSeconds: forward,
 // backward, communication, optimizer) over the timed steps.
 //
+// --ranks N (CPU only) trains the job on N ranks, threads of this process with a Gloo
+// communicator each over TCP loopback (dp = N / ep): tokens/s and the phases are rank 0's (every
+// rank's step is the same global step), and "ranks" lists each rank's state bytes, exactly, from
+// its buffers and its AdamW's moments (parameters, grads, optimizer), beside what the memory
+// estimate (engine/train/memory_estimate.h) predicts for a rank of the layout. The ranks share
+// the machine's cores (the thread pool takes their parallel loops in turns), so compare rates
+// between runs of the same --ranks only.
+//
 // On a device the JSON also holds the peak device memory of the training steps and its breakdown:
 // the parameters (f32 masters, plus their compute copy below f32), grads and AdamW moments, in
 // exact bytes from the model's buffers and parameter list, and the rest (activations, workspaces)
@@ -25,8 +35,13 @@
 //
 // Exit status: 0 done; 1 an error; 2 bad usage; 77 --device cuda without a usable GPU ("no GPU:
 // <reason>" on stderr).
+#include <stdlib.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <future>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,6 +50,8 @@
 #include "bench/bench_flags.h"
 #include "bench/train_configs.h"
 #include "engine/backend/device_query.h"
+#include "engine/comm/file_kv_store.h"
+#include "engine/comm/gloo_communicator.h"
 #include "engine/model/transformer.h"
 #include "engine/ops/gemm/gemm.h"
 #include "engine/train/memory_estimate.h"
@@ -51,6 +68,66 @@ class Timer : public TrainObserver {
   std::vector<StepReport> reports;
   std::vector<StepPhaseSeconds> phases;
 };
+
+// The exact bytes of one rank's states: the flat buffers the transformer allocates and its AdamW's
+// moments.
+struct StateBytes {
+  int64_t parameters = 0, grads = 0, optimizer = 0;
+  int64_t total() const { return parameters + grads + optimizer; }
+};
+StateBytes StatesOf(const Trainer& trainer, DType dtype) {
+  const Transformer& model = trainer.model();
+  StateBytes bytes;
+  bytes.parameters = model.master_buffer().numel() *
+                     (4 + (dtype == DType::kF32 ? 0 : static_cast<int64_t>(DTypeSize(dtype))));
+  bytes.grads = model.grad_buffer().numel() * 4;
+  const AdamW& optimizer = trainer.optimizer();
+  for (int64_t i = 0; i < optimizer.num_params(); ++i) {
+    for (const TensorView& moment : {optimizer.exp_avg(i), optimizer.exp_avg_sq(i)}) {
+      bytes.optimizer += moment.numel() * static_cast<int64_t>(DTypeSize(moment.dtype()));
+    }
+  }
+  return bytes;
+}
+
+// Trains `config` on config.parallel.world_size() ranks (threads, Gloo over loopback); rank 0's
+// timer into `timer`, each rank's states into `states`. A rank that fails leaves the others
+// waiting in a collective until the 300 s timeout: a bench, not a service.
+absl::Status RunRanks(const TrainerConfig& config, Timer* timer, std::vector<StateBytes>* states) {
+  const int ranks = config.parallel.world_size();
+  std::string dir = (std::filesystem::temp_directory_path() / "train_bench-XXXXXX").string();
+  if (mkdtemp(dir.data()) == nullptr) return absl::InternalError("mkdtemp failed");
+  absl::StatusOr<std::shared_ptr<FileKeyValueStore>> store = FileKeyValueStore::Open(dir);
+  if (!store.ok()) return store.status();
+  states->assign(ranks, {});
+  std::vector<Timer> timers(ranks);
+  std::vector<std::future<absl::Status>> done;
+  for (int rank = 0; rank < ranks; ++rank) {
+    done.push_back(std::async(std::launch::async, [&, rank]() -> absl::Status {
+      GlooOptions options;
+      options.group.store = *store;
+      options.group.rank = rank;
+      options.group.size = ranks;
+      options.group.timeout = absl::Seconds(300);
+      absl::StatusOr<std::unique_ptr<GlooCommunicator>> world = GlooCommunicator::Create(options);
+      if (!world.ok()) return world.status();
+      absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+          Trainer::Create(config, std::shared_ptr<Communicator>(*std::move(world)));
+      if (!trainer.ok()) return trainer.status();
+      (*states)[rank] = StatesOf(**trainer, config.compute_dtype);
+      return (*trainer)->Run(&timers[rank]);
+    }));
+  }
+  absl::Status status;
+  for (auto& rank_done : done) {
+    const absl::Status ranked = rank_done.get();
+    if (status.ok()) status = ranked;
+  }
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+  *timer = std::move(timers[0]);
+  return status;
+}
 
 // The config as the JSON states it.
 nlohmann::json Describe(const std::string& name, const TrainerConfig& c) {
@@ -78,6 +155,8 @@ int Main(int argc, char** argv) {
   int64_t steps = 4;
   std::string dtype_name = "bf16", device_name = "cpu", config_name = "default";
   int64_t layers = 0, hidden = 0, batch = 0;  // 0 = the config's
+  int64_t ranks = 1, ep = 1;
+  std::string sharding_name = "none", moment_name = "f32";
   CLI::App app{"train_bench: training throughput and MFU of an MoE transformer"};
   app.add_flag("--json", json, "print one JSON object instead of a summary");
   app.add_option("--steps", steps, "training steps; the first, a warm-up, is not timed")
@@ -101,6 +180,20 @@ int Main(int argc, char** argv) {
       ->check(bench::AtLeast(1));
   app.add_option("--batch", batch, "sequences per step (default: the config's)")
       ->check(bench::AtLeast(1));
+  app.add_option("--ranks", ranks,
+                 "ranks (CPU only): threads of this process, Gloo over loopback; must divide "
+                 "the batch")
+      ->capture_default_str()
+      ->check(bench::AtLeast(1));
+  app.add_option("--ep", ep, "expert-parallel ranks of --ranks (dp = ranks / ep)")
+      ->capture_default_str()
+      ->check(bench::AtLeast(1));
+  app.add_option("--sharding", sharding_name, "parallel.sharding: none or optimizer (ZeRO-1)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "optimizer"}));
+  app.add_option("--moment-dtype", moment_name, "train.optimizer.moment_dtype")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
   app.footer(
       "Exit status: 0 done; 1 an error; 2 bad usage; 77 --device cuda without a usable GPU.");
   if (const std::optional<int> exit_code = bench::ParseFlags(app, argc, argv)) return *exit_code;
@@ -112,6 +205,15 @@ int Main(int argc, char** argv) {
     return exit_code;
   }
   const Device device = ctx.device();
+  if (ranks > 1 && !device.is_cpu()) {
+    std::fprintf(stderr, "train_bench: --ranks > 1 runs on the CPU only\n");
+    return 2;
+  }
+  if (ranks % ep != 0) {
+    std::fprintf(stderr, "train_bench: --ep %lld does not divide --ranks %lld\n",
+                 static_cast<long long>(ep), static_cast<long long>(ranks));
+    return 2;
+  }
 
   TrainerConfig c = config_name == "d2048" ? D2048Config() : DefaultConfig();
   if (layers > 0) c.model.num_layers = layers;
@@ -126,6 +228,14 @@ int Main(int argc, char** argv) {
   c.steps = steps;
   c.schedule.total_steps = steps;
   c.log_every = 1;
+  c.parallel.data_parallel = static_cast<int>(ranks / ep);
+  c.parallel.expert_parallel = static_cast<int>(ep);
+  c.parallel.sharding = sharding_name == "optimizer" ? Sharding::kOptimizer : Sharding::kNone;
+  c.optimizer.moment_dtype = moment_name == "bf16" ? DType::kBF16 : DType::kF32;
+  if (absl::Status valid = c.Validate(); !valid.ok()) {
+    std::fprintf(stderr, "train_bench: %s\n", valid.ToString().c_str());
+    return 2;
+  }
 
   // The denominator first: the trainer's peak memory (reset when it is created) then does not
   // hold the measurement's matrices.
@@ -137,17 +247,26 @@ int Main(int argc, char** argv) {
   }
   const double dense = *gemm_flops / 1e9;
 
-  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(c);
-  if (!trainer.ok()) {
-    std::fprintf(stderr, "train_bench: %s\n", trainer.status().ToString().c_str());
-    return 1;
-  }
   std::fprintf(
-      stderr, "train_bench: %lld steps of %lld tokens (%s, %s, config %s)...\n",
+      stderr, "train_bench: %lld steps of %lld tokens (%s, %s, config %s, %s, sharding %s)...\n",
       static_cast<long long>(steps), static_cast<long long>(c.data.batch_size * c.data.seq_len),
-      std::string(DTypeName(dtype)).c_str(), device.DebugString().c_str(), config_name.c_str());
+      std::string(DTypeName(dtype)).c_str(), device.DebugString().c_str(), config_name.c_str(),
+      c.parallel.DebugString().c_str(), ShardingName(c.parallel.sharding));
   Timer timer;
-  const absl::Status status = (*trainer)->Run(&timer);
+  std::vector<StateBytes> rank_states;
+  std::unique_ptr<Trainer> trainer;
+  absl::Status status;
+  if (ranks > 1) {
+    status = RunRanks(c, &timer, &rank_states);
+  } else {
+    absl::StatusOr<std::unique_ptr<Trainer>> created = Trainer::Create(c);
+    status = created.status();
+    if (status.ok()) {
+      trainer = *std::move(created);
+      rank_states = {StatesOf(*trainer, dtype)};
+      status = trainer->Run(&timer);
+    }
+  }
   if (!status.ok()) {
     std::fprintf(stderr, "train_bench: %s\n", status.ToString().c_str());
     return 1;
@@ -179,23 +298,28 @@ int Main(int argc, char** argv) {
                              {"optimizer", phase(&StepPhaseSeconds::optimizer)}}},
                            {"device", device.DebugString()},
                            {"dense_gemm_n", gemm_n},
-                           {"config", Describe(config_name, c)}};
-
-  // The model's states, exactly: the flat buffers the transformer allocates and AdamW's two f32
-  // moments per trainable parameter.
-  const Transformer& model = (*trainer)->model();
-  int64_t parameter_count = 0, trainable_count = 0;
-  for (const NamedParameter& p : model.parameters()) {
-    parameter_count += p.value.numel();
-    if (p.trainable) trainable_count += p.value.numel();
+                           {"config", Describe(config_name, c)},
+                           {"ranks", ranks},
+                           {"data_parallel", c.parallel.data_parallel},
+                           {"expert_parallel", c.parallel.expert_parallel},
+                           {"sharding", ShardingName(c.parallel.sharding)},
+                           {"moment_dtype", std::string(DTypeName(c.optimizer.moment_dtype))}};
+  // Each rank's states, and what the estimate says a rank of this layout holds.
+  const MemoryEstimate estimate = EstimateTrainingMemory(c);
+  result["estimated_state_bytes"] = {{"parameters", estimate.parameters},
+                                     {"grads", estimate.gradients},
+                                     {"optimizer", estimate.optimizer}};
+  result["rank_state_bytes"] = nlohmann::json::array();
+  for (const StateBytes& states : rank_states) {
+    result["rank_state_bytes"].push_back({{"parameters", states.parameters},
+                                          {"grads", states.grads},
+                                          {"optimizer", states.optimizer}});
   }
-  const int64_t buffer = model.master_buffer().numel();
-  const int64_t parameter_bytes =
-      buffer * (4 + (dtype == DType::kF32 ? 0 : static_cast<int64_t>(DTypeSize(dtype))));
-  const int64_t grad_bytes = model.grad_buffer().numel() * 4;
-  const int64_t optimizer_bytes = trainable_count * 2 * 4;
-  const int64_t states = parameter_bytes + grad_bytes + optimizer_bytes;
-  result["parameter_count"] = parameter_count;
+
+  // Rank 0's states, exactly (StatesOf).
+  const int64_t parameter_bytes = rank_states[0].parameters, grad_bytes = rank_states[0].grads,
+                optimizer_bytes = rank_states[0].optimizer, states = rank_states[0].total();
+  result["parameter_count"] = static_cast<int64_t>(ParameterCount(c.model));
   if (!device.is_cpu()) {
     int64_t peak = 0;
     for (const StepReport& report : timer.reports) {

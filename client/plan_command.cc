@@ -40,13 +40,16 @@ absl::Status CheckGpuCount(const char* flag, int64_t gpus) {
 json LayoutPlanJson(const LayoutPlan& plan) {
   return {{"data_parallel", plan.layout.data_parallel},
           {"expert_parallel", plan.layout.expert_parallel},
+          {"sharding", ShardingName(plan.layout.sharding)},
           {"memory_bytes",
            {{"parameters", plan.memory.parameters},
             {"gradients", plan.memory.gradients},
             {"optimizer", plan.memory.optimizer},
             {"activations", plan.memory.activations},
             {"fp8_state", plan.memory.fp8_state},
-            {"total", plan.memory.total()}}},
+            {"checkpoint_gather", plan.memory.checkpoint_gather},
+            {"total", plan.memory.total()},
+            {"on_device", plan.memory.on_device()}}},
           {"fits", plan.fits},
           {"step_seconds", plan.step_s},
           {"compute_seconds", plan.compute_s},
@@ -61,6 +64,7 @@ json LayoutPlanJson(const LayoutPlan& plan) {
           {"all_to_all_bytes", plan.all_to_all_bytes},
           {"all_reduce_seconds", plan.all_reduce_s},
           {"all_reduce_exposed_seconds", plan.all_reduce_exposed_s},
+          {"all_gather_seconds", plan.all_gather_s},
           {"all_to_all_share", plan.all_to_all_share()},
           {"all_reduce_share", plan.all_reduce_share()},
           {"tokens_per_s", plan.tokens_per_s},
@@ -68,18 +72,24 @@ json LayoutPlanJson(const LayoutPlan& plan) {
 }
 
 void PrintLayoutTable(const std::vector<LayoutPlan>& plans) {
-  std::printf("%5s %5s %12s %5s %12s %14s %6s %6s %6s\n", "dp", "ep", "memory/rank", "fits", "step",
-              "tokens/s", "MFU", "a2a", "allred");
+  std::printf("%5s %5s %9s %12s %5s %12s %14s %6s %6s %6s\n", "dp", "ep", "sharding", "memory/rank",
+              "fits", "step", "tokens/s", "MFU", "a2a", "allred");
   for (const LayoutPlan& plan : plans) {
-    std::printf("%5d %5d %12s %5s %11.4gs %14.4g %5.1f%% %5.1f%% %5.1f%%\n",
+    std::printf("%5d %5d %9s %12s %5s %11.4gs %14.4g %5.1f%% %5.1f%% %5.1f%%\n",
                 plan.layout.data_parallel, plan.layout.expert_parallel,
-                FormatBytes(plan.memory.total()).c_str(), plan.fits ? "yes" : "no", plan.step_s,
-                plan.tokens_per_s, 100 * plan.mfu, 100 * plan.all_to_all_share(),
-                100 * plan.all_reduce_share());
+                ShardingName(plan.layout.sharding), FormatBytes(plan.memory.on_device()).c_str(),
+                plan.fits ? "yes" : "no", plan.step_s, plan.tokens_per_s, 100 * plan.mfu,
+                100 * plan.all_to_all_share(), 100 * plan.all_reduce_share());
   }
 }
 
 namespace {
+
+// "4x2", or "4x2 OPTIM" with a sharded optimizer.
+std::string LayoutName(const Layout& layout) {
+  return absl::StrCat(layout.data_parallel, "x", layout.expert_parallel,
+                      layout.sharding == Sharding::kOptimizer ? " OPTIM" : "");
+}
 
 json SweepJson(const std::vector<SweepPoint>& points) {
   json out = json::array();
@@ -92,7 +102,7 @@ json SweepJson(const std::vector<SweepPoint>& points) {
 }
 
 void PrintSweep(const char* title, const std::vector<SweepPoint>& points) {
-  std::printf("\n%s scaling:\n%6s %10s %12s %5s %12s %14s %7s %6s %6s %10s\n", title, "gpus",
+  std::printf("\n%s scaling:\n%6s %14s %12s %5s %12s %14s %7s %6s %6s %10s\n", title, "gpus",
               "dp x ep", "memory/rank", "fits", "step", "tokens/s", "MFU", "a2a", "allred",
               "efficiency");
   bool any_unfit = false;
@@ -103,11 +113,11 @@ void PrintSweep(const char* title, const std::vector<SweepPoint>& points) {
     }
     const LayoutPlan& best = *point.best;
     any_unfit = any_unfit || !best.fits;
-    std::printf("%6d %10s %12s %5s %11.4gs %14.4g %6.1f%% %5.1f%% %5.1f%% %9.1f%%\n", point.gpus,
-                absl::StrCat(best.layout.data_parallel, "x", best.layout.expert_parallel).c_str(),
-                FormatBytes(best.memory.total()).c_str(), best.fits ? "yes" : "no", best.step_s,
-                best.tokens_per_s, 100 * best.mfu, 100 * best.all_to_all_share(),
-                100 * best.all_reduce_share(), 100 * point.efficiency);
+    std::printf("%6d %14s %12s %5s %11.4gs %14.4g %6.1f%% %5.1f%% %5.1f%% %9.1f%%\n", point.gpus,
+                LayoutName(best.layout).c_str(), FormatBytes(best.memory.on_device()).c_str(),
+                best.fits ? "yes" : "no", best.step_s, best.tokens_per_s, 100 * best.mfu,
+                100 * best.all_to_all_share(), 100 * best.all_reduce_share(),
+                100 * point.efficiency);
   }
   if (any_unfit) {
     std::printf(
@@ -176,8 +186,9 @@ int PlanCommand(const PlanOptions& options) {
               FormatBytes(cluster->device.memory_bytes).c_str(), cluster->gpus_per_node);
   PrintLayoutTable(plans);
   if (best.has_value()) {
-    std::printf("fastest that fits: dp=%d x ep=%d, memory/rank %s\n", best->layout.data_parallel,
-                best->layout.expert_parallel, best->memory.DebugString().c_str());
+    std::printf("fastest that fits: dp=%d x ep=%d, sharding %s, memory/rank %s\n",
+                best->layout.data_parallel, best->layout.expert_parallel,
+                ShardingName(best->layout.sharding), best->memory.DebugString().c_str());
   } else {
     std::printf("no layout fits in %s per GPU\n",
                 FormatBytes(cluster->device.memory_bytes).c_str());

@@ -165,11 +165,16 @@ absl::StatusOr<TrainerConfig> ConvertSpec(const v1::JobSpec& raw_spec,
   c.parallel.expert_parallel = static_cast<int>(spec.parallel().expert_parallel());
   c.parallel.data_parallel = static_cast<int>(spec.parallel().data_parallel());
   c.parallel.overlap_chunks = static_cast<int>(spec.parallel().overlap_chunks());
+  c.parallel.sharding = spec.parallel().sharding() == v1::ParallelConfig::OPTIMIZER
+                            ? Sharding::kOptimizer
+                            : Sharding::kNone;
   const v1::OptimizerConfig& opt = train.optimizer();
   c.optimizer.beta1 = opt.beta1();
   c.optimizer.beta2 = opt.beta2();
   c.optimizer.eps = opt.eps();
   c.optimizer.weight_decay = opt.weight_decay();
+  c.optimizer.moment_dtype =
+      opt.moment_dtype() == v1::OptimizerConfig::BF16 ? DType::kBF16 : DType::kF32;
   c.schedule.lr = opt.lr();
   c.schedule.min_lr = opt.min_lr();
   c.schedule.warmup_steps = opt.warmup_steps();

@@ -24,7 +24,7 @@ absl::Status Invalid(const OpContext& context, absl::string_view message) {
 
 // `counts` has one non-negative entry per rank; their sum in *total.
 absl::Status CheckCounts(const OpContext& context, absl::string_view name,
-                         const std::vector<int64_t>& counts, int64_t* total) {
+                         absl::Span<const int64_t> counts, int64_t* total) {
   if (static_cast<int64_t>(counts.size()) != context.size) {
     return Invalid(context, absl::StrCat(name, " has ", counts.size(),
                                          " entries, expected size = ", context.size));
@@ -58,6 +58,14 @@ bool Overlap(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
   const auto a_begin = reinterpret_cast<uintptr_t>(a), b_begin = reinterpret_cast<uintptr_t>(b);
   return a_begin < b_begin + static_cast<uintptr_t>(b_bytes) &&
          b_begin < a_begin + static_cast<uintptr_t>(a_bytes);
+}
+
+absl::Status CheckSummable(const OpContext& context, DType dtype) {
+  if (dtype != DType::kF32 && dtype != DType::kI32 && dtype != DType::kI64) {
+    return Invalid(context, absl::StrCat("dtype = ", std::string(DTypeName(dtype)),
+                                         " is not summable here (f32, i32 or i64)"));
+  }
+  return absl::OkStatus();
 }
 
 class CompletedCommRequest : public CommRequest {
@@ -95,11 +103,15 @@ absl::Status CheckAllReduceSum(const OpContext& context, const void* data, int64
                                DType dtype) {
   MOETRAIN_RETURN_IF_ERROR(CheckCount(context, count));
   MOETRAIN_RETURN_IF_ERROR(CheckBuffer(context, "data", data, count));
-  if (dtype != DType::kF32 && dtype != DType::kI32 && dtype != DType::kI64) {
-    return Invalid(context, absl::StrCat("dtype = ", std::string(DTypeName(dtype)),
-                                         " is not summable here (f32, i32 or i64)"));
-  }
-  return absl::OkStatus();
+  return CheckSummable(context, dtype);
+}
+
+absl::Status CheckBlocks(const OpContext& context, const void* data,
+                         absl::Span<const int64_t> counts, DType dtype, bool summed,
+                         int64_t* total) {
+  MOETRAIN_RETURN_IF_ERROR(CheckCounts(context, "counts", counts, total));
+  MOETRAIN_RETURN_IF_ERROR(CheckBuffer(context, "data", data, *total));
+  return summed ? CheckSummable(context, dtype) : absl::OkStatus();
 }
 
 absl::Status CheckAllGather(const OpContext& context, const void* send, const void* recv,

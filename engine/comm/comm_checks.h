@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "engine/comm/communicator.h"
 #include "engine/core/dtype.h"
 
@@ -31,6 +32,11 @@ absl::Status CheckAllReduceSum(const OpContext& context, const void* data, int64
 // count ≥ 0; send and recv non-null when count > 0; send outside recv.
 absl::Status CheckAllGather(const OpContext& context, const void* send, const void* recv,
                             int64_t count, DType dtype);
+// Counts: one per rank, none negative; data non-null when they sum to more than 0; in *total their
+// sum. A reduce-scatter's dtype must be f32, i32 or i64 (`summed`).
+absl::Status CheckBlocks(const OpContext& context, const void* data,
+                         absl::Span<const int64_t> counts, DType dtype, bool summed,
+                         int64_t* total);
 // count ≥ 0, data non-null when count > 0, 0 ≤ root < size.
 absl::Status CheckBroadcast(const OpContext& context, const void* data, int64_t count, DType dtype,
                             int root);

@@ -26,6 +26,15 @@ absl::Status Communicator::AllGather(const void* send, void* recv, int64_t count
   return WaitFor(StartAllGather(send, recv, count, dtype));
 }
 
+absl::Status Communicator::ReduceScatterSum(void* data, absl::Span<const int64_t> counts,
+                                            DType dtype) {
+  return WaitFor(StartReduceScatterSum(data, counts, dtype));
+}
+
+absl::Status Communicator::AllGatherV(void* data, absl::Span<const int64_t> counts, DType dtype) {
+  return WaitFor(StartAllGatherV(data, counts, dtype));
+}
+
 absl::Status Communicator::Broadcast(void* data, int64_t count, DType dtype, int root) {
   return WaitFor(StartBroadcast(data, count, dtype, root));
 }

@@ -76,6 +76,16 @@ class Communicator {
   virtual absl::StatusOr<std::unique_ptr<CommRequest>> StartAllGather(const void* send, void* recv,
                                                                       int64_t count,
                                                                       DType dtype) = 0;
+  // A sum over the ranks that each rank keeps a block of. `data` holds Σ counts elements, block r
+  // (rank r's) at offset Σ_{q<r} counts[q]; `counts` has one entry per rank, none negative, the
+  // same on every rank. After Wait this rank's block holds the sum over the ranks of their values
+  // of that block; the other blocks hold unspecified values (scratch). dtype: f32, i32 or i64.
+  virtual absl::StatusOr<std::unique_ptr<CommRequest>> StartReduceScatterSum(
+      void* data, absl::Span<const int64_t> counts, DType dtype) = 0;
+  // Its inverse, in place: `data` and `counts` as above; after Wait every block holds what its
+  // rank had in it at Start (this rank's block is only read).
+  virtual absl::StatusOr<std::unique_ptr<CommRequest>> StartAllGatherV(
+      void* data, absl::Span<const int64_t> counts, DType dtype) = 0;
   // data (count elements) ← root's data.
   virtual absl::StatusOr<std::unique_ptr<CommRequest>> StartBroadcast(void* data, int64_t count,
                                                                       DType dtype, int root) = 0;
@@ -90,6 +100,8 @@ class Communicator {
   absl::Status AllToAllV(const AllToAllVArgs& args);
   absl::Status AllReduceSum(void* data, int64_t count, DType dtype);
   absl::Status AllGather(const void* send, void* recv, int64_t count, DType dtype);
+  absl::Status ReduceScatterSum(void* data, absl::Span<const int64_t> counts, DType dtype);
+  absl::Status AllGatherV(void* data, absl::Span<const int64_t> counts, DType dtype);
   absl::Status Broadcast(void* data, int64_t count, DType dtype, int root);
   absl::Status Barrier();
 };

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -23,13 +24,12 @@
 #include "engine/comm/local_communicator.h"
 #include "engine/core/status.h"
 #include "gloo/allgather.h"
-#include "gloo/allreduce.h"
+#include "gloo/allgatherv.h"
 #include "gloo/alltoallv.h"
 #include "gloo/barrier.h"
 #include "gloo/broadcast.h"
 #include "gloo/common/error.h"
 #include "gloo/common/logging.h"
-#include "gloo/math.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/prefix_store.h"
 #include "gloo/transport/tcp/device.h"
@@ -128,11 +128,17 @@ Options CollectiveOptions(const std::shared_ptr<gloo::Context>& context, uint32_
   return options;
 }
 
+// out[i] ← ((in[0][i] + in[1][i]) + in[2][i]) + …: the n copies of a block of `count` elements,
+// added in rank order (the same bits on every run and for every way of cutting the blocks).
 template <typename T>
-void SetSum(gloo::AllreduceOptions& options, void* data, int64_t count) {
-  options.setOutput(static_cast<T*>(data), static_cast<size_t>(count));
-  void (*sum)(void*, const void*, const void*, size_t) = &gloo::sum<T>;
-  options.setReduceFunction(sum);
+void SumInRankOrder(const uint8_t* in, int n, int64_t count, uint8_t* out) {
+  const T* copies = reinterpret_cast<const T*>(in);
+  T* sum = reinterpret_cast<T*>(out);
+  std::copy(copies, copies + count, sum);
+  for (int q = 1; q < n; ++q) {
+    const T* copy = copies + q * count;
+    for (int64_t i = 0; i < count; ++i) sum[i] += copy[i];
+  }
 }
 
 }  // namespace
@@ -254,13 +260,72 @@ absl::StatusOr<std::unique_ptr<CommRequest>> GlooCommunicator::StartAllReduceSum
   MOETRAIN_RETURN_IF_ERROR(Broken("all_reduce_sum"));
   // Every rank sees the same count, so every rank skips the same collectives.
   if (count == 0) return CompletedRequest(absl::OkStatus());
-  return Submit("all_reduce_sum", [this, data, count, dtype](uint32_t tag) {
-    auto options = CollectiveOptions<gloo::AllreduceOptions>(context_, tag, options_.group.timeout);
-    if (dtype == DType::kF32) SetSum<float>(options, data, count);
-    if (dtype == DType::kI32) SetSum<int32_t>(options, data, count);
-    if (dtype == DType::kI64) SetSum<int64_t>(options, data, count);
-    gloo::allreduce(options);
+  std::vector<int64_t> counts(size());
+  for (int j = 0; j < size(); ++j) counts[j] = count / size() + (j < count % size() ? 1 : 0);
+  return Submit("all_reduce_sum", [this, data = Bytes(data), counts, dtype](uint32_t tag) {
+    ReduceScatterOn(tag, data, counts, dtype);
+    AllGatherVOn(next_tag_++, data, counts, dtype);
   });
+}
+
+absl::StatusOr<std::unique_ptr<CommRequest>> GlooCommunicator::StartReduceScatterSum(
+    void* data, absl::Span<const int64_t> counts, DType dtype) {
+  int64_t total = 0;
+  MOETRAIN_RETURN_IF_ERROR(
+      CheckBlocks(Op("reduce_scatter_sum"), data, counts, dtype, /*summed=*/true, &total));
+  MOETRAIN_RETURN_IF_ERROR(Broken("reduce_scatter_sum"));
+  if (total == 0) return CompletedRequest(absl::OkStatus());
+  return Submit(
+      "reduce_scatter_sum",
+      [this, data = Bytes(data), counts = std::vector<int64_t>(counts.begin(), counts.end()),
+       dtype](uint32_t tag) { ReduceScatterOn(tag, data, counts, dtype); });
+}
+
+absl::StatusOr<std::unique_ptr<CommRequest>> GlooCommunicator::StartAllGatherV(
+    void* data, absl::Span<const int64_t> counts, DType dtype) {
+  int64_t total = 0;
+  MOETRAIN_RETURN_IF_ERROR(
+      CheckBlocks(Op("all_gather_v"), data, counts, dtype, /*summed=*/false, &total));
+  MOETRAIN_RETURN_IF_ERROR(Broken("all_gather_v"));
+  if (total == 0) return CompletedRequest(absl::OkStatus());
+  return Submit("all_gather_v", [this, data = Bytes(data),
+                                 counts = std::vector<int64_t>(counts.begin(), counts.end()),
+                                 dtype](uint32_t tag) { AllGatherVOn(tag, data, counts, dtype); });
+}
+
+void GlooCommunicator::ReduceScatterOn(uint32_t tag, uint8_t* data,
+                                       const std::vector<int64_t>& counts, DType dtype) {
+  const int n = size(), r = rank();
+  const int64_t own = counts[r];
+  int64_t offset = 0;
+  for (int j = 0; j < r; ++j) offset += counts[j];
+  // Every rank's copy of this rank's block, rank by rank.
+  std::vector<uint8_t> received(std::max<int64_t>(1, n * own * DTypeSize(dtype)));
+  auto options = CollectiveOptions<gloo::AlltoallvOptions>(context_, tag, options_.group.timeout);
+  options.setInput(data, ToBytes(counts, dtype));
+  options.setOutput(received.data(), std::vector<int64_t>(n, own * DTypeSize(dtype)));
+  gloo::alltoallv(options);
+  uint8_t* block = data + offset * DTypeSize(dtype);
+  if (dtype == DType::kF32) SumInRankOrder<float>(received.data(), n, own, block);
+  if (dtype == DType::kI32) SumInRankOrder<int32_t>(received.data(), n, own, block);
+  if (dtype == DType::kI64) SumInRankOrder<int64_t>(received.data(), n, own, block);
+}
+
+void GlooCommunicator::AllGatherVOn(uint32_t tag, uint8_t* data, const std::vector<int64_t>& counts,
+                                    DType dtype) {
+  const size_t element = DTypeSize(dtype);
+  int64_t offset = 0;
+  for (int j = 0; j < rank(); ++j) offset += counts[j];
+  // Gloo copies the input into the output: this rank's block goes in as a copy, so that the copy's
+  // source and destination are not the same bytes.
+  std::vector<uint8_t> own(data + offset * element, data + (offset + counts[rank()]) * element);
+  own.resize(std::max<size_t>(own.size(), 1));
+  std::vector<size_t> bytes(counts.size());
+  for (size_t j = 0; j < counts.size(); ++j) bytes[j] = counts[j] * element;
+  auto options = CollectiveOptions<gloo::AllgathervOptions>(context_, tag, options_.group.timeout);
+  options.setInput(own.data(), bytes[rank()]);
+  options.setOutput(data, std::move(bytes));
+  gloo::allgatherv(options);
 }
 
 absl::StatusOr<std::unique_ptr<CommRequest>> GlooCommunicator::StartAllGather(const void* send,

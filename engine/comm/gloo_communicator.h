@@ -7,6 +7,11 @@
 // its own (so Start* returns at once and compute overlaps the transfer); Gloo's own event loop
 // adds one more thread. Start* may be called from any thread, but every rank must start the same
 // collectives in the same order, so start them from one thread.
+//
+// Sums are made in rank order: a reduce-scatter sends each block to its rank (an all-to-all) and
+// that rank adds the n copies as ((x_0 + x_1) + x_2) + …; an all-reduce is that reduce-scatter
+// over n near-equal blocks and an all-gather. So an all-reduce and a reduce-scatter of the same
+// values give the same bits, whatever the block boundaries.
 #ifndef MOETRAIN_ENGINE_COMM_GLOO_COMMUNICATOR_H_
 #define MOETRAIN_ENGINE_COMM_GLOO_COMMUNICATOR_H_
 
@@ -62,6 +67,11 @@ class GlooCommunicator final : public Communicator {
                                                                  DType dtype) override;
   absl::StatusOr<std::unique_ptr<CommRequest>> StartAllGather(const void* send, void* recv,
                                                               int64_t count, DType dtype) override;
+  absl::StatusOr<std::unique_ptr<CommRequest>> StartReduceScatterSum(
+      void* data, absl::Span<const int64_t> counts, DType dtype) override;
+  absl::StatusOr<std::unique_ptr<CommRequest>> StartAllGatherV(void* data,
+                                                               absl::Span<const int64_t> counts,
+                                                               DType dtype) override;
   absl::StatusOr<std::unique_ptr<CommRequest>> StartBroadcast(void* data, int64_t count,
                                                               DType dtype, int root) override;
   absl::StatusOr<std::unique_ptr<CommRequest>> StartBarrier() override;
@@ -79,6 +89,10 @@ class GlooCommunicator final : public Communicator {
   // Queues `body` (given a tag no other collective of this group uses) under the name `op`.
   absl::StatusOr<std::unique_ptr<CommRequest>> Submit(absl::string_view op,
                                                       std::function<void(uint32_t tag)> body);
+  // The bodies of the summing collectives, on the queue's thread (bytes, `counts` in elements).
+  void ReduceScatterOn(uint32_t tag, uint8_t* data, const std::vector<int64_t>& counts,
+                       DType dtype);
+  void AllGatherVOn(uint32_t tag, uint8_t* data, const std::vector<int64_t>& counts, DType dtype);
   // Who calls `op`, for the argument checks.
   OpContext Op(absl::string_view op) const;
   // "gloo <op> on rank r of n (group '<prefix>')": how errors start.

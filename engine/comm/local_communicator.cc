@@ -44,6 +44,22 @@ absl::StatusOr<std::unique_ptr<CommRequest>> LocalCommunicator::StartAllGather(c
   return CompletedRequest(absl::OkStatus());
 }
 
+absl::StatusOr<std::unique_ptr<CommRequest>> LocalCommunicator::StartReduceScatterSum(
+    void* data, absl::Span<const int64_t> counts, DType dtype) {
+  int64_t total = 0;
+  MOETRAIN_RETURN_IF_ERROR(
+      CheckBlocks(Local("reduce_scatter_sum"), data, counts, dtype, /*summed=*/true, &total));
+  return CompletedRequest(absl::OkStatus());
+}
+
+absl::StatusOr<std::unique_ptr<CommRequest>> LocalCommunicator::StartAllGatherV(
+    void* data, absl::Span<const int64_t> counts, DType dtype) {
+  int64_t total = 0;
+  MOETRAIN_RETURN_IF_ERROR(
+      CheckBlocks(Local("all_gather_v"), data, counts, dtype, /*summed=*/false, &total));
+  return CompletedRequest(absl::OkStatus());
+}
+
 absl::StatusOr<std::unique_ptr<CommRequest>> LocalCommunicator::StartBroadcast(void* data,
                                                                                int64_t count,
                                                                                DType dtype,

@@ -24,6 +24,11 @@ class LocalCommunicator final : public Communicator {
                                                                  DType dtype) override;
   absl::StatusOr<std::unique_ptr<CommRequest>> StartAllGather(const void* send, void* recv,
                                                               int64_t count, DType dtype) override;
+  absl::StatusOr<std::unique_ptr<CommRequest>> StartReduceScatterSum(
+      void* data, absl::Span<const int64_t> counts, DType dtype) override;
+  absl::StatusOr<std::unique_ptr<CommRequest>> StartAllGatherV(void* data,
+                                                               absl::Span<const int64_t> counts,
+                                                               DType dtype) override;
   absl::StatusOr<std::unique_ptr<CommRequest>> StartBroadcast(void* data, int64_t count,
                                                               DType dtype, int root) override;
   absl::StatusOr<std::unique_ptr<CommRequest>> StartBarrier() override;

@@ -1,5 +1,6 @@
 #include "engine/comm/metered_communicator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <utility>
@@ -31,6 +32,17 @@ class MeteredRequest final : public CommRequest {
   const std::shared_ptr<CommMeter> meter_;
 };
 
+// Bytes of this rank's block and of the others' blocks together (a bad rank or count is the
+// inner communicator's to reject).
+std::pair<int64_t, int64_t> SplitBytes(absl::Span<const int64_t> counts, int rank, DType dtype) {
+  const int64_t element = static_cast<int64_t>(DTypeSize(dtype));
+  int64_t own = 0, others = 0;
+  for (size_t j = 0; j < counts.size(); ++j) {
+    (static_cast<int>(j) == rank ? own : others) += std::max<int64_t>(counts[j], 0) * element;
+  }
+  return {own, others};
+}
+
 }  // namespace
 
 const char* CommOpName(CommOp op) {
@@ -45,6 +57,8 @@ const char* CommOpName(CommOp op) {
       return "broadcast";
     case CommOp::kBarrier:
       return "barrier";
+    case CommOp::kReduceScatter:
+      return "reduce_scatter";
   }
   return "unknown";
 }
@@ -96,6 +110,20 @@ absl::StatusOr<std::unique_ptr<CommRequest>> MeteredCommunicator::StartAllGather
   const int64_t bytes = count * static_cast<int64_t>(DTypeSize(dtype));
   return Metered(CommOp::kAllGather, bytes, (size() - 1) * bytes,
                  [&] { return inner_->StartAllGather(send, recv, count, dtype); });
+}
+
+absl::StatusOr<std::unique_ptr<CommRequest>> MeteredCommunicator::StartReduceScatterSum(
+    void* data, absl::Span<const int64_t> counts, DType dtype) {
+  const auto [own, others] = SplitBytes(counts, rank(), dtype);
+  return Metered(CommOp::kReduceScatter, others, own,
+                 [&] { return inner_->StartReduceScatterSum(data, counts, dtype); });
+}
+
+absl::StatusOr<std::unique_ptr<CommRequest>> MeteredCommunicator::StartAllGatherV(
+    void* data, absl::Span<const int64_t> counts, DType dtype) {
+  const auto [own, others] = SplitBytes(counts, rank(), dtype);
+  return Metered(CommOp::kAllGather, own, others,
+                 [&] { return inner_->StartAllGatherV(data, counts, dtype); });
 }
 
 absl::StatusOr<std::unique_ptr<CommRequest>> MeteredCommunicator::StartBroadcast(void* data,

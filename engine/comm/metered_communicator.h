@@ -10,7 +10,10 @@
 // buffer): per call, with n ranks, e bytes per element and this rank r,
 //   all-to-all   sent Σ_{j≠r} send_counts[j]·e, received Σ_{j≠r} recv_counts[j]·e
 //   all-reduce   sent and received count·e
-//   all-gather   sent count·e, received (n − 1)·count·e
+//   all-gather   sent count·e, received (n − 1)·count·e; AllGatherV: sent counts[r]·e, received
+//                Σ_{j≠r} counts[j]·e
+//   reduce-scatter  sent Σ_{j≠r} counts[j]·e (its values of the others' blocks), received
+//                counts[r]·e (its own block, summed)
 //   broadcast    the root sent count·e, every other rank received count·e
 //   barrier      nothing
 // and nothing at all in a world of one. Seconds are the caller's time inside Start and Wait:
@@ -27,10 +30,10 @@
 
 namespace moetrain {
 
-enum class CommOp { kAllToAll = 0, kAllReduce, kAllGather, kBroadcast, kBarrier };
-inline constexpr int kNumCommOps = 5;
+enum class CommOp { kAllToAll = 0, kAllReduce, kAllGather, kBroadcast, kBarrier, kReduceScatter };
+inline constexpr int kNumCommOps = 6;
 
-// "all_to_all", "all_reduce", "all_gather", "broadcast" or "barrier".
+// "all_to_all", "all_reduce", "all_gather", "broadcast", "barrier" or "reduce_scatter".
 const char* CommOpName(CommOp op);
 
 // Where the accounting goes. Called from whichever threads use the communicators: thread-safe.
@@ -57,6 +60,11 @@ class MeteredCommunicator final : public Communicator {
                                                                  DType dtype) override;
   absl::StatusOr<std::unique_ptr<CommRequest>> StartAllGather(const void* send, void* recv,
                                                               int64_t count, DType dtype) override;
+  absl::StatusOr<std::unique_ptr<CommRequest>> StartReduceScatterSum(
+      void* data, absl::Span<const int64_t> counts, DType dtype) override;
+  absl::StatusOr<std::unique_ptr<CommRequest>> StartAllGatherV(void* data,
+                                                               absl::Span<const int64_t> counts,
+                                                               DType dtype) override;
   absl::StatusOr<std::unique_ptr<CommRequest>> StartBroadcast(void* data, int64_t count,
                                                               DType dtype, int root) override;
   absl::StatusOr<std::unique_ptr<CommRequest>> StartBarrier() override;

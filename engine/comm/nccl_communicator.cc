@@ -43,6 +43,34 @@ namespace {
 #define MOETRAIN_CUDA_RETURN_IF_ERROR(expr) MOETRAIN_RETURN_IF_ERROR(CudaStatus((expr), #expr))
 #endif
 
+// NCCL's type for a summable dtype (f32, i32, i64: the checks allow no other).
+ncclDataType_t SumType(DType dtype) {
+  return dtype == DType::kF32 ? ncclFloat32 : dtype == DType::kI32 ? ncclInt32 : ncclInt64;
+}
+
+// Whether every rank's block has the same length (NCCL's own reduce-scatter and all-gather).
+bool EqualBlocks(const std::vector<int64_t>& blocks) {
+  return std::all_of(blocks.begin(), blocks.end(), [&](int64_t c) { return c == blocks[0]; });
+}
+
+// call(root, start of root's block, its elements) for every rank's non-empty block of the buffer at
+// `base` (elements of `element` bytes, laid out rank by rank), inside one NCCL group: a collective
+// per block, rooted at the block's rank.
+template <typename Call>
+absl::Status PerBlockInGroup(ncclComm_t comm, const std::vector<int64_t>& blocks, size_t element,
+                             char* base, Call call) {
+  MOETRAIN_RETURN_IF_ERROR(NcclStatus(ncclGroupStart(), "ncclGroupStart", comm));
+  absl::Status status;
+  size_t offset = 0;
+  for (int root = 0; root < static_cast<int>(blocks.size()) && status.ok(); ++root) {
+    if (blocks[root] > 0) status = call(root, base + offset, blocks[root]);
+    offset += blocks[root] * element;
+  }
+  // The group must be closed even when a call inside it failed.
+  const absl::Status ended = NcclStatus(ncclGroupEnd(), "ncclGroupEnd", comm);
+  return status.ok() ? ended : status;
+}
+
 class NcclRequest final : public CommRequest {
  public:
   NcclRequest(std::shared_ptr<NcclGroup> group, std::string what, NcclEnqueued enqueued,
@@ -130,9 +158,7 @@ class NcclCommunicator final : public Communicator {
   absl::StatusOr<std::unique_ptr<CommRequest>> StartAllReduceSum(void* data, int64_t count,
                                                                  DType dtype) override {
     MOETRAIN_RETURN_IF_ERROR(CheckAllReduceSum(Op("all_reduce_sum"), data, count, dtype));
-    const ncclDataType_t type = dtype == DType::kF32   ? ncclFloat32
-                                : dtype == DType::kI32 ? ncclInt32
-                                                       : ncclInt64;
+    const ncclDataType_t type = SumType(dtype);
     const NcclBuffer buffers[] = {{.data = data,
                                    .bytes = static_cast<size_t>(count) * DTypeSize(dtype),
                                    .read = true,
@@ -159,6 +185,53 @@ class NcclCommunicator final : public Communicator {
                         ncclAllGather(device[0], device[1], bytes, ncclUint8, comm, stream),
                         "ncclAllGather", comm);
                   });
+  }
+
+  // Equal blocks are ncclReduceScatter in place; unequal ones one ncclReduce per block, to its
+  // rank, in one NCCL group.
+  absl::StatusOr<std::unique_ptr<CommRequest>> StartReduceScatterSum(
+      void* data, absl::Span<const int64_t> counts, DType dtype) override {
+    const ncclDataType_t type = SumType(dtype);
+    return LaunchBlocks(
+        "reduce_scatter_sum", data, counts, dtype, /*summed=*/true,
+        [&](ncclComm_t comm, cudaStream_t stream, char* base, const std::vector<int64_t>& blocks,
+            size_t element) -> absl::Status {
+          if (EqualBlocks(blocks)) {
+            return NcclStatus(ncclReduceScatter(base, base + rank() * blocks[0] * element,
+                                                blocks[0], type, ncclSum, comm, stream),
+                              "ncclReduceScatter", comm);
+          }
+          return PerBlockInGroup(
+              comm, blocks, element, base, [&](int root, char* block, int64_t count) {
+                return NcclStatus(
+                    ncclReduce(block, block, count, type, ncclSum, root, comm, stream),
+                    "ncclReduce", comm);
+              });
+        });
+  }
+
+  // Equal blocks are ncclAllGather in place; unequal ones one ncclBroadcast per block, from its
+  // rank, in one NCCL group.
+  absl::StatusOr<std::unique_ptr<CommRequest>> StartAllGatherV(void* data,
+                                                               absl::Span<const int64_t> counts,
+                                                               DType dtype) override {
+    return LaunchBlocks(
+        "all_gather_v", data, counts, dtype, /*summed=*/false,
+        [&](ncclComm_t comm, cudaStream_t stream, char* base, const std::vector<int64_t>& blocks,
+            size_t element) -> absl::Status {
+          if (EqualBlocks(blocks)) {
+            const size_t bytes = blocks[0] * element;
+            return NcclStatus(
+                ncclAllGather(base + rank() * bytes, base, bytes, ncclUint8, comm, stream),
+                "ncclAllGather", comm);
+          }
+          return PerBlockInGroup(
+              comm, blocks, element, base, [&](int root, char* block, int64_t count) {
+                return NcclStatus(
+                    ncclBroadcast(block, block, count * element, ncclUint8, root, comm, stream),
+                    "ncclBroadcast", comm);
+              });
+        });
   }
 
   absl::StatusOr<std::unique_ptr<CommRequest>> StartBroadcast(void* data, int64_t count,
@@ -216,6 +289,29 @@ class NcclCommunicator final : public Communicator {
     MOETRAIN_ASSIGN_OR_RETURN(NcclEnqueued enqueued,
                               group_->Enqueue(what, deadline, buffers, enqueue));
     return std::make_unique<NcclRequest>(group_, what, std::move(enqueued), deadline);
+  }
+
+  // The collectives over per-rank blocks of one buffer, in place (ReduceScatterSum, AllGatherV):
+  // checks the blocks, then enqueues `enqueue(comm, stream, device address of data, the blocks,
+  // bytes an element)` unless they are all empty.
+  template <typename Enqueue>
+  absl::StatusOr<std::unique_ptr<CommRequest>> LaunchBlocks(absl::string_view op, void* data,
+                                                            absl::Span<const int64_t> counts,
+                                                            DType dtype, bool summed,
+                                                            Enqueue enqueue) {
+    int64_t total = 0;
+    MOETRAIN_RETURN_IF_ERROR(CheckBlocks(Op(op), data, counts, dtype, summed, &total));
+    const size_t element = DTypeSize(dtype);
+    const std::vector<int64_t> blocks(counts.begin(), counts.end());
+    const NcclBuffer buffers[] = {{.data = data,
+                                   .bytes = static_cast<size_t>(total) * element,
+                                   .read = true,
+                                   .written = true}};
+    return Launch(op, buffers,
+                  [&](ncclComm_t comm, cudaStream_t stream, absl::Span<void* const> device) {
+                    if (total == 0) return absl::OkStatus();
+                    return enqueue(comm, stream, static_cast<char*>(device[0]), blocks, element);
+                  });
   }
 
   const std::shared_ptr<NcclGroup> group_;

@@ -44,8 +44,11 @@ struct NcclOptions {
 // order_after_stream when they touch device buffers); Wait blocks the host until the stream has
 // passed them (or the timeout, counted from the start, has run out; then the NCCL communicator is
 // aborted). AllToAllV is grouped ncclSend/ncclRecv (zero counts send nothing); AllReduceSum,
-// AllGather and Broadcast are NCCL's. Subgroup is ncclCommSplit, so every rank of the parent must
-// call it (as the interface requires).
+// AllGather and Broadcast are NCCL's; ReduceScatterSum and AllGatherV are ncclReduceScatter and
+// ncclAllGather in place when the blocks are equal, else grouped ncclReduce / ncclBroadcast, one
+// per block. NCCL chooses its own summation order: an all-reduce and a reduce-scatter of the same
+// values may differ in the last bits (Gloo's do not). Subgroup is ncclCommSplit, so every rank of
+// the parent must call it (as the interface requires).
 //
 // Host buffers (pageable or pinned, told apart by cudaPointerGetAttributes) are copied into a
 // pinned staging buffer at Start, to device memory on the collective's stream, and back after it;

@@ -72,6 +72,7 @@ absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout&
   TrainerConfig at = config;
   at.parallel.data_parallel = layout.data_parallel;
   at.parallel.expert_parallel = layout.expert_parallel;
+  at.parallel.sharding = layout.sharding;
   if (absl::Status status = at.parallel.Validate(at.model, at.data.batch_size, at.micro_batch_size);
       !status.ok()) {
     return status;
@@ -84,7 +85,8 @@ absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout&
   LayoutPlan plan;
   plan.layout = layout;
   plan.memory = EstimateTrainingMemory(at);
-  plan.fits = plan.memory.total() <= device.memory_bytes;
+  plan.fits = plan.memory.on_device() <= device.memory_bytes;
+  const bool sharded = layout.sharding == Sharding::kOptimizer;
 
   // Compute.
   const double micro_batches = static_cast<double>(at.micro_batches());
@@ -98,9 +100,11 @@ absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout&
       rank_tokens * split.routed_experts / (gemm_peak * efficiency.grouped_gemm);
   const double attention_s =
       rank_tokens * split.attention_core / (device.dense_bf16_flops * efficiency.attention);
-  // One f32 grad per parameter the rank holds.
+  // One f32 grad per parameter the rank holds; two moments per parameter it updates.
   const double rank_parameters = plan.memory.gradients / 4.0;
-  const double optimizer_s = rank_parameters * kOptimizerBytesPerParameter /
+  const double moment_bytes = static_cast<double>(DTypeSize(at.optimizer.moment_dtype));
+  const double updated_parameters = plan.memory.optimizer / (2 * moment_bytes);
+  const double optimizer_s = OptimizerBytes(updated_parameters, rank_parameters, moment_bytes) /
                              (device.memory_bandwidth_bytes_per_s * efficiency.memory_bound);
   // The memory-bound work between the matmuls (norms, RoPE, activations, residual adds, the
   // loss's softmax, casts): each activation byte the rank holds for a micro-batch written once in
@@ -156,12 +160,15 @@ absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout&
   plan.all_reduce_s = RingAllReduceSeconds(dense_bytes, gpus, world_link) +
                       RingAllReduceSeconds(expert_bytes, layout.data_parallel, world_link);
   if (plan.all_reduce_s > 0) {
+    // Sharded: the grads' half runs under backward, the weights' half after the optimizer.
+    if (sharded) plan.all_gather_s = plan.all_reduce_s / 2;
+    const double overlapped_s = plan.all_reduce_s - plan.all_gather_s;
     const double last_backward_s = (dense_s + experts_s + attention_s) * 2 / 3 / micro_batches;
     const double last_bucket = std::min(
         1.0, static_cast<double>(at.parallel.grad_bucket_bytes) / (dense_bytes + expert_bytes));
     plan.all_reduce_exposed_s =
-        std::min(plan.all_reduce_s, std::max(0.0, plan.all_reduce_s - last_backward_s) +
-                                        plan.all_reduce_s * last_bucket);
+        plan.all_gather_s + std::min(overlapped_s, std::max(0.0, overlapped_s - last_backward_s) +
+                                                       overlapped_s * last_bucket);
   }
 
   plan.step_s = plan.compute_s + plan.all_to_all_exposed_s + plan.all_reduce_exposed_s;
@@ -185,8 +192,11 @@ std::vector<LayoutPlan> PlanLayouts(const TrainerConfig& config, int gpus,
   }
   std::sort(eps.begin(), eps.end());
   for (int ep : eps) {
-    absl::StatusOr<LayoutPlan> plan = PlanLayout(config, {gpus / ep, ep}, cluster);
-    if (plan.ok()) plans.push_back(*plan);
+    for (Sharding sharding : {Sharding::kNone, Sharding::kOptimizer}) {
+      if (sharding != Sharding::kNone && gpus == 1) continue;  // no replicas to shard over
+      absl::StatusOr<LayoutPlan> plan = PlanLayout(config, {gpus / ep, ep, sharding}, cluster);
+      if (plan.ok()) plans.push_back(*plan);
+    }
   }
   return plans;
 }

@@ -13,7 +13,10 @@
 //                each row in the dtype the MoE layer sends it in (the combines' rows are f32).
 //                Over the intra-node link when the expert group fits in a node, else inter-node.
 //   all-reduce   ring, 2(n − 1)/n × bytes / bandwidth + 2(n − 1) × latency: the dense f32
-//                grads over the world, the local experts' over their dp replicas.
+//                grads over the world, the local experts' over their dp replicas. With a
+//                sharded optimizer (Layout::sharding) half of it is the grads' reduce-scatter
+//                and half the updated f32 weights' all-gather after the optimizer, which
+//                nothing overlaps; AdamW then updates the rank's share of the parameters only.
 // Overlap, as the trainer does it: each MoE layer's exchange is cut into chunks
 // (ParallelConfig::overlap_chunks) and one chunk's all-to-all runs under another's expert GEMMs
 // (moe_layer.h; the shared experts, which also hide the first dispatch, are not counted there, so
@@ -34,9 +37,14 @@
 
 namespace moetrain {
 
-// Bytes the optimizer phase moves per parameter: AdamW reads the f32 master, grad and two moments
-// and writes the master, the moments and the bf16 copy: 4·4 + 3·4 + 2.
-inline constexpr double kOptimizerBytesPerParameter = 30;
+// Bytes the optimizer phase moves for a rank that updates `updated` of the `held` parameters it
+// holds, with moments of `moment_bytes` (4 for f32, 2 for bf16): AdamW reads the f32 master and
+// grad and writes the master (12 an updated parameter) and reads and writes the two moments
+// (4·moment_bytes); the bf16 copy of every held parameter is written (2). Unsharded with f32
+// moments: 30 bytes a parameter.
+inline double OptimizerBytes(double updated, double held, double moment_bytes) {
+  return updated * (12 + 4 * moment_bytes) + held * 2;
+}
 
 // The most GPUs a plan is made for: one a rank, as many as a job can have (kMaxRanks).
 inline constexpr int kMaxPlanGpus = kMaxRanks;
@@ -44,6 +52,7 @@ inline constexpr int kMaxPlanGpus = kMaxRanks;
 struct Layout {
   int data_parallel = 1;
   int expert_parallel = 1;
+  Sharding sharding = Sharding::kNone;  // parallel.sharding
   int gpus() const { return data_parallel * expert_parallel; }
 };
 
@@ -70,7 +79,7 @@ double AllToAllBytesPerRank(double tokens, int top_k, double row_bytes, int expe
 struct LayoutPlan {
   Layout layout;
   MemoryEstimate memory;  // one rank
-  bool fits = false;      // memory.total() ≤ the device's memory
+  bool fits = false;      // memory.on_device() ≤ the device's memory
   // Seconds per optimizer step, one rank.
   double compute_s = 0;  // the five parts below
   double dense_gemm_s = 0;
@@ -80,8 +89,11 @@ struct LayoutPlan {
   double optimizer_s = 0;
   double all_to_all_s = 0;          // the whole exchange, before overlap
   double all_to_all_exposed_s = 0;  // what it adds to the step
-  double all_reduce_s = 0;          // dense and expert grads, before overlap
+  // The data-parallel sums of the dense and expert grads, before overlap (sharded: the
+  // reduce-scatter and the weights' all-gather), and what they add to the step.
+  double all_reduce_s = 0;
   double all_reduce_exposed_s = 0;
+  double all_gather_s = 0;      // sharded: the weights' all-gather, a part of both figures above
   double all_to_all_bytes = 0;  // sent by one rank per step
   double step_s = 0;            // compute + the exposed communication
   double tokens_per_s = 0;      // all ranks
@@ -95,8 +107,9 @@ struct LayoutPlan {
 absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout& layout,
                                       const ClusterSpec& cluster);
 
-// Every dp × ep layout of `gpus` GPUs that the config allows, each planned, by ep ascending; none
-// for a count outside [1, kMaxPlanGpus].
+// Every dp × ep layout of `gpus` GPUs that the config allows, each planned unsharded and (with
+// more than one GPU) with the optimizer sharded, by ep ascending; none for a count outside
+// [1, kMaxPlanGpus].
 std::vector<LayoutPlan> PlanLayouts(const TrainerConfig& config, int gpus,
                                     const ClusterSpec& cluster);
 

@@ -37,7 +37,10 @@ std::vector<Range> CutBuckets(int64_t num_stages, int64_t bucket_elements, Range
 }  // namespace
 
 GradSync::GradSync(const ParallelGroups& groups, const Transformer& model, const ExecContext& ctx)
-    : ctx_(ctx), grads_(static_cast<float*>(model.grad_buffer().raw())) {
+    : ctx_(ctx),
+      sharded_(groups.config().sharding == Sharding::kOptimizer),
+      size_(model.grad_buffer().numel()),
+      grads_(static_cast<float*>(model.grad_buffer().raw())) {
   const std::vector<GradStage>& stages = model.grad_stages();
   const int64_t num_stages = static_cast<int64_t>(stages.size());
   const int64_t bucket_elements =
@@ -60,8 +63,68 @@ GradSync::GradSync(const ParallelGroups& groups, const Transformer& model, const
         e == expert.size() || (d < dense.size() && dense[d].last_stage <= expert[e].last_stage);
     const Range& r = take_dense ? dense[d++] : expert[e++];
     Communicator* group = take_dense ? &groups.world() : groups.expert_data_group();
-    buckets_.push_back({group, r.begin, r.end, r.last_stage, nullptr});
+    std::vector<int64_t> blocks;
+    if (sharded_) {
+      const int64_t n = group->size(), length = r.end - r.begin;
+      for (int64_t j = 0; j < n; ++j) blocks.push_back(length / n + (j < length % n ? 1 : 0));
+    }
+    buckets_.push_back({group, r.begin, r.end, r.last_stage, std::move(blocks), nullptr});
   }
+}
+
+std::vector<std::pair<int64_t, int64_t>> GradSync::OwnedRanges() const {
+  if (!sharded_) return {{0, size_}};
+  // Every element of the buffer is in at most one bucket; those in none are this rank's.
+  std::vector<std::pair<int64_t, int64_t>> covered, owned;
+  for (const Bucket& bucket : buckets_) {
+    covered.push_back({bucket.begin, bucket.end});
+    int64_t begin = bucket.begin;
+    for (int j = 0; j < bucket.group->rank(); ++j) begin += bucket.blocks[j];
+    const int64_t end = begin + bucket.blocks[bucket.group->rank()];
+    if (begin < end) owned.push_back({begin, end});
+  }
+  std::sort(covered.begin(), covered.end());
+  int64_t at = 0;
+  for (const auto& [begin, end] : covered) {
+    if (at < begin) owned.push_back({at, begin});
+    at = end;
+  }
+  if (at < size_) owned.push_back({at, size_});
+  std::sort(owned.begin(), owned.end());
+  return owned;
+}
+
+std::vector<GradSync::BucketLayout> GradSync::buckets() const {
+  std::vector<BucketLayout> layouts;
+  for (const Bucket& bucket : buckets_) {
+    layouts.push_back({bucket.group, bucket.begin, bucket.end, &bucket.blocks});
+  }
+  return layouts;
+}
+
+absl::Status GradSync::GatherOwned(float* buffer) {
+  if (!sharded_ || buckets_.empty()) return absl::OkStatus();
+  const bool ordered = std::all_of(buckets_.begin(), buckets_.end(), [](const Bucket& b) {
+    return b.group->orders_after_device_work();
+  });
+  if (!ordered) MOETRAIN_RETURN_IF_ERROR(ctx_.Synchronize());
+  std::vector<std::unique_ptr<CommRequest>> requests;
+  absl::Status status;
+  for (const Bucket& bucket : buckets_) {
+    absl::StatusOr<std::unique_ptr<CommRequest>> started =
+        bucket.group->StartAllGatherV(buffer + bucket.begin, bucket.blocks, DType::kF32);
+    if (!started.ok()) {
+      status = started.status();
+      break;
+    }
+    requests.push_back(*std::move(started));
+  }
+  // Every request started is waited for, an error or not: the buffer must outlive them.
+  for (const std::unique_ptr<CommRequest>& request : requests) {
+    const absl::Status waited = request->Wait();
+    if (status.ok()) status = waited;
+  }
+  return status;
 }
 
 GradSync::~GradSync() {
@@ -81,9 +144,11 @@ absl::Status GradSync::StartThrough(int64_t stage) {
       MOETRAIN_RETURN_IF_ERROR(ctx_.Synchronize());
       synchronized = true;
     }
+    float* grads = grads_ + bucket.begin;
     MOETRAIN_ASSIGN_OR_RETURN(
-        bucket.request, bucket.group->StartAllReduceSum(grads_ + bucket.begin,
-                                                        bucket.end - bucket.begin, DType::kF32));
+        bucket.request,
+        sharded_ ? bucket.group->StartReduceScatterSum(grads, bucket.blocks, DType::kF32)
+                 : bucket.group->StartAllReduceSum(grads, bucket.end - bucket.begin, DType::kF32));
   }
   return absl::OkStatus();
 }

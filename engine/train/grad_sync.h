@@ -11,11 +11,18 @@
 //
 // Every rank starts the same buckets in the same order: by the stage that completes them, dense
 // before expert, so the collectives of each communicator pair up.
+//
+// With Sharding::kOptimizer each bucket is cut into one near-equal block per rank of its group
+// (the first size % n blocks one element longer) and reduce-scattered instead: after Finish a rank
+// holds the summed gradient of its own blocks only (OwnedRanges), updates those, and GatherOwned
+// brings every rank the others' updated blocks. On Gloo both sums add the ranks' values in rank
+// order, so the sharded gradients are the unsharded ones, bit for bit.
 #ifndef MOETRAIN_ENGINE_TRAIN_GRAD_SYNC_H_
 #define MOETRAIN_ENGINE_TRAIN_GRAD_SYNC_H_
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -45,11 +52,31 @@ class GradSync {
 
   int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
 
+  // The ranges [begin, end) of the grad buffer whose sums this rank holds after Finish, ascending:
+  // the whole buffer unsharded; sharded, its block of each bucket and whatever no bucket covers
+  // (a part with no replicas to share it with).
+  std::vector<std::pair<int64_t, int64_t>> OwnedRanges() const;
+  // Sharded: every rank's blocks of `buffer` (f32, laid out as the grad buffer, on ctx's device:
+  // the master weights) to every rank, through the buckets' groups; waits for all. Unsharded:
+  // nothing to do.
+  absl::Status GatherOwned(float* buffer);
+
+  // A bucket as the sums cut it: elements [begin, end) of the buffer, summed over `group`, whose
+  // rank j holds block j (`blocks[j]` elements from begin + Σ blocks[<j]; sharded only).
+  struct BucketLayout {
+    Communicator* group;
+    int64_t begin, end;
+    const std::vector<int64_t>* blocks;
+  };
+  // Every bucket, in start order (the order every rank runs their collectives in).
+  std::vector<BucketLayout> buckets() const;
+
  private:
   struct Bucket {
     Communicator* group;                   // the world (dense) or the expert-data group (experts)
     int64_t begin, end;                    // elements of the grad buffer
     int64_t last_stage;                    // the backward stage that completes it
+    std::vector<int64_t> blocks;           // sharded: elements of each group rank's block
     std::unique_ptr<CommRequest> request;  // in flight, from its start to Finish
   };
 
@@ -57,6 +84,8 @@ class GradSync {
   absl::Status StartThrough(int64_t stage);
 
   ExecContext ctx_;
+  bool sharded_;
+  int64_t size_;                 // N, the grad buffer's elements
   float* grads_;                 // (N) f32: the model's grad buffer, on ctx_'s device
   std::vector<Bucket> buckets_;  // in start order
   size_t next_ = 0;              // the first bucket not started

@@ -130,11 +130,13 @@ std::string FormatBytes(double bytes) {
 
 std::string MemoryEstimate::DebugString() const {
   const auto [name, size] = UnitOf(total());
-  const std::string fp8 =
-      fp8_state > 0 ? absl::StrFormat(", fp8 state %.2f", fp8_state / size) : "";
+  std::string extra = fp8_state > 0 ? absl::StrFormat(", fp8 state %.2f", fp8_state / size) : "";
+  if (checkpoint_gather > 0) {
+    absl::StrAppend(&extra, absl::StrFormat(", checkpoint gather %.2f", checkpoint_gather / size));
+  }
   return absl::StrFormat("%s (params %.2f, grads %.2f, optimizer %.2f, activations %.2f%s %s)",
                          FormatBytes(total()), parameters / size, gradients / size,
-                         optimizer / size, activations / size, fp8, name);
+                         optimizer / size, activations / size, extra, name);
 }
 
 double ParameterCount(const ModelConfig& m, int expert_parallel) {
@@ -187,7 +189,26 @@ MemoryEstimate EstimateTrainingMemory(const TrainerConfig& config) {
   MemoryEstimate estimate;
   estimate.parameters = n * (4 + act_copy);
   estimate.gradients = 4 * n;
-  estimate.optimizer = 2 * 4 * (n - untrainable);
+  // AdamW's two moments of each trainable parameter this rank updates: with a sharded optimizer
+  // 1/W of the dense ones and 1/dp of its experts' (grad_sync.h).
+  const double moment = static_cast<double>(DTypeSize(config.optimizer.moment_dtype));
+  const double expert_params = moe_layers * local_experts * 3 * fe * d;
+  double updated = n - untrainable;
+  if (config.parallel.sharding == Sharding::kOptimizer) {
+    updated = (n - untrainable - expert_params) / world +
+              expert_params / std::max(1, config.parallel.data_parallel);
+  }
+  estimate.optimizer = 2 * moment * updated;
+  // A checkpoint that gathers the moments (sharded, or bf16): an f32 scratch of the largest
+  // gradient bucket on the rank's device (buckets hold whole backward stages: at least the
+  // embedding's V·D), and the two whole f32 moments it fills in host memory.
+  if (config.parallel.sharding == Sharding::kOptimizer ||
+      config.optimizer.moment_dtype != DType::kF32) {
+    const double bucket =
+        std::max(static_cast<double>(config.parallel.grad_bucket_bytes), 4 * v * d);
+    estimate.checkpoint_gather_host = 2 * 4 * n;
+    estimate.checkpoint_gather = std::min(4 * n, bucket) + estimate.checkpoint_gather_host;
+  }
 
   // The transformer's own buffers: tokens, the residual stream of every layer boundary, the final
   // norm, its gradients, and the LM head's chunk of logits (about 16 MiB of f32 at a time).
@@ -311,14 +332,18 @@ absl::Status CheckMemoryEstimate(const MemoryEstimate& estimate, int64_t limit_b
       "the model needs about ", estimate.DebugString(), " of memory, more than the ",
       FormatBytes(static_cast<double>(limit_bytes)), " available (",
       absl::string_view(limit_name.data(), limit_name.size()),
-      "): make the model or train.micro_batch_size smaller, or use more expert-parallel ranks"));
+      "): make the model or train.micro_batch_size smaller, use more expert-parallel ranks, or "
+      "shard the optimizer state (parallel.sharding = OPTIMIZER)"));
 }
 
 MemoryPlacement PlaceTrainingMemory(const TrainerConfig& config, const MemoryEstimate& estimate) {
   if (config.device.is_cpu()) return {.host = estimate.total(), .device = 0};
-  // The snapshot holds the f32 masters (as many bytes as the f32 grads) and both moments.
-  return {.host = estimate.gradients + estimate.optimizer + estimate.fp8_state_host,
-          .device = estimate.total() - estimate.fp8_state_host};
+  // The snapshot holds the f32 masters (as many bytes as the f32 grads) and both moments: a copy
+  // of the optimizer state, or the gathered moments.
+  const double moments =
+      estimate.checkpoint_gather > 0 ? estimate.checkpoint_gather_host : estimate.optimizer;
+  return {.host = estimate.gradients + moments + estimate.fp8_state_host,
+          .device = estimate.on_device()};
 }
 
 absl::Status CheckTrainingMemory(const TrainerConfig& config, const MemoryEstimate& estimate,
@@ -335,7 +360,8 @@ absl::Status CheckTrainingMemory(const TrainerConfig& config, const MemoryEstima
     return absl::ResourceExhaustedError(absl::StrCat(
         "the model needs about ", estimate.DebugString(), " of ", config.device.DebugString(),
         "'s memory, more than its ", FormatBytes(static_cast<double>(device_bytes)),
-        ": make the model or train.micro_batch_size smaller, or use more expert-parallel ranks"));
+        ": make the model or train.micro_batch_size smaller, use more expert-parallel ranks, or "
+        "shard the optimizer state (parallel.sharding = OPTIMIZER)"));
   }
   if (host_limit_bytes > 0 && placement.host > static_cast<double>(host_limit_bytes)) {
     return absl::ResourceExhaustedError(absl::StrCat(

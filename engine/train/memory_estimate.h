@@ -26,7 +26,10 @@ namespace moetrain {
 struct MemoryEstimate {
   double parameters = 0;  // the f32 masters, plus their compute-dtype copies (bf16)
   double gradients = 0;   // f32, one per parameter
-  double optimizer = 0;   // AdamW's two f32 moments per trainable parameter
+  // AdamW's two moments (train.optimizer.moment_dtype) per trainable parameter this rank updates:
+  // all of its own, or with parallel.sharding = OPTIMIZER 1/W of the dense ones and 1/dp of its
+  // experts'.
+  double optimizer = 0;
   // What forward keeps for backward, backward's scratch, the LM head's chunk, and with an FP8
   // recipe the quantised operands of the largest linear layer.
   double activations = 0;
@@ -40,9 +43,21 @@ struct MemoryEstimate {
   // The part of fp8_state in host memory whatever the device: all of it but the 16 B a slot.
   double fp8_state_host = 0;
 
-  double total() const { return parameters + gradients + optimizer + activations + fp8_state; }
+  // While a checkpoint gathers the moments (sharded or bf16 ones: trainer_sharding.cc): an f32
+  // scratch of one gradient bucket on the rank's device (counted as the larger of
+  // grad_bucket_bytes and the largest stage, the embedding or LM head) and, on a writing rank,
+  // the whole f32 moments in host memory (8 B a parameter).
+  double checkpoint_gather = 0;
+  // The part of checkpoint_gather in host memory whatever the device: the moments.
+  double checkpoint_gather_host = 0;
+
+  double total() const {
+    return parameters + gradients + optimizer + activations + fp8_state + checkpoint_gather;
+  }
+  // What lives in a device's memory when the rank trains on one: all but the host parts.
+  double on_device() const { return total() - fp8_state_host - checkpoint_gather_host; }
   // "1.23 GiB (params 0.20, grads 0.20, optimizer 0.40, activations 0.43 GiB)", and
-  // ", fp8 state 0.01" before the unit when there is any.
+  // ", fp8 state 0.01" and ", checkpoint gather 0.20" before the unit when there are any.
   std::string DebugString() const;
 };
 
@@ -80,8 +95,8 @@ absl::Status CheckMemoryEstimate(const MemoryEstimate& estimate, int64_t limit_b
 // Where one rank's estimated memory lives. On the CPU all of it is host memory. On a device
 // (config.device) all of it is device memory, since parameters, grads, moments and activations
 // live there, and the host holds only, while a checkpoint is written, a copy of the f32 masters
-// and moments (trainer_checkpoint.cc): as large as the gradients plus the optimizer state; and
-// the FP8 state's host part.
+// (as large as the gradients) and of the moments (the optimizer state; when the checkpoint
+// gathers them, checkpoint_gather_host instead); and the FP8 state's host part.
 struct MemoryPlacement {
   double host = 0;
   double device = 0;  // 0 on the CPU

@@ -101,6 +101,48 @@ absl::Status CheckParameters(absl::Span<const Parameter> params) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<ParameterPiece>> SliceParameters(
+    absl::Span<const Parameter> params, TensorView values, TensorView grads,
+    absl::Span<const std::pair<int64_t, int64_t>> ranges) {
+  const auto offset_in = [](const TensorView& view, const TensorView& buffer) -> int64_t {
+    const auto at = reinterpret_cast<uintptr_t>(view.raw()),
+               first = reinterpret_cast<uintptr_t>(buffer.raw());
+    if (view.device() != buffer.device() || at < first || (at - first) % sizeof(float) != 0) {
+      return -1;
+    }
+    const int64_t offset = static_cast<int64_t>((at - first) / sizeof(float));
+    return offset + view.numel() <= buffer.numel() ? offset : -1;
+  };
+  std::vector<ParameterPiece> pieces;
+  for (const Parameter& param : params) {
+    MOETRAIN_RETURN_IF_ERROR(CheckParameter(param));
+    const int64_t begin = offset_in(param.value, values);
+    if (begin < 0 || offset_in(param.grad, grads) != begin) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter ", param.name,
+          ": value and grad do not lie at one offset of the flat buffers it is sliced from"));
+    }
+    const int64_t end = begin + param.value.numel();
+    for (const auto& [range_begin, range_end] : ranges) {
+      const int64_t lo = std::max(begin, range_begin), hi = std::min(end, range_end);
+      if (lo >= hi) continue;
+      const std::vector<int64_t> flat = {hi - lo};
+      ParameterPiece piece;
+      piece.part.name = absl::StrCat(param.name, "[", lo - begin, ":", hi - begin, "]");
+      piece.part.value =
+          TensorView(static_cast<float*>(values.raw()) + lo, DType::kF32, flat, values.device());
+      piece.part.grad =
+          TensorView(static_cast<float*>(grads.raw()) + lo, DType::kF32, flat, grads.device());
+      piece.part.weight_decay = param.weight_decay;
+      piece.parameter = param.name;
+      piece.shape.assign(param.value.shape().begin(), param.value.shape().end());
+      piece.offset = lo - begin;
+      pieces.push_back(std::move(piece));
+    }
+  }
+  return pieces;
+}
+
 absl::Status AdamWConfig::Validate() const {
   // Negated comparisons, so that NaN fails each of them.
   if (!(beta1 >= 0.0f && beta1 < 1.0f)) return InvalidField("beta1", beta1, "must be in [0, 1)");
@@ -110,6 +152,11 @@ absl::Status AdamWConfig::Validate() const {
   }
   if (!(weight_decay >= 0.0f) || !std::isfinite(weight_decay)) {
     return InvalidField("weight_decay", weight_decay, "must be non-negative and finite");
+  }
+  if (moment_dtype != DType::kF32 && moment_dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.optimizer.moment_dtype = ", std::string(DTypeName(moment_dtype)),
+                     " must be f32 or bf16"));
   }
   return absl::OkStatus();
 }
@@ -122,7 +169,8 @@ absl::StatusOr<AdamW> AdamW::Create(const ExecContext& ctx, const AdamWConfig& c
   for (const Parameter& param : optimizer.params_) {
     for (std::vector<Tensor>* moments : {&optimizer.exp_avg_, &optimizer.exp_avg_sq_}) {
       MOETRAIN_ASSIGN_OR_RETURN(
-          Tensor moment, Tensor::Allocate(ctx.allocator(), DType::kF32, param.value.shape()));
+          Tensor moment,
+          Tensor::Allocate(ctx.allocator(), config.moment_dtype, param.value.shape()));
       MOETRAIN_RETURN_IF_ERROR(ops::Fill(ctx, moment, 0.0f));
       moments->push_back(std::move(moment));
     }
@@ -203,6 +251,14 @@ absl::Status AdamW::SetState(int64_t step, absl::Span<const TensorView> exp_avg,
     MOETRAIN_RETURN_IF_ERROR(
         ops::CheckAdamWMoments(ctx_, param.name + kExpAvgSuffix, new_exp_avg.back(),
                                param.name + kExpAvgSqSuffix, new_exp_avg_sq.back()));
+    if (config_.moment_dtype == DType::kBF16) {
+      for (std::vector<Tensor>* moments : {&new_exp_avg, &new_exp_avg_sq}) {
+        MOETRAIN_ASSIGN_OR_RETURN(
+            Tensor rounded, Tensor::Allocate(ctx_.allocator(), DType::kBF16, param.value.shape()));
+        MOETRAIN_RETURN_IF_ERROR(ops::ConvertTensor(ctx_, moments->back(), rounded));
+        moments->back() = std::move(rounded);
+      }
+    }
   }
   exp_avg_ = std::move(new_exp_avg);
   exp_avg_sq_ = std::move(new_exp_avg_sq);

@@ -9,12 +9,14 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/backend/exec_context.h"
+#include "engine/core/dtype.h"
 #include "engine/core/tensor.h"
 
 namespace moetrain {
@@ -32,12 +34,33 @@ struct Parameter {
 // weight listed twice would be updated twice). Else InvalidArgument naming the parameter.
 absl::Status CheckParameters(absl::Span<const Parameter> params);
 
+// The part of a parameter a rank updates when the optimizer state is sharded over the replicas
+// (parallel.sharding = OPTIMIZER): elements [offset, offset + part.value.numel()) of the parameter,
+// row-major, as 1-D views of its value and grad.
+struct ParameterPiece {
+  Parameter part;              // named "<parameter>[<offset>:<end>]"
+  std::string parameter;       // the whole parameter's name
+  std::vector<int64_t> shape;  // the whole parameter's shape
+  int64_t offset = 0;
+};
+
+// The pieces of `params` that lie inside `ranges`, element ranges [begin, end) of two flat f32
+// buffers that hold every value (from `values`) and every grad (from `grads`) at the same offsets;
+// in the order of `params`, then of `ranges`. InvalidArgument naming the parameter when its
+// value or grad is not inside its buffer at one offset.
+absl::StatusOr<std::vector<ParameterPiece>> SliceParameters(
+    absl::Span<const Parameter> params, TensorView values, TensorView grads,
+    absl::Span<const std::pair<int64_t, int64_t>> ranges);
+
 // Field names and defaults mirror JobSpec.train.optimizer.
 struct AdamWConfig {
   float beta1 = 0.9f;         // β1 ∈ [0, 1): decay of the first moment
   float beta2 = 0.95f;        // β2 ∈ [0, 1): decay of the second moment
   float eps = 1e-8f;          // > 0, added to √v̂
   float weight_decay = 0.1f;  // ≥ 0, decoupled: p -= lr·weight_decay·p
+  // How m and v are kept: f32, or bf16 (half the bytes, as DeepSeek-V3 trains; the update still
+  // computes in f32 and only the stored moments round: adamw_math.h).
+  DType moment_dtype = DType::kF32;
 
   // OK, or InvalidArgument naming the field: "train.optimizer.beta1 = 1.5 must be in [0, 1)".
   absl::Status Validate() const;
@@ -73,14 +96,14 @@ class AdamW {
   int64_t num_params() const { return static_cast<int64_t>(params_.size()); }
   const Parameter& param(int64_t i) const { return params_[i]; }
 
-  // m and v of parameter i: (its shape) f32, contiguous. Writable, so that a checkpoint can load
-  // straight into them (then SetStep); SetState copies and validates instead.
+  // m and v of parameter i: (its shape) of config().moment_dtype, contiguous. Writable, so that a
+  // checkpoint can load straight into them (then SetStep); SetState copies and validates instead.
   TensorView exp_avg(int64_t i) const { return exp_avg_[i].view(); }
   TensorView exp_avg_sq(int64_t i) const { return exp_avg_sq_[i].view(); }
 
   // Restores a saved state: the step count and one m and one v per parameter, in parameter
-  // order, each of that parameter's shape and f32, on the host (any strides) or the optimizer's
-  // device (dense). v must be ≥ 0 and m finite.
+  // order, each of that parameter's shape and f32 (rounded to bf16 when the moments are), on the
+  // host (any strides) or the optimizer's device (dense). v must be ≥ 0 and m finite.
   // On error (InvalidArgument, naming the parameter) nothing changes. Continuing from a restored
   // state is bit-identical to never having stopped.
   absl::Status SetState(int64_t step, absl::Span<const TensorView> exp_avg,
@@ -95,8 +118,8 @@ class AdamW {
   ExecContext ctx_;
   AdamWConfig config_;
   std::vector<Parameter> params_;
-  std::vector<Tensor> exp_avg_;     // P × (shape of the parameter) f32: m
-  std::vector<Tensor> exp_avg_sq_;  // P × (shape of the parameter) f32: v
+  std::vector<Tensor> exp_avg_;     // P × (shape of the parameter) moment_dtype: m
+  std::vector<Tensor> exp_avg_sq_;  // P × (shape of the parameter) moment_dtype: v
   int64_t step_ = 0;
 };
 

@@ -10,6 +10,10 @@
 
 namespace moetrain {
 
+const char* ShardingName(Sharding sharding) {
+  return sharding == Sharding::kOptimizer ? "OPTIMIZER" : "NONE";
+}
+
 std::string ParallelConfig::DebugString() const {
   return absl::StrCat("dp=", data_parallel, " x ep=", expert_parallel, " (", world_size(),
                       world_size() == 1 ? " rank)" : " ranks)");

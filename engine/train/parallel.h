@@ -28,6 +28,18 @@ namespace moetrain {
 // each). Layouts of [1, kMaxRanks] ranks keep their arithmetic within an int.
 inline constexpr int kMaxRanks = 1 << 30;
 
+// What the data-parallel replicas of a parameter split among themselves (JobSpec's
+// parallel.sharding): the replicas of a dense parameter are the whole world, those of an expert
+// its expert-data group.
+enum class Sharding {
+  kNone,       // each replica keeps the whole optimizer state; gradients are all-reduced
+  kOptimizer,  // ZeRO-1: each keeps the AdamW moments of its part of the parameters only;
+               // gradients are reduce-scattered, each updates its part, the updated weights are
+               // all-gathered (grad_sync.h)
+};
+// "NONE", "OPTIMIZER".
+const char* ShardingName(Sharding sharding);
+
 // Field names mirror JobSpec.parallel.
 struct ParallelConfig {
   int expert_parallel = 1;  // ep ≥ 1: ranks that split the routed experts; divides num_experts
@@ -35,6 +47,7 @@ struct ParallelConfig {
   // Chunks each MoE layer's expert-parallel exchange is split into, so that one chunk's
   // all-to-all overlaps another's expert GEMMs: 0 = 2 when ep > 1, 1 = no overlap.
   int overlap_chunks = 0;
+  Sharding sharding = Sharding::kNone;
   // Gradients are summed over the ranks in buckets of about this many bytes, each started as
   // soon as backward has finished it. Not part of the job spec; tests make it small.
   int64_t grad_bucket_bytes = int64_t{4} << 20;

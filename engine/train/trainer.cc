@@ -104,8 +104,18 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& co
     (p.expert ? trainer->trainable_experts_ : trainer->trainable_dense_).push_back(param);
   }
   trainer->grad_sync_ = std::make_unique<GradSync>(groups, *trainer->model_, ctx);
+  // Unsharded, the one range is the whole buffer: a piece per parameter, whole.
+  MOETRAIN_ASSIGN_OR_RETURN(
+      trainer->pieces_,
+      SliceParameters(trainer->trainable_, trainer->model_->master_buffer(),
+                      trainer->model_->grad_buffer(), trainer->grad_sync_->OwnedRanges()));
+  trainer->updated_ = trainer->trainable_;
+  if (trainer->sharded()) {
+    trainer->updated_.clear();
+    for (const ParameterPiece& piece : trainer->pieces_) trainer->updated_.push_back(piece.part);
+  }
   MOETRAIN_ASSIGN_OR_RETURN(AdamW optimizer,
-                            AdamW::Create(ctx, config.optimizer, trainer->trainable_));
+                            AdamW::Create(ctx, config.optimizer, trainer->updated_));
   trainer->optimizer_ = std::make_unique<AdamW>(std::move(optimizer));
   DataConfig data_config = config.data;
   data_config.extra_tokens = config.model.mtp_depth;  // the MTP modules' tokens ahead
@@ -171,6 +181,12 @@ absl::Status Trainer::ForwardBackward(const Tensor& batch, StepStats* stats,
 }
 
 absl::StatusOr<double> Trainer::GlobalGradNorm() {
+  if (sharded()) {
+    // Each summed grad element lies in exactly one rank's pieces.
+    MOETRAIN_ASSIGN_OR_RETURN(double squares, GradSquaredSum(ctx_, updated_));
+    MOETRAIN_RETURN_IF_ERROR(SumOverRanks(&groups_->world(), absl::MakeSpan(&squares, 1)));
+    return std::sqrt(squares);
+  }
   MOETRAIN_ASSIGN_OR_RETURN(const double dense_squares, GradSquaredSum(ctx_, trainable_dense_));
   MOETRAIN_ASSIGN_OR_RETURN(double expert_squares, GradSquaredSum(ctx_, trainable_experts_));
   MOETRAIN_RETURN_IF_ERROR(
@@ -179,9 +195,12 @@ absl::StatusOr<double> Trainer::GlobalGradNorm() {
 }
 
 absl::Status Trainer::UpdateWeights(double grad_norm, const StepStats& stats, StepReport* report) {
-  MOETRAIN_RETURN_IF_ERROR(ClipGradsToNorm(ctx_, trainable_, config_.grad_clip, grad_norm));
+  MOETRAIN_RETURN_IF_ERROR(ClipGradsToNorm(ctx_, updated_, config_.grad_clip, grad_norm));
   report->lr = LearningRate(config_.schedule, step_);
   MOETRAIN_RETURN_IF_ERROR(optimizer_->Step(static_cast<float>(report->lr)));
+  // A sharded optimizer updated this rank's pieces only: the others' come from their ranks.
+  MOETRAIN_RETURN_IF_ERROR(
+      grad_sync_->GatherOwned(static_cast<float*>(model_->master_buffer().raw())));
   std::vector<std::vector<int64_t>> tokens_per_expert;
   for (int64_t l = 0; l < model_->num_moe_layers(); ++l) {
     tokens_per_expert.push_back(stats.tokens_per_expert(l));

@@ -16,10 +16,10 @@
 //     compute weights, zero the grads.
 // Every step depends only on the parameters, the optimizer state and the data position, all in
 // the checkpoint, so N steps straight and N/2 + resume + N/2 give bit-identical losses and weights
-// (for a fixed world layout). With one micro-batch per step, any layout of the same job computes
-// the single-process step up to float rounding; with several, rank r's share of micro-batch m is
-// not the single process's micro-batch m, which changes only the aux loss (its token counts are
-// per micro-batch).
+// (for a fixed world layout; resumed on another, the steps after differ by float rounding). With
+// one micro-batch per step, any layout of the same job computes the single-process step up to
+// float rounding; with several, rank r's share of micro-batch m is not the single process's
+// micro-batch m, which changes only the aux loss (its token counts are per micro-batch).
 #ifndef MOETRAIN_ENGINE_TRAIN_TRAINER_H_
 #define MOETRAIN_ENGINE_TRAIN_TRAINER_H_
 
@@ -182,8 +182,10 @@ class Trainer {
 
   // Continues from the newest checkpoint of the job that is good on every rank. NotFound when
   // there is none; each newer damaged checkpoint passed over is reported through `observer`
-  // (may be null). FailedPrecondition when the newest readable one holds another model or was
-  // written by another world layout (both layouts named). After an error other than NotFound
+  // (may be null). FailedPrecondition when the newest readable one holds another model. A
+  // checkpoint of any dp × ep layout and sharding resumes on any other (tensors keep their global
+  // names: each rank reads the files that hold its experts, FilesToRead); what it restores is
+  // the same bits whatever the layout. After an error other than NotFound
   // the trainer may hold part of a checkpoint: make a new one rather than train on.
   absl::Status Resume(TrainObserver* observer);
 
@@ -206,7 +208,10 @@ class Trainer {
   const TrainerConfig& config() const { return config_; }
   // This rank's model: the dense weights and its own experts.
   Transformer& model() { return *model_; }
+  const Transformer& model() const { return *model_; }
   const ParallelGroups& groups() const { return *groups_; }
+  // This rank's AdamW: over the trainable parameters, or its pieces of them when sharded.
+  const AdamW& optimizer() const { return *optimizer_; }
   // The best possible loss of synthetic data (its entropy rate), if the data is synthetic.
   std::optional<double> best_possible_loss() const;
 
@@ -235,6 +240,9 @@ class Trainer {
   // SaveCheckpoint when every rank's observer allows it; true when one was written.
   absl::StatusOr<bool> MaybeSaveCheckpoint(TrainObserver* observer);
   std::string CheckpointRoot() const;
+  // The rank files of a checkpoint written with `written_ep` expert-parallel ranks that hold this
+  // rank's tensors: rank 0's (the dense part) and those whose experts overlap this rank's.
+  CheckpointReadOptions FilesToRead(int written_ep) const;
   // Resume's part after the ranks agreed on a step: copies it into the model, optimizer, data.
   absl::Status RestoreFrom(const LoadedCheckpoint& loaded);
   // SaveCheckpoint's phases (trainer_checkpoint.cc): rank 0 makes the temporary step directory
@@ -251,8 +259,20 @@ class Trainer {
   absl::StatusOr<std::string> CommitCheckpointOnRanks(const std::string& tmp_dir,
                                                       const CheckpointContents& contents,
                                                       ShardReports shards);
-  // What this rank's shard of a checkpoint of the current state holds.
-  CheckpointContents CheckpointContentsOfRank() const;
+  // What this rank's shard of a checkpoint of the current state holds. `moments`: the whole flat
+  // m and v GatherMoments made, or null for the optimizer's own (unsharded, f32).
+  CheckpointContents CheckpointContentsOfRank(const std::vector<Tensor>* moments) const;
+  // Sharded optimizer (trainer_sharding.cc). Whether the AdamW state is sharded over the replicas.
+  bool sharded() const { return config_.parallel.sharding == Sharding::kOptimizer; }
+  // Whether a checkpoint gathers the moments (GatherMoments): sharded, or not f32.
+  bool gathers_moments() const {
+    return sharded() || config_.optimizer.moment_dtype != DType::kF32;
+  }
+  // Every rank: the whole m and v in f32, as two host tensors laid out as the flat master buffer
+  // (every rank's pieces gathered through the gradient buckets' groups), for a checkpoint.
+  absl::StatusOr<std::vector<Tensor>> GatherMoments();
+  // This rank's pieces of m and v from a checkpoint's whole f32 moments.
+  absl::Status RestoreMomentPieces(const LoadedCheckpoint& loaded);
   // The first replica of each expert shard (dp_rank 0) writes it; rank 0 the dense part too.
   bool WritesShard() const { return groups_->data_rank() == 0; }
 
@@ -265,6 +285,11 @@ class Trainer {
   std::vector<Parameter> trainable_;        // the optimizer's view of the model's trainable tensors
   std::vector<Parameter> trainable_dense_;  // the part every rank holds
   std::vector<Parameter> trainable_experts_;  // this rank's routed experts
+  // What this rank's AdamW updates: trainable_, or with a sharded optimizer its pieces of it
+  // (pieces_[i].part), those GradSync::OwnedRanges holds the summed grads of. pieces_[i] says
+  // which parameter and where optimizer parameter i is (unsharded: the whole parameter i).
+  std::vector<Parameter> updated_;
+  std::vector<ParameterPiece> pieces_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<DataLoader> data_;
   int64_t step_ = 0;

@@ -5,9 +5,11 @@
 //   rank 0                       the dense parameters and their optimizer moments
 //   ranks 0 … ep-1 (dp_rank 0)   their experts, [j·E/ep, (j+1)·E/ep), and their moments
 // in model-rank{j}.safetensors / optim-rank{j}.safetensors; ranks with dp_rank > 0 write nothing.
-// The manifest's "world_layout" records the layout and the shards, so that a loader (or a future
-// re-sharder) knows which file holds which tensors:
-//   {"world_size": 4, "data_parallel": 2, "expert_parallel": 2,
+// The moments of a sharded optimizer (parallel.sharding = OPTIMIZER), or bf16 ones, are gathered
+// whole and in f32 first (trainer_sharding.cc), so the files do not depend on the sharding or the
+// moments' dtype. The manifest's "world_layout" records the layout and the shards, so that a
+// loader on any layout knows which file holds which tensors (its "sharding" is for people):
+//   {"world_size": 4, "data_parallel": 2, "expert_parallel": 2, "sharding": "NONE",
 //    "shards": [{"rank": 0, "model": "model-rank00000.safetensors",
 //                "optim": "optim-rank00000.safetensors", "dense": true, "experts": [0, 4]}, …]}
 #include <algorithm>
@@ -293,7 +295,7 @@ absl::StatusOr<std::string> Trainer::BeginCheckpointOnRanks() {
   return CheckpointTempDir(root, step_, static_cast<uint64_t>(begun[0]));
 }
 
-CheckpointContents Trainer::CheckpointContentsOfRank() const {
+CheckpointContents Trainer::CheckpointContentsOfRank(const std::vector<Tensor>* moments) const {
   const int rank = groups_->rank(), ep = config_.parallel.expert_parallel;
   const int64_t num_experts = config_.model.moe.num_experts;
   Json shards = Json::array();
@@ -314,6 +316,7 @@ CheckpointContents Trainer::CheckpointContentsOfRank() const {
        {{"world_size", groups_->world_size()},
         {"data_parallel", config_.parallel.data_parallel},
         {"expert_parallel", ep},
+        {"sharding", ShardingName(config_.parallel.sharding)},
         {"shards", std::move(shards)}}},
       {"data_position", DataPositionJson(*data_)},
       // The RNG is counter-based: (seed, step, rank, stream) is its whole state.
@@ -334,7 +337,17 @@ CheckpointContents Trainer::CheckpointContentsOfRank() const {
     const bool mine = p.expert ? writes : rank == 0;
     if (mine) contents.model_tensors.push_back({p.name, p.value});
     if (!p.trainable) continue;
-    if (mine) {
+    if (mine && moments != nullptr) {
+      // The gathered moments are laid out as the master buffer.
+      const int64_t offset = static_cast<const float*>(p.value.raw()) -
+                             static_cast<const float*>(model_->master_buffer().raw());
+      for (const auto& [moment, suffix] :
+           {std::pair(&(*moments)[0], kExpAvgSuffix), std::pair(&(*moments)[1], kExpAvgSqSuffix)}) {
+        contents.optim_tensors.push_back(
+            {p.name + suffix, TensorView(static_cast<float*>(moment->view().raw()) + offset,
+                                         DType::kF32, p.value.shape())});
+      }
+    } else if (mine) {
       contents.optim_tensors.push_back({p.name + kExpAvgSuffix, optimizer_->exp_avg(optim_index)});
       contents.optim_tensors.push_back(
           {p.name + kExpAvgSqSuffix, optimizer_->exp_avg_sq(optim_index)});
@@ -418,8 +431,14 @@ absl::StatusOr<std::string> Trainer::CommitCheckpointOnRanks(const std::string& 
 
 absl::StatusOr<CheckpointReport> Trainer::SaveCheckpoint() {
   const auto start = std::chrono::steady_clock::now();
+  // A sharded optimizer's moments (or bf16 ones) are gathered first (a collective of every rank),
+  // whole and in f32, into host memory, before any directory is made.
+  std::vector<Tensor> moments;
+  if (gathers_moments()) {
+    MOETRAIN_ASSIGN_OR_RETURN(moments, GatherMoments());
+  }
   MOETRAIN_ASSIGN_OR_RETURN(const std::string tmp_dir, BeginCheckpointOnRanks());
-  CheckpointContents contents = CheckpointContentsOfRank();
+  CheckpointContents contents = CheckpointContentsOfRank(gathers_moments() ? &moments : nullptr);
   // The files are written from host memory: a device's tensors are copied over first, all of
   // them before any file is written. The copies live until this returns.
   std::vector<Tensor> snapshot;
@@ -451,13 +470,7 @@ absl::StatusOr<CheckpointReport> Trainer::SaveCheckpoint() {
 
 absl::Status Trainer::RestoreFrom(const LoadedCheckpoint& loaded) {
   MOETRAIN_RETURN_IF_ERROR(RestoreModelParameters(loaded, model_.get()));
-  for (int64_t i = 0; i < optimizer_->num_params(); ++i) {
-    const std::string& name = optimizer_->param(i).name;
-    MOETRAIN_RETURN_IF_ERROR(RestoreNamedTensor(ctx_, loaded.path, loaded.optim_tensors,
-                                                name + kExpAvgSuffix, optimizer_->exp_avg(i)));
-    MOETRAIN_RETURN_IF_ERROR(RestoreNamedTensor(ctx_, loaded.path, loaded.optim_tensors,
-                                                name + kExpAvgSqSuffix, optimizer_->exp_avg_sq(i)));
-  }
+  MOETRAIN_RETURN_IF_ERROR(RestoreMomentPieces(loaded));
   const Json& manifest = loaded.manifest;
   int64_t optimizer_step = 0;
   try {
@@ -510,17 +523,13 @@ absl::Status Trainer::Resume(TrainObserver* observer) {
   }
   if (steps.empty()) return absl::NotFoundError(absl::StrCat("no checkpoint under ", root));
 
-  // This rank's files: the dense part (rank 0's) and its expert shard's (its ep_rank's).
-  CheckpointReadOptions read;
-  read.ranks = {0};
-  if (groups_->expert_rank() != 0) read.ranks.push_back(groups_->expert_rank());
   const Json model_json = ModelConfigToJson(config_.model);
   std::vector<std::string> warnings;
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
     const std::string name = CheckpointStepDirName(*it);
     const std::string dir = absl::StrCat(root, "/", name);
-    // Damage falls back to an older step; another model or layout is an error (every older step
-    // would be the same job's).
+    // Damage falls back to an older step; another model is an error (every older step would be
+    // the same job's).
     absl::Status damaged, unusable;
     absl::StatusOr<Json> manifest = LoadCheckpointManifest(dir);
     if (!manifest.ok()) {
@@ -530,19 +539,19 @@ absl::Status Trainer::Resume(TrainObserver* observer) {
           absl::StrCat(dir, " holds a different model than this job's spec"));
     } else if (absl::StatusOr<ParallelConfig> layout = ManifestLayout(*manifest); !layout.ok()) {
       damaged = layout.status();
-    } else if (layout->data_parallel != config_.parallel.data_parallel ||
-               layout->expert_parallel != config_.parallel.expert_parallel) {
-      unusable = absl::FailedPreconditionError(absl::StrCat(
-          dir, " was written by ", layout->DebugString(), " and this job runs ",
-          config_.parallel.DebugString(),
-          ": a checkpoint resumes only on its own layout (re-sharding is not supported yet)"));
+    } else if (config_.model.moe.num_experts % layout->expert_parallel != 0) {
+      damaged = absl::DataLossError(
+          absl::StrCat(dir, ": manifest world_layout.expert_parallel = ", layout->expert_parallel,
+                       " does not divide the model's ", config_.model.moe.num_experts, " experts"));
     } else if (absl::StatusOr<std::optional<DataFileStamp>> file = RecordedDataFile(*manifest);
                !file.ok()) {
       damaged = file.status();
     } else if (absl::Status same = data_->CheckSameFile(*file); !same.ok()) {
       // Every older step of the job read the same file: no fallback.
       unusable = absl::FailedPreconditionError(absl::StrCat(dir, ": ", same.message()));
-    } else if (absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpoint(dir, read); !loaded.ok()) {
+    } else if (absl::StatusOr<LoadedCheckpoint> loaded =
+                   LoadCheckpoint(dir, FilesToRead(layout->expert_parallel));
+               !loaded.ok()) {
       damaged = loaded.status();
     } else {
       // Copied in before the ranks agree: a failure here is damage like any other.

@@ -54,6 +54,7 @@ const std::map<std::string, std::string> kExternalFlags = {
     {"--replicas", "kubectl scale"},
     {"--web.enable-lifecycle", "prometheus (its /-/reload endpoint)"},
     {"--ppid", "ps --ppid (a worker's rank processes)"},
+    {"--use-distributed-optimizer", "Megatron-LM's ZeRO-1 (docs/job-spec.md's parallel.sharding)"},
 };
 
 // Dotted names in backticks that begin like a spec path but are not one.

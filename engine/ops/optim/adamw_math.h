@@ -15,6 +15,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "engine/core/dtype_math.h"
 #include "engine/core/host_device.h"
 #include "engine/core/rn_math.h"
 
@@ -46,6 +47,17 @@ MOETRAIN_HOST_DEVICE void AdamWUpdateElement(float* p, float g, float* m, float*
                                              const AdamWScalars& s) {
   AdamWMoments(g, m, v, s);
   *p = AdamWParameter(*p, *m, SqrtRn(*v), s);
+}
+
+// The same update with the moments kept in bf16 (train.optimizer.moment_dtype = BF16, as
+// DeepSeek-V3 keeps them): m and v widen to f32 exactly, update in f32 as above, and the parameter
+// takes the f32 m and √v; only the stored moments round, to nearest even.
+MOETRAIN_HOST_DEVICE void AdamWUpdateElementBf16(float* p, float g, uint16_t* m, uint16_t* v,
+                                                 const AdamWScalars& s) {
+  float mf = BF16BitsToFloat(*m), vf = BF16BitsToFloat(*v);
+  AdamWUpdateElement(p, g, &mf, &vf, s);
+  *m = FloatToBF16Bits(mf);
+  *v = FloatToBF16Bits(vf);
 }
 
 // Not NaN or ±Inf: the exponent field is not all ones. Testing the bits needs no float

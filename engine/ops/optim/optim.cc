@@ -14,16 +14,16 @@
 namespace moetrain::ops {
 namespace {
 
-// Dense f32 tensors on ctx's device.
+// Dense tensors of `dtype` (f32 unless said) on ctx's device.
 absl::Status CheckTensors(const ExecContext& ctx, const char* op, const char* what,
-                          absl::Span<const TensorView> tensors) {
+                          absl::Span<const TensorView> tensors, DType dtype = DType::kF32) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     const std::string name = absl::StrCat(what, "[", i, "]");
     MOETRAIN_RETURN_IF_ERROR(CheckDevices(ctx, op, {{name, tensors[i]}}));
-    if (tensors[i].empty() || tensors[i].dtype() != DType::kF32 || !tensors[i].is_contiguous()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(op, ": ", name, " must be a dense f32 tensor, got ",
-                       tensors[i].empty() ? std::string("none") : tensors[i].DebugString()));
+    if (tensors[i].empty() || tensors[i].dtype() != dtype || !tensors[i].is_contiguous()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, ": ", name, " must be a dense ", std::string(DTypeName(dtype)), " tensor, got ",
+          tensors[i].empty() ? std::string("none") : tensors[i].DebugString()));
     }
   }
   return absl::OkStatus();
@@ -40,8 +40,12 @@ absl::Status AdamWStep(const ExecContext& ctx, const AdamWStepArgs& args) {
   }
   MOETRAIN_RETURN_IF_ERROR(CheckTensors(ctx, "adamw", "params", args.params));
   MOETRAIN_RETURN_IF_ERROR(CheckTensors(ctx, "adamw", "grads", args.grads));
-  MOETRAIN_RETURN_IF_ERROR(CheckTensors(ctx, "adamw", "exp_avg", args.exp_avg));
-  MOETRAIN_RETURN_IF_ERROR(CheckTensors(ctx, "adamw", "exp_avg_sq", args.exp_avg_sq));
+  // The moments' dtype is the first one's: f32 or bf16, the same for all.
+  const DType moments = n > 0 && !args.exp_avg[0].empty() && args.exp_avg[0].dtype() == DType::kBF16
+                            ? DType::kBF16
+                            : DType::kF32;
+  MOETRAIN_RETURN_IF_ERROR(CheckTensors(ctx, "adamw", "exp_avg", args.exp_avg, moments));
+  MOETRAIN_RETURN_IF_ERROR(CheckTensors(ctx, "adamw", "exp_avg_sq", args.exp_avg_sq, moments));
   for (size_t i = 0; i < n; ++i) {
     for (const TensorView* t : {&args.grads[i], &args.exp_avg[i], &args.exp_avg_sq[i]}) {
       if (t->shape() != args.params[i].shape()) {

@@ -21,8 +21,9 @@
 namespace moetrain::ops {
 
 // Tensor i: params[i] updated from grads[i] with its moments exp_avg[i] and exp_avg_sq[i] (all of
-// params[i]'s shape), by `decaying` when weight_decay[i] and by `plain` otherwise. Bit-identical
-// on every CPU and GPU: no multiply-add is ever fused (adamw_math.h).
+// params[i]'s shape), by `decaying` when weight_decay[i] and by `plain` otherwise. The moments are
+// all f32, or all bf16 (AdamWUpdateElementBf16). Bit-identical on every CPU and GPU: no
+// multiply-add is ever fused (adamw_math.h).
 struct AdamWStepArgs {
   absl::Span<const TensorView> params;
   absl::Span<const TensorView> grads;

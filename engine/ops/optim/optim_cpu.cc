@@ -48,6 +48,33 @@ MOETRAIN_CLONES MOETRAIN_NO_FP_CONTRACT void AdamWUpdate(float* __restrict p,
   }
 }
 
+// The same with bf16 moments (AdamWUpdateElementBf16), widened into f32 tiles and rounded back.
+MOETRAIN_CLONES MOETRAIN_NO_FP_CONTRACT void AdamWUpdateBf16(float* __restrict p,
+                                                             const float* __restrict g,
+                                                             uint16_t* __restrict m,
+                                                             uint16_t* __restrict v, int64_t n,
+                                                             const AdamWScalars s) {
+  float mf[kAdamTile], vf[kAdamTile], root[kAdamTile];
+  for (int64_t start = 0; start < n; start += kAdamTile) {
+    const int64_t len = std::min(kAdamTile, n - start);
+    float* __restrict pt = p + start;
+    const float* __restrict gt = g + start;
+    uint16_t* __restrict mt = m + start;
+    uint16_t* __restrict vt = v + start;
+    for (int64_t i = 0; i < len; ++i) {
+      mf[i] = BF16BitsToFloat(mt[i]);
+      vf[i] = BF16BitsToFloat(vt[i]);
+      AdamWMoments(gt[i], &mf[i], &vf[i], s);
+    }
+    for (int64_t i = 0; i < len; ++i) root[i] = std::sqrt(vf[i]);
+    for (int64_t i = 0; i < len; ++i) {
+      pt[i] = AdamWParameter(pt[i], mf[i], root[i], s);
+      mt[i] = FloatToBF16Bits(mf[i]);
+      vt[i] = FloatToBF16Bits(vf[i]);
+    }
+  }
+}
+
 // lanes[i % kNormLanes] += x[i]² in f64, for i in [0, n).
 MOETRAIN_CLONES MOETRAIN_NO_FP_CONTRACT void AccumulateSquares(const float* x, int64_t n,
                                                                double* lanes) {
@@ -109,9 +136,16 @@ void AdamWStep(const ExecContext& ctx, const ops::AdamWStepArgs& args) {
   const std::vector<int64_t> offsets = Offsets(args.params);
   ctx.thread_pool().ParallelFor(offsets.back(), kStepGrain, [&](int64_t begin, int64_t end) {
     ForEachSegment(offsets, begin, end, [&](int64_t i, int64_t lo, int64_t hi) {
-      AdamWUpdate(args.params[i].data<float>() + lo, args.grads[i].data<float>() + lo,
-                  args.exp_avg[i].data<float>() + lo, args.exp_avg_sq[i].data<float>() + lo,
-                  hi - lo, (*args.weight_decay)[i] ? args.decaying : args.plain);
+      const AdamWScalars& scalars = (*args.weight_decay)[i] ? args.decaying : args.plain;
+      float* p = args.params[i].data<float>() + lo;
+      const float* g = args.grads[i].data<float>() + lo;
+      if (args.exp_avg[i].dtype() == DType::kBF16) {
+        AdamWUpdateBf16(p, g, static_cast<uint16_t*>(args.exp_avg[i].raw()) + lo,
+                        static_cast<uint16_t*>(args.exp_avg_sq[i].raw()) + lo, hi - lo, scalars);
+      } else {
+        AdamWUpdate(p, g, args.exp_avg[i].data<float>() + lo, args.exp_avg_sq[i].data<float>() + lo,
+                    hi - lo, scalars);
+      }
     });
   });
 }

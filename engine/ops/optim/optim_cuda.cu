@@ -62,9 +62,10 @@ struct TensorChunk {
 };
 
 struct AdamWChunk {
-  TensorChunk<4> tensors;
+  TensorChunk<4> tensors;  // m and v are uint16_t (bf16 bits) when bf16_moments
   AdamWScalars decaying;
   AdamWScalars plain;
+  int bf16_moments;
 };
 // Kernel parameters may take 32,764 bytes (CUDA ≥ 12.1, Volta and later).
 static_assert(sizeof(AdamWChunk) <= 32764);
@@ -93,10 +94,19 @@ __global__ void __launch_bounds__(kOptimThreads)
     const OptimTile tile = TileOf(list, t);
     float* __restrict__ p = list.data[0][tile.tensor] + tile.begin;
     const float* __restrict__ g = list.data[1][tile.tensor] + tile.begin;
-    float* __restrict__ m = list.data[2][tile.tensor] + tile.begin;
-    float* __restrict__ v = list.data[3][tile.tensor] + tile.begin;
     const uint8_t flags = list.flags[tile.tensor];
     const AdamWScalars s = (flags & kWeightDecay) ? chunk.decaying : chunk.plain;
+    if (chunk.bf16_moments) {
+      // Elements of 2 bytes: m and v are bf16 bits.
+      auto* __restrict__ m16 = reinterpret_cast<uint16_t*>(list.data[2][tile.tensor]) + tile.begin;
+      auto* __restrict__ v16 = reinterpret_cast<uint16_t*>(list.data[3][tile.tensor]) + tile.begin;
+      for (int64_t j = threadIdx.x; j < tile.len; j += blockDim.x) {
+        AdamWUpdateElementBf16(&p[j], g[j], &m16[j], &v16[j], s);
+      }
+      continue;
+    }
+    float* __restrict__ m = list.data[2][tile.tensor] + tile.begin;
+    float* __restrict__ v = list.data[3][tile.tensor] + tile.begin;
     int64_t scalar_from = 0;
     if (flags & kAligned16) {
       // A tile starts at a multiple of kOptimTileElements, so aligned arrays stay aligned.
@@ -285,6 +295,7 @@ absl::Status AdamWStep(const ExecContext& ctx, const AdamWStepArgs& args) {
   auto chunk = std::make_unique<AdamWChunk>();
   chunk->decaying = args.decaying;
   chunk->plain = args.plain;
+  chunk->bf16_moments = args.exp_avg[0].dtype() == DType::kBF16;
   const absl::Span<const TensorView> lists[4] = {args.params, args.grads, args.exp_avg,
                                                  args.exp_avg_sq};
   return ForEachChunk(args.params.size(), [&](size_t first, int count) -> absl::Status {

@@ -165,6 +165,108 @@ TEST_P(GlooCommunicatorTest, AllGatherInRankOrder) {
   });
 }
 
+// Block sizes with a zero, a one and uneven ones: rank r's block has counts[r] elements.
+std::vector<int64_t> UnevenCounts(int size) {
+  std::vector<int64_t> counts(size);
+  for (int r = 0; r < size; ++r) counts[r] = r == 1 ? 0 : (r == 2 ? 1 : 257 + 13 * r);
+  return counts;
+}
+
+TEST_P(GlooCommunicatorTest, ReduceScatterSumAddsEachBlockInRankOrder) {
+  const std::vector<int64_t> counts = UnevenCounts(size());
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  std::vector<std::vector<float>> data(size(), std::vector<float>(total));
+  std::mt19937 rng(29 + size());
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  for (auto& values : data) {
+    for (float& v : values) v = value(rng);
+  }
+  const std::vector<std::vector<float>> input = data;
+  RunRanks(size(), [&](int rank) {
+    ASSERT_OK(world_[rank]->ReduceScatterSum(data[rank].data(), counts, DType::kF32));
+  });
+  int64_t offset = 0;
+  for (int rank = 0; rank < size(); ++rank) {
+    for (int64_t i = offset; i < offset + counts[rank]; ++i) {
+      float in_rank_order = input[0][i];
+      double reference = input[0][i];
+      for (int q = 1; q < size(); ++q) {
+        in_rank_order += input[q][i];
+        reference += input[q][i];
+      }
+      ASSERT_EQ(data[rank][i], in_rank_order) << "rank " << rank << " i " << i;
+      ASSERT_NEAR(data[rank][i], reference, 1e-6 * size());
+    }
+    offset += counts[rank];
+  }
+}
+
+TEST_P(GlooCommunicatorTest, ReduceScatterSumIntegers) {
+  const std::vector<int64_t> counts = UnevenCounts(size());
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  RunRanks(size(), [&](int rank) {
+    std::vector<int64_t> data(total);
+    for (int64_t i = 0; i < total; ++i) data[i] = (int64_t{1} << 40) * (rank + 1) - i * rank;
+    ASSERT_OK(world_[rank]->ReduceScatterSum(data.data(), counts, DType::kI64));
+    int64_t offset = 0;
+    for (int r = 0; r < rank; ++r) offset += counts[r];
+    for (int64_t i = offset; i < offset + counts[rank]; ++i) {
+      int64_t expected = 0;
+      for (int q = 0; q < size(); ++q) expected += (int64_t{1} << 40) * (q + 1) - i * q;
+      ASSERT_EQ(data[i], expected) << "rank " << rank << " i " << i;
+    }
+  });
+}
+
+// The property a sharded optimizer's exactness rests on: the all-reduce's sums are the
+// reduce-scatter's, bit for bit, wherever the blocks are cut.
+TEST_P(GlooCommunicatorTest, AllReduceSumIsAReduceScatterBitForBit) {
+  const std::vector<int64_t> counts = UnevenCounts(size());
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  std::vector<std::vector<float>> reduced(size(), std::vector<float>(total));
+  std::mt19937 rng(31 + size());
+  std::uniform_real_distribution<float> value(-100.0f, 100.0f);
+  for (auto& values : reduced) {
+    for (float& v : values) v = value(rng);
+  }
+  std::vector<std::vector<float>> scattered = reduced;
+  RunRanks(size(), [&](int rank) {
+    ASSERT_OK(world_[rank]->AllReduceSum(reduced[rank].data(), total, DType::kF32));
+    ASSERT_OK(world_[rank]->ReduceScatterSum(scattered[rank].data(), counts, DType::kF32));
+  });
+  int64_t offset = 0;
+  for (int rank = 0; rank < size(); ++rank) {
+    EXPECT_EQ(std::memcmp(scattered[rank].data() + offset, reduced[rank].data() + offset,
+                          counts[rank] * sizeof(float)),
+              0)
+        << "rank " << rank;
+    offset += counts[rank];
+  }
+}
+
+TEST_P(GlooCommunicatorTest, AllGatherVFillsEveryBlockFromItsRank) {
+  const std::vector<int64_t> counts = UnevenCounts(size());
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  RunRanks(size(), [&](int rank) {
+    // bf16-sized elements: any dtype gathers.
+    std::vector<uint16_t> data(total, 0xDEAD);
+    int64_t offset = 0;
+    for (int r = 0; r < rank; ++r) offset += counts[r];
+    for (int64_t i = offset; i < offset + counts[rank]; ++i) data[i] = rank * 1000 + i % 1000;
+    ASSERT_OK(world_[rank]->AllGatherV(data.data(), counts, DType::kBF16));
+    int64_t i = 0;
+    for (int r = 0; r < size(); ++r) {
+      for (int64_t k = 0; k < counts[r]; ++k, ++i) {
+        ASSERT_EQ(data[i], r * 1000 + i % 1000) << "rank " << rank << " i " << i;
+      }
+    }
+  });
+}
+
 TEST_P(GlooCommunicatorTest, BroadcastFromTheLastRank) {
   const int root = size() - 1;
   constexpr int64_t kCount = 33;
@@ -264,6 +366,16 @@ TEST_P(GlooCommunicatorTest, BadArgumentsFailAtOnceWithoutStartingAnything) {
     EXPECT_EQ(comm.StartAllReduceSum(nullptr, 4, DType::kF32).status().code(),
               absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(comm.Subgroup({rank, rank}).status().code(), absl::StatusCode::kInvalidArgument);
+    std::vector<int64_t> counts(size(), 1);
+    EXPECT_EQ(comm.StartReduceScatterSum(&x, counts, DType::kBF16).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    counts.push_back(1);  // one too many
+    EXPECT_EQ(comm.StartAllGatherV(&x, counts, DType::kF32).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    counts.assign(size(), 0);
+    counts[0] = -1;
+    EXPECT_EQ(comm.StartReduceScatterSum(&x, counts, DType::kF32).status().code(),
+              absl::StatusCode::kInvalidArgument);
     // Still healthy: the group goes on.
     ASSERT_OK(comm.Barrier());
   });

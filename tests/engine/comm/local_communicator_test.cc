@@ -38,6 +38,18 @@ TEST(LocalCommunicatorTest, ReduceAndBroadcastLeaveDataAsIs) {
   ASSERT_OK(comm.Barrier());
 }
 
+TEST(LocalCommunicatorTest, ReduceScatterAndAllGatherVOfOneBlockLeaveItAsIs) {
+  LocalCommunicator comm;
+  std::vector<float> data = {1.5f, -2.0f, 4.0f};
+  const std::vector<int64_t> counts = {3};
+  ASSERT_OK(comm.ReduceScatterSum(data.data(), counts, DType::kF32));
+  ASSERT_OK(comm.AllGatherV(data.data(), counts, DType::kF32));
+  EXPECT_EQ(data, (std::vector<float>{1.5f, -2.0f, 4.0f}));
+  const std::vector<int64_t> two = {1, 2};
+  EXPECT_EQ(comm.ReduceScatterSum(data.data(), two, DType::kF32).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(LocalCommunicatorTest, AllGatherCopies) {
   LocalCommunicator comm;
   const std::vector<int32_t> send = {1, 2, 3, 4};

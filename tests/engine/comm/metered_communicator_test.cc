@@ -85,6 +85,13 @@ TEST(MeteredCommunicatorTest, CountsEachCollectivesPayloadOnEveryRank) {
     args.send = send.data();
     args.recv = recv.data();
     ASSERT_OK(comm.AllToAllV(args));
+    // Reduce-scatter of blocks of 2, 3, 4 f32: the others' blocks out, this rank's in; the
+    // all-gather back: this rank's block out, the others' in.
+    const std::vector<int64_t> blocks = {2, 3, 4};
+    std::vector<float> sharded(9, 1.0f);
+    ASSERT_OK(comm.ReduceScatterSum(sharded.data(), blocks, DType::kF32));
+    ASSERT_OK(comm.AllGatherV(sharded.data(), blocks, DType::kF32));
+    for (float v : sharded) EXPECT_EQ(v, 3.0f);
     ASSERT_OK(comm.Barrier());
     // A subgroup of ranks {0, 2} meters into the same meter; rank 1 is not in it.
     if (rank != 1) {
@@ -108,8 +115,11 @@ TEST(MeteredCommunicatorTest, CountsEachCollectivesPayloadOnEveryRank) {
     const int64_t pair_bytes = rank == 1 ? 0 : 12;
     EXPECT_EQ(meter.Of(CommOp::kAllReduce).sent, 40 + pair_bytes);
     EXPECT_EQ(meter.Of(CommOp::kAllReduce).received, 40 + pair_bytes);
-    EXPECT_EQ(meter.Of(CommOp::kAllGather).sent, 32);
-    EXPECT_EQ(meter.Of(CommOp::kAllGather).received, 64);
+    const int64_t own = 4 * (2 + rank), others = 4 * 9 - own;
+    EXPECT_EQ(meter.Of(CommOp::kAllGather).sent, 32 + own);
+    EXPECT_EQ(meter.Of(CommOp::kAllGather).received, 64 + others);
+    EXPECT_EQ(meter.Of(CommOp::kReduceScatter).sent, others);
+    EXPECT_EQ(meter.Of(CommOp::kReduceScatter).received, own);
     EXPECT_EQ(meter.Of(CommOp::kBroadcast).sent, rank == 1 ? 20 : 0);
     EXPECT_EQ(meter.Of(CommOp::kBroadcast).received, rank == 1 ? 0 : 20);
     int64_t sent = 0, received = 0;
@@ -159,6 +169,7 @@ TEST(MeteredCommunicatorTest, NamesEveryOp) {
   EXPECT_STREQ(CommOpName(CommOp::kAllGather), "all_gather");
   EXPECT_STREQ(CommOpName(CommOp::kBroadcast), "broadcast");
   EXPECT_STREQ(CommOpName(CommOp::kBarrier), "barrier");
+  EXPECT_STREQ(CommOpName(CommOp::kReduceScatter), "reduce_scatter");
 }
 
 }  // namespace

@@ -135,6 +135,24 @@ TEST(NcclCommunicatorCudaTest, AllReduceSumOnHostBuffers) {
   EXPECT_EQ(big, big_before);
 }
 
+// A world of one: the own block is the whole sum, in place, on device and host memory.
+TEST(NcclCommunicatorCudaTest, ReduceScatterAndAllGatherVInPlace) {
+  MOETRAIN_NCCL_WORLD_OR_SKIP(gpu, comm);
+  const std::vector<float> floats = {1.0f, -2.0f, 3.5f, 0.25f, 1e-30f};
+  const std::vector<int64_t> counts = {5};
+  Tensor f = ToDevice(gpu, HostTensor(DType::kF32, floats));
+  ASSERT_OK(comm->ReduceScatterSum(f.view().raw(), counts, DType::kF32));
+  EXPECT_EQ(Values<float>(ToHost(gpu, f)), floats);
+  ASSERT_OK(comm->AllGatherV(f.view().raw(), counts, DType::kF32));
+  EXPECT_EQ(Values<float>(ToHost(gpu, f)), floats);
+  std::vector<int64_t> ints = {int64_t{1} << 40, -3, 0};
+  const std::vector<int64_t> ints_before = ints;
+  const std::vector<int64_t> three = {3};
+  ASSERT_OK(comm->ReduceScatterSum(ints.data(), three, DType::kI64));
+  ASSERT_OK(comm->AllGatherV(ints.data(), three, DType::kI64));
+  EXPECT_EQ(ints, ints_before);
+}
+
 TEST(NcclCommunicatorCudaTest, AllGatherOfHostIntegers) {
   MOETRAIN_NCCL_WORLD_OR_SKIP(gpu, comm);
   // What PlanDispatch, SumOverRanks (doubles as bits) and the checkpoint reports gather.

@@ -1,5 +1,6 @@
 #include "engine/plan/plan.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,39 @@ TEST(PlanTest, MemoryIsTheTrainingEstimateAtTheLayout) {
   small.device.memory_bytes = expected.total() - 1;
   ASSERT_OK_AND_ASSIGN(LayoutPlan tight, PlanLayout(config, {2, 2}, small));
   EXPECT_FALSE(tight.fits);
+}
+
+// ZeRO-1 at dp 4: a quarter of the moments, a quarter of AdamW's traffic, and the same bytes on
+// the wire split into the grads' reduce-scatter (under backward) and the weights' all-gather
+// (after the optimizer, exposed): the step differs by that and by the optimizer's time. Where only
+// the sharded layout fits, it is the one chosen.
+TEST(PlanTest, ShardingTradesAnExposedWeightGatherForMemory) {
+  TrainerConfig config = TinyTrainerConfig("");
+  config.model.moe.num_experts = 4;
+  const ClusterSpec cluster = RoundCluster();
+  ASSERT_OK_AND_ASSIGN(const LayoutPlan none, PlanLayout(config, {4, 1}, cluster));
+  ASSERT_OK_AND_ASSIGN(const LayoutPlan sharded,
+                       PlanLayout(config, {4, 1, Sharding::kOptimizer}, cluster));
+  EXPECT_NEAR(sharded.memory.optimizer, none.memory.optimizer / 4, 0.01 * none.memory.optimizer);
+  // 28 bytes a parameter updated and 2 a parameter held: 28/4 + 2 against 30.
+  EXPECT_NEAR(sharded.optimizer_s, none.optimizer_s * (28.0 / 4 + 2) / 30, 0.02 * none.optimizer_s);
+  EXPECT_DOUBLE_EQ(sharded.all_reduce_s, none.all_reduce_s);
+  EXPECT_DOUBLE_EQ(sharded.all_gather_s, none.all_reduce_s / 2);
+  EXPECT_EQ(none.all_gather_s, 0);
+  EXPECT_GE(sharded.all_reduce_exposed_s, sharded.all_gather_s);
+  EXPECT_GT(sharded.memory.checkpoint_gather, 0);
+  EXPECT_LT(sharded.memory.on_device(), none.memory.on_device());
+
+  ClusterSpec tight = cluster;
+  tight.device.memory_bytes = (sharded.memory.on_device() + none.memory.on_device()) / 2;
+  const std::vector<LayoutPlan> plans = PlanLayouts(config, 4, tight);
+  const std::optional<LayoutPlan> best = Fastest(plans);
+  ASSERT_TRUE(best.has_value());
+  EXPECT_EQ(best->layout.sharding, Sharding::kOptimizer);
+  EXPECT_NEAR(sharded.step_s - none.step_s,
+              (sharded.all_reduce_exposed_s - none.all_reduce_exposed_s) +
+                  (sharded.optimizer_s - none.optimizer_s),
+              1e-12 * none.step_s);
 }
 
 TEST(PlanTest, RefusesALayoutTheConfigCannotTake) {
@@ -141,12 +175,13 @@ TEST(PlanTest, SweepScalesWhenComputeDominates) {
 TEST(PlanTest, FastestSkipsWhatDoesNotFit) {
   ClusterSpec cluster = RoundCluster();
   std::vector<LayoutPlan> plans = PlanLayouts(TinyTrainerConfig(""), 4, cluster);
-  ASSERT_EQ(plans.size(), 3u);  // ep 1, 2, 4 of 4 experts
+  ASSERT_EQ(plans.size(), 6u);  // ep 1, 2, 4 of 4 experts, each unsharded and sharded
   for (LayoutPlan& plan : plans) plan.fits = false;
   EXPECT_FALSE(Fastest(plans).has_value());
   ASSERT_TRUE(Fastest(plans, /*fitting_only=*/false).has_value());
-  plans[1].fits = true;
+  plans[2].fits = true;  // ep 2, unsharded
   EXPECT_EQ(Fastest(plans)->layout.expert_parallel, 2);
+  EXPECT_EQ(Fastest(plans)->layout.sharding, Sharding::kNone);
 }
 
 // The sweep of `moetrain plan --gpus N --sweep ...` starts from the config already moved to N.
@@ -181,9 +216,11 @@ TEST(PlanTest, HugeGpuCountsArePlannedOrRefusedWithoutOverflow) {
   EXPECT_TRUE(PlanLayouts(config, -4, cluster).empty());
   config.data.batch_size = config.micro_batch_size = kMaxPlanGpus;
   const std::vector<LayoutPlan> plans = PlanLayouts(config, kMaxPlanGpus, cluster);
-  ASSERT_EQ(plans.size(), 3u);  // ep 1, 2, 4 of 4 experts
-  EXPECT_EQ(plans[2].layout.expert_parallel, 4);
-  EXPECT_EQ(plans[2].layout.gpus(), kMaxPlanGpus);
+  ASSERT_EQ(plans.size(), 6u);  // ep 1, 2, 4 of 4 experts, each unsharded and sharded
+  EXPECT_EQ(plans[4].layout.expert_parallel, 4);
+  EXPECT_EQ(plans[4].layout.sharding, Sharding::kNone);
+  EXPECT_EQ(plans[5].layout.sharding, Sharding::kOptimizer);
+  EXPECT_EQ(plans[4].layout.gpus(), kMaxPlanGpus);
 
   config.data.batch_size = config.micro_batch_size = int64_t{1} << 62;
   const absl::StatusOr<TrainerConfig> overflow = AtGpuCount(config, 8, Scaling::kWeak);

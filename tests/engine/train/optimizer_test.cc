@@ -14,9 +14,11 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/core/dtype.h"
+#include "engine/core/dtype_math.h"
 #include "engine/core/tensor.h"
 #include "gtest/gtest.h"
 #include "tests/engine/train/optimizer_test_util.h"
+#include "tests/testing/testing.h"
 
 namespace moetrain::optimizer_test {
 namespace {
@@ -110,6 +112,72 @@ TEST_P(AdamWReferenceTest, MatchesFloat64ReferenceOverSteps) {
       EXPECT_LT(RelErr(optimizer.exp_avg_sq(i).data<float>(), reference.v[i]), 1e-6);
     }
   }
+}
+
+// The moments of bf16 AdamW as floats.
+std::vector<float> Bf16Contents(const TensorView& t) {
+  EXPECT_EQ(t.dtype(), DType::kBF16);
+  std::vector<float> out(t.numel());
+  const auto* bits = static_cast<const uint16_t*>(t.raw());
+  for (int64_t j = 0; j < t.numel(); ++j) out[j] = BF16BitsToFloat(bits[j]);
+  return out;
+}
+
+double RoundToBf16(double x) { return BF16BitsToFloat(FloatToBF16Bits(static_cast<float>(x))); }
+
+// BF16 moments against the float64 reference that stores its moments rounded to bf16 after each
+// step (and updates the weight from the unrounded ones): the weights to float rounding, the
+// moments to about one bf16 step (2^-7 relative at most: an element whose f32 and f64 values
+// round to neighbouring bf16 values now and then, a one-element tensor then off by that much).
+TEST(AdamWTest, Bf16MomentsMatchAFloat64ReferenceThatRoundsItsStoredMoments) {
+  AdamWConfig config;
+  config.moment_dtype = DType::kBF16;
+  Model model = MakeModel(MixedSpecs(), 13);
+  AdamW optimizer = CreateOrDie(config, model);
+  ReferenceAdamW reference(config, model);
+  for (int step = 0; step < 12; ++step) {
+    FillGrads(&model, 14, step);
+    const float lr = 1e-2f;
+    ASSERT_OK(optimizer.Step(lr));
+    reference.Step(lr, model);
+    for (auto* moments : {&reference.m, &reference.v}) {
+      for (std::vector<double>& values : *moments) {
+        for (double& x : values) x = RoundToBf16(x);
+      }
+    }
+    for (int64_t i = 0; i < optimizer.num_params(); ++i) {
+      SCOPED_TRACE(testing::Message() << "step " << step << ", " << model.params[i].name);
+      EXPECT_EQ(optimizer.exp_avg(i).dtype(), DType::kBF16);
+      EXPECT_LT(RelErr(model.values[i].data<float>(), reference.p[i]), 1e-5);
+      EXPECT_LT(RelErr(Bf16Contents(optimizer.exp_avg(i)), reference.m[i]), 1e-2);
+      EXPECT_LT(RelErr(Bf16Contents(optimizer.exp_avg_sq(i)), reference.v[i]), 1e-2);
+    }
+  }
+}
+
+// A saved f32 state restores into bf16 moments rounded to nearest even; an invalid one is still
+// refused by its f32 values.
+TEST(AdamWTest, SetStateRoundsIntoBf16Moments) {
+  AdamWConfig config;
+  config.moment_dtype = DType::kBF16;
+  Model model = MakeModel({{"w", {4}, true}}, 52);
+  AdamW optimizer = CreateOrDie(config, model);
+  std::vector<float> m = {1.0f + 1.0f / 256, -3.0e-5f, 0.0f, 1e30f};
+  std::vector<float> v = {1.0f + 3.0f / 256, 2.5e-9f, 0.0f, 7.0f};
+  const TensorView m_view(m.data(), DType::kF32, {4}), v_view(v.data(), DType::kF32, {4});
+  ASSERT_OK(optimizer.SetState(3, {&m_view, 1}, {&v_view, 1}));
+  const std::vector<float> got_m = Bf16Contents(optimizer.exp_avg(0));
+  const std::vector<float> got_v = Bf16Contents(optimizer.exp_avg_sq(0));
+  for (int j = 0; j < 4; ++j) {
+    EXPECT_EQ(got_m[j], BF16BitsToFloat(FloatToBF16Bits(m[j]))) << j;
+    EXPECT_EQ(got_v[j], BF16BitsToFloat(FloatToBF16Bits(v[j]))) << j;
+  }
+  EXPECT_EQ(got_m[0], 1.0f);  // a tie, to even
+  v[1] = -1.0f;
+  ExpectInvalid(optimizer.SetState(3, {&m_view, 1}, {&v_view, 1}), "w.exp_avg_sq[1]");
+  AdamWConfig f16;
+  f16.moment_dtype = DType::kI32;
+  ExpectInvalid(f16.Validate(), "train.optimizer.moment_dtype = i32 must be f32 or bf16");
 }
 
 AdamWConfig Config(float beta1, float beta2, float eps, float weight_decay) {

@@ -4,6 +4,7 @@
 //   parallel_train_rank --rank R --dp D --ep E --store DIR --checkpoint-dir DIR
 //                       [--steps N] [--micro M] [--resume] [--hang-after-checkpoint S]
 //                       [--poison] [--fp8 delayed|current|blockwise|mxfp8] [--deepseek]
+//                       [--bf16] [--bf16-moments] [--sharding none|optimizer]
 //
 // Joins the world through a FileKeyValueStore in the store directory (Gloo over 127.0.0.1),
 // builds the trainer of parallel_test_config.h, resumes when asked, trains, and prints one JSON
@@ -82,16 +83,21 @@ int Fail(const absl::Status& status) {
 
 int Main(int argc, char** argv) {
   int64_t rank = 0, dp = 1, ep = 1, steps = 0, micro = 0, hang_after = -1;
-  bool resume = false, poison = false, deepseek = false;
+  bool resume = false, poison = false, deepseek = false, bf16 = false, bf16_moments = false;
   std::string store_dir, checkpoint_dir;
   const std::map<std::string, int64_t*> numbers = {
       {"--rank", &rank},   {"--dp", &dp},       {"--ep", &ep},
       {"--steps", &steps}, {"--micro", &micro}, {"--hang-after-checkpoint", &hang_after}};
-  std::string fp8;
-  const std::map<std::string, std::string*> texts = {
-      {"--store", &store_dir}, {"--checkpoint-dir", &checkpoint_dir}, {"--fp8", &fp8}};
-  const std::map<std::string, bool*> switches = {
-      {"--resume", &resume}, {"--poison", &poison}, {"--deepseek", &deepseek}};
+  std::string fp8, sharding = "none";
+  const std::map<std::string, std::string*> texts = {{"--store", &store_dir},
+                                                     {"--checkpoint-dir", &checkpoint_dir},
+                                                     {"--fp8", &fp8},
+                                                     {"--sharding", &sharding}};
+  const std::map<std::string, bool*> switches = {{"--resume", &resume},
+                                                 {"--poison", &poison},
+                                                 {"--deepseek", &deepseek},
+                                                 {"--bf16", &bf16},
+                                                 {"--bf16-moments", &bf16_moments}};
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     const char* value = i + 1 < argc ? argv[i + 1] : "";
@@ -122,6 +128,12 @@ int Main(int argc, char** argv) {
   if (deepseek) config = parallel_test::WithDeepseekV3(config);
   if (steps > 0) config.steps = steps;
   config.micro_batch_size = micro;
+  if (bf16) config.compute_dtype = DType::kBF16;
+  if (bf16_moments) config.optimizer.moment_dtype = DType::kBF16;
+  if (sharding != "none" && sharding != "optimizer") {
+    return Fail(absl::InvalidArgumentError("--sharding " + sharding + ": none or optimizer"));
+  }
+  config.parallel.sharding = sharding == "optimizer" ? Sharding::kOptimizer : Sharding::kNone;
   if (!fp8.empty()) {
     absl::StatusOr<TrainerConfig> with_fp8 = parallel_test::WithFp8(config, fp8);
     if (!with_fp8.ok()) return Fail(with_fp8.status());

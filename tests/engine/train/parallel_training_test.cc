@@ -2,8 +2,8 @@
 // dp × ep ranks (parallel_train_rank processes meeting over 127.0.0.1 through a FileKeyValueStore)
 // against the same job in one process: per-step losses and the final weights (read back whole
 // from the sharded checkpoint, as `moetrain eval` does) agree within float rounding; a rank
-// killed after a checkpoint resumes bit-identically; a checkpoint does not resume on another
-// layout; damage in one rank's shard makes every rank fall back together.
+// killed after a checkpoint resumes bit-identically; damage in one rank's shard makes every rank
+// fall back together. The sharded optimizer and resuming on another layout: sharded_training_test.
 #include <signal.h>
 #include <unistd.h>
 
@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -24,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/engine/tensor_test_util.h"
+#include "tests/engine/train/parallel_ranks.h"
 #include "tests/engine/train/parallel_test_config.h"
 #include "tests/integration/child_process.h"
 #include "tests/testing/testing.h"
@@ -33,94 +35,14 @@ namespace {
 
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
-using testutil::Child;
-using testutil::Finished;
 using testutil::TempDir;
 
+using parallel_test::Number;
+using parallel_test::Ranks;
+using parallel_test::RunJob;
+using parallel_test::Steps;
+
 constexpr double kRelativeTolerance = 1e-5;
-constexpr auto kRunTimeout = std::chrono::seconds(120);
-
-// The dp × ep processes of one launch of the job.
-class Ranks {
- public:
-  Ranks(int dp, int ep) : dp_(dp), ep_(ep) {}
-
-  // Starts every rank with the job's checkpoint directory and `extra` flags. Each launch meets in
-  // a store directory of its own: a second launch must not find the first one's addresses.
-  void Start(const fs::path& dir, const std::vector<std::string>& extra) {
-    static int launches = 0;
-    const fs::path store = dir / absl::StrCat("kv-", launches++);
-    for (int rank = 0; rank < dp_ * ep_; ++rank) {
-      children_.push_back(std::make_unique<Child>(fs::path(MOETRAIN_PARALLEL_TRAIN_RANK)));
-      std::vector<std::string> args = {"--rank",
-                                       std::to_string(rank),
-                                       "--dp",
-                                       std::to_string(dp_),
-                                       "--ep",
-                                       std::to_string(ep_),
-                                       "--store",
-                                       store.string(),
-                                       "--checkpoint-dir",
-                                       (dir / "checkpoints").string()};
-      args.insert(args.end(), extra.begin(), extra.end());
-      // One thread each: idle OpenMP threads spin, and the ranks share two cores.
-      ASSERT_EQ(children_.back()->Start(args, dir,
-                                        {{"MOETRAIN_NUM_THREADS", "1"}, {"OMP_NUM_THREADS", "1"}}),
-                "");
-    }
-  }
-
-  // Waits for every rank; each must exit with `exit_code`.
-  std::vector<Finished> Wait(int exit_code = 0) {
-    std::vector<Finished> finished;
-    for (auto& child : children_) {
-      finished.push_back(child->Wait(kRunTimeout));
-      const Finished& f = finished.back();
-      EXPECT_FALSE(f.timed_out) << "rank " << finished.size() - 1 << " hangs: " << f.out;
-      EXPECT_EQ(f.exit_code, exit_code) << "rank " << finished.size() - 1 << ": " << f.out << f.err;
-    }
-    children_.clear();
-    return finished;
-  }
-
-  // Waits until every rank has printed a line containing `text`, then kills them all (SIGKILL).
-  void KillAfter(const std::string& text) {
-    for (auto& child : children_) {
-      EXPECT_TRUE(child->WaitForStdout(
-          [&](const std::string& out) { return out.find(text) != std::string::npos; }, kRunTimeout))
-          << child->out() << child->err();
-    }
-    for (auto& child : children_) child->Signal(SIGKILL);
-    for (auto& child : children_) child->Wait(kRunTimeout);
-    children_.clear();
-  }
-
- private:
-  const int dp_, ep_;
-  std::vector<std::unique_ptr<Child>> children_;
-};
-
-// One launch to the end; every rank's output lines.
-std::vector<std::vector<Json>> RunJob(int dp, int ep, const fs::path& dir,
-                                      const std::vector<std::string>& extra = {},
-                                      int exit_code = 0) {
-  Ranks ranks(dp, ep);
-  ranks.Start(dir, extra);
-  std::vector<std::vector<Json>> lines;
-  for (const Finished& f : ranks.Wait(exit_code)) lines.push_back(testutil::JsonLines(f.out));
-  return lines;
-}
-
-// The step lines of one rank's output, by step.
-std::map<int64_t, Json> Steps(const std::vector<Json>& lines) {
-  std::map<int64_t, Json> steps;
-  for (const Json& line : lines) {
-    if (line.contains("loss")) steps[line["step"].get<int64_t>()] = line;
-  }
-  return steps;
-}
-
-double Number(const Json& line, const char* key) { return std::stod(line[key].get<std::string>()); }
 
 void ExpectClose(double reference, double value, const std::string& what) {
   EXPECT_LE(std::abs(value - reference), kRelativeTolerance * std::abs(reference))
@@ -358,28 +280,6 @@ TEST(ParallelTrainingTest, KilledAfterACheckpointResumesBitIdentically) {
   for (const auto& [name, tensor] : a.model_tensors) {
     const Tensor& other = b.model_tensors.at(name);
     EXPECT_EQ(std::memcmp(tensor.view().raw(), other.view().raw(), tensor.numel() * 4), 0) << name;
-  }
-}
-
-TEST(ParallelTrainingTest, ACheckpointDoesNotResumeOnAnotherLayout) {
-  TempDir dir;
-  RunJob(2, 1, dir.path(), {"--steps", "5"});
-  // In this process, on one rank.
-  absl::StatusOr<std::unique_ptr<Trainer>> single =
-      Trainer::Create(parallel_test::JobConfig((dir.path() / "checkpoints").string(), 1, 1));
-  ASSERT_TRUE(single.ok()) << single.status();
-  const absl::Status status = (*single)->Resume(nullptr);
-  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
-  EXPECT_NE(status.message().find("written by dp=2 x ep=1 (2 ranks)"), std::string::npos) << status;
-  EXPECT_NE(status.message().find("this job runs dp=1 x ep=1 (1 rank)"), std::string::npos)
-      << status;
-  // On two ranks of another layout, every rank fails (none hangs).
-  const std::vector<std::vector<Json>> ranks =
-      RunJob(1, 2, dir.path(), {"--resume", "--steps", "5"}, /*exit_code=*/1);
-  for (const std::vector<Json>& lines : ranks) {
-    ASSERT_FALSE(lines.empty());
-    EXPECT_NE(lines.back().value("error", "").find("written by dp=2 x ep=1"), std::string::npos)
-        << lines.back();
   }
 }
 

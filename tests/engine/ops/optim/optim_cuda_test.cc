@@ -16,6 +16,7 @@
 #include <iterator>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -23,11 +24,13 @@
 #include "engine/backend/exec_context.h"
 #include "engine/core/dtype.h"
 #include "engine/core/tensor.h"
+#include "engine/ops/elementwise/elementwise.h"
 #include "engine/ops/optim/adamw_math.h"
 #include "engine/ops/optim/optim.h"
 #include "gtest/gtest.h"
 #include "tests/engine/cuda_test_util.h"
 #include "tests/engine/tensor_test_util.h"
+#include "tests/testing/testing.h"
 
 namespace moetrain::ops {
 namespace {
@@ -227,6 +230,62 @@ TEST(OptimCudaTest, AdamWOverMoreTensorsThanOneLaunchTakes) {
   std::vector<Shape> shapes = ManySmall(1100, rng);
   shapes[600] = {kTile + 3, false};  // a multi-tile tensor in the second launch
   RunAdamW(gpu, shapes, seed);
+}
+
+// BF16 moments: three steps on both backends from the same bf16 m and v (each tensor's own, at
+// the start of its buffer); the GPU's parameters and moments must be the CPU's bits.
+TEST(OptimCudaTest, AdamWWithBf16MomentsMatchesTheCpuBitForBit) {
+  MOETRAIN_GPU_CONTEXT_OR_SKIP(gpu);
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  const std::vector<Shape> shapes(std::begin(kShapes), std::end(kShapes));
+  AdamWState state = MakeAdamWState(gpu, shapes, rng);
+  std::vector<Tensor> m_host, v_host, m_device, v_device;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    for (const auto& [pair, host, device] : {std::tuple(&state.m[i], &m_host, &m_device),
+                                             std::tuple(&state.v[i], &v_host, &v_device)}) {
+      host->push_back(Tensor::Empty(DType::kBF16, {shapes[i].numel}));
+      ASSERT_OK(ConvertTensor(ExecContext::Cpu(), pair->host, host->back()));
+      device->push_back(ToDevice(gpu, host->back()));
+    }
+  }
+  const auto views = [](const std::vector<Tensor>& tensors) {
+    std::vector<TensorView> out;
+    for (const Tensor& t : tensors) out.push_back(t.view());
+    return out;
+  };
+  std::vector<bool> decay(shapes.size());
+  for (size_t i = 0; i < decay.size(); ++i) decay[i] = i % 2 == 1;
+  const auto p_cpu = Hosts(state.p), g_cpu = Hosts(state.g), p_gpu = Devices(state.p),
+             g_gpu = Devices(state.g);
+  const auto m_cpu = views(m_host), v_cpu = views(v_host), m_gpu = views(m_device),
+             v_gpu = views(v_device);
+  for (int64_t t = 1; t <= 3; ++t) {
+    SCOPED_TRACE(::testing::Message() << "step " << t);
+    AdamWScalars plain = Scalars(t, 1e-3f, 0.1f);
+    const AdamWScalars decaying = plain;
+    plain.decay = 1.0f;
+    ASSERT_OK(AdamWStep(ExecContext::Cpu(), {.params = p_cpu,
+                                             .grads = g_cpu,
+                                             .exp_avg = m_cpu,
+                                             .exp_avg_sq = v_cpu,
+                                             .weight_decay = &decay,
+                                             .decaying = decaying,
+                                             .plain = plain}));
+    ASSERT_OK(AdamWStep(gpu, {.params = p_gpu,
+                              .grads = g_gpu,
+                              .exp_avg = m_gpu,
+                              .exp_avg_sq = v_gpu,
+                              .weight_decay = &decay,
+                              .decaying = decaying,
+                              .plain = plain}));
+    EXPECT_TRUE(SameAsHost(gpu, state.p, "params"));
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      EXPECT_TRUE(SameBytes(ToHost(gpu, m_device[i]), m_host[i])) << "exp_avg " << i;
+      EXPECT_TRUE(SameBytes(ToHost(gpu, v_device[i]), v_host[i])) << "exp_avg_sq " << i;
+    }
+  }
 }
 
 // Σ x² of the host views in f64, in index order: the reference the CPU's order is checked against.
