@@ -81,12 +81,7 @@ StateBytes StatesOf(const Trainer& trainer, DType dtype) {
   bytes.parameters = model.master_buffer().numel() *
                      (4 + (dtype == DType::kF32 ? 0 : static_cast<int64_t>(DTypeSize(dtype))));
   bytes.grads = model.grad_buffer().numel() * 4;
-  const AdamW& optimizer = trainer.optimizer();
-  for (int64_t i = 0; i < optimizer.num_params(); ++i) {
-    for (const TensorView& moment : {optimizer.exp_avg(i), optimizer.exp_avg_sq(i)}) {
-      bytes.optimizer += moment.numel() * static_cast<int64_t>(DTypeSize(moment.dtype()));
-    }
-  }
+  bytes.optimizer = trainer.optimizer().state_bytes();
   return bytes;
 }
 

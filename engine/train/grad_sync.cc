@@ -96,6 +96,7 @@ std::vector<std::pair<int64_t, int64_t>> GradSync::OwnedRanges() const {
 
 std::vector<GradSync::BucketLayout> GradSync::buckets() const {
   std::vector<BucketLayout> layouts;
+  if (!sharded_) return layouts;
   for (const Bucket& bucket : buckets_) {
     layouts.push_back({bucket.group, bucket.begin, bucket.end, &bucket.blocks});
   }

@@ -61,14 +61,15 @@ class GradSync {
   // nothing to do.
   absl::Status GatherOwned(float* buffer);
 
-  // A bucket as the sums cut it: elements [begin, end) of the buffer, summed over `group`, whose
-  // rank j holds block j (`blocks[j]` elements from begin + Σ blocks[<j]; sharded only).
+  // A sharded bucket: elements [begin, end) of the buffer, summed over `group`, whose rank j holds
+  // block j (`blocks[j]` elements from begin + Σ blocks[<j]).
   struct BucketLayout {
     Communicator* group;
     int64_t begin, end;
     const std::vector<int64_t>* blocks;
   };
-  // Every bucket, in start order (the order every rank runs their collectives in).
+  // Sharded: every bucket, in start order (the order every rank runs their collectives in).
+  // Unsharded: none, as every rank holds the whole sums.
   std::vector<BucketLayout> buckets() const;
 
  private:

@@ -126,13 +126,10 @@ absl::StatusOr<std::vector<ParameterPiece>> SliceParameters(
     for (const auto& [range_begin, range_end] : ranges) {
       const int64_t lo = std::max(begin, range_begin), hi = std::min(end, range_end);
       if (lo >= hi) continue;
-      const std::vector<int64_t> flat = {hi - lo};
       ParameterPiece piece;
       piece.part.name = absl::StrCat(param.name, "[", lo - begin, ":", hi - begin, "]");
-      piece.part.value =
-          TensorView(static_cast<float*>(values.raw()) + lo, DType::kF32, flat, values.device());
-      piece.part.grad =
-          TensorView(static_cast<float*>(grads.raw()) + lo, DType::kF32, flat, grads.device());
+      piece.part.value = values.Slice(lo, hi);
+      piece.part.grad = grads.Slice(lo, hi);
       piece.part.weight_decay = param.weight_decay;
       piece.parameter = param.name;
       piece.shape.assign(param.value.shape().begin(), param.value.shape().end());
@@ -264,6 +261,16 @@ absl::Status AdamW::SetState(int64_t step, absl::Span<const TensorView> exp_avg,
   exp_avg_sq_ = std::move(new_exp_avg_sq);
   step_ = step;
   return absl::OkStatus();
+}
+
+int64_t AdamW::state_bytes() const {
+  int64_t bytes = 0;
+  for (const std::vector<Tensor>* moments : {&exp_avg_, &exp_avg_sq_}) {
+    for (const Tensor& moment : *moments) {
+      bytes += moment.numel() * static_cast<int64_t>(DTypeSize(moment.dtype()));
+    }
+  }
+  return bytes;
 }
 
 absl::Status AdamW::SetStep(int64_t step) {

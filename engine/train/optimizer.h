@@ -44,10 +44,10 @@ struct ParameterPiece {
   int64_t offset = 0;
 };
 
-// The pieces of `params` that lie inside `ranges`, element ranges [begin, end) of two flat f32
-// buffers that hold every value (from `values`) and every grad (from `grads`) at the same offsets;
-// in the order of `params`, then of `ranges`. InvalidArgument naming the parameter when its
-// value or grad is not inside its buffer at one offset.
+// The pieces of `params` that lie inside `ranges`, element ranges [begin, end) of two flat (1-D)
+// f32 buffers that hold every value (from `values`) and every grad (from `grads`) at the same
+// offsets; in the order of `params`, then of `ranges`. InvalidArgument naming the parameter when
+// its value or grad is not inside its buffer at one offset.
 absl::StatusOr<std::vector<ParameterPiece>> SliceParameters(
     absl::Span<const Parameter> params, TensorView values, TensorView grads,
     absl::Span<const std::pair<int64_t, int64_t>> ranges);
@@ -94,6 +94,8 @@ class AdamW {
   int64_t step() const { return step_; }
   const AdamWConfig& config() const { return config_; }
   int64_t num_params() const { return static_cast<int64_t>(params_.size()); }
+  // The bytes of every m and v this optimizer holds.
+  int64_t state_bytes() const;
   const Parameter& param(int64_t i) const { return params_[i]; }
 
   // m and v of parameter i: (its shape) of config().moment_dtype, contiguous. Writable, so that a

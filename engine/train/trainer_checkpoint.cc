@@ -344,8 +344,8 @@ CheckpointContents Trainer::CheckpointContentsOfRank(const std::vector<Tensor>* 
       for (const auto& [moment, suffix] :
            {std::pair(&(*moments)[0], kExpAvgSuffix), std::pair(&(*moments)[1], kExpAvgSqSuffix)}) {
         contents.optim_tensors.push_back(
-            {p.name + suffix, TensorView(static_cast<float*>(moment->view().raw()) + offset,
-                                         DType::kF32, p.value.shape())});
+            {p.name + suffix,
+             moment->view().Slice(offset, offset + p.value.numel()).Reshape(p.value.shape())});
       }
     } else if (mine) {
       contents.optim_tensors.push_back({p.name + kExpAvgSuffix, optimizer_->exp_avg(optim_index)});

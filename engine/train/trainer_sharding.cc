@@ -23,8 +23,7 @@ namespace {
 
 // Elements [offset, offset + count) of the dense `tensor`, as a 1-D view.
 TensorView Flat(const TensorView& tensor, int64_t offset, int64_t count) {
-  return TensorView(static_cast<char*>(tensor.raw()) + offset * DTypeSize(tensor.dtype()),
-                    tensor.dtype(), {count}, tensor.device());
+  return tensor.Reshape({tensor.numel()}).Slice(offset, offset + count);
 }
 
 // dst = src (1-D, f32 or bf16 each, either on the host or ctx's device): a copy when the dtypes
@@ -49,9 +48,8 @@ absl::StatusOr<std::vector<Tensor>> Trainer::GatherMoments() {
   const TensorView masters = model_->master_buffer();
   const int64_t n = masters.numel();
   const bool writes = WritesShard();
-  // Unsharded, every rank holds its moments whole: nothing to gather.
-  const std::vector<GradSync::BucketLayout> buckets =
-      sharded() ? grad_sync_->buckets() : std::vector<GradSync::BucketLayout>();
+  // None unsharded: every rank then holds its moments whole.
+  const std::vector<GradSync::BucketLayout> buckets = grad_sync_->buckets();
   // Allocated first, and agreed on: a rank that could not would leave the others waiting in the
   // gathers below until the timeout.
   std::vector<Tensor> moments;

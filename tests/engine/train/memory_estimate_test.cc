@@ -109,18 +109,6 @@ TEST(MemoryEstimateTest, CountsTheModelsParameters) {
   EXPECT_NEAR(estimate.optimizer, 2 * estimate.parameters, 0.001 * estimate.parameters);
 }
 
-// The bytes of the AdamW moments `trainer` allocated.
-double MomentBytes(const Trainer& trainer) {
-  const AdamW& optimizer = trainer.optimizer();
-  double bytes = 0;
-  for (int64_t i = 0; i < optimizer.num_params(); ++i) {
-    for (const TensorView& moment : {optimizer.exp_avg(i), optimizer.exp_avg_sq(i)}) {
-      bytes += static_cast<double>(moment.numel() * DTypeSize(moment.dtype()));
-    }
-  }
-  return bytes;
-}
-
 // The moments each rank of a dp × ep job allocates (ranks as threads, Gloo over loopback).
 std::vector<double> MomentBytesPerRank(const TrainerConfig& config) {
   const int ranks = config.parallel.world_size();
@@ -132,7 +120,7 @@ std::vector<double> MomentBytesPerRank(const TrainerConfig& config) {
     absl::StatusOr<std::unique_ptr<Trainer>> trainer =
         Trainer::Create(config, std::shared_ptr<Communicator>(std::move(world[rank])));
     ASSERT_OK(trainer.status());
-    bytes[rank] = MomentBytes(**trainer);
+    bytes[rank] = static_cast<double>((*trainer)->optimizer().state_bytes());
   });
   return bytes;
 }
