@@ -5,7 +5,7 @@
 //   train_bench [--json] [--steps N (default 4)] [--dtype bf16|f32] [--device cpu|cuda|cuda:N]
 //               [--config default|d2048] [--layers L] [--hidden D] [--batch B]
 //               [--ranks N [--ep E]] [--sharding none|optimizer] [--moment-dtype f32|bf16]
-//               (--help: all)
+//               [--recompute none|full] (--help: all)
 //
 // Configs (synthetic data; the first step, a warm-up, is not timed):
 //   default  d=512, 8 layers (the first dense, ffn 2048), 8 heads, seq 512, E=16, k=2,
@@ -22,8 +22,10 @@
 // --ranks N (CPU only) trains the job on N ranks, threads of this process with a Gloo
 // communicator each over TCP loopback (dp = N / ep): tokens/s and the phases are rank 0's (every
 // rank's step is the same global step), and "ranks" lists each rank's state bytes, exactly, from
-// its buffers and its AdamW's moments (parameters, grads, optimizer), beside what the memory
-// estimate (engine/train/memory_estimate.h) predicts for a rank of the layout. The ranks share
+// its buffers and its AdamW's moments (parameters, grads, optimizer), and the bytes its activation
+// buffers hold after the run (Transformer::activation_bytes: what forward kept, backward's scratch,
+// the LM head's chunk), beside what the memory estimate (engine/train/memory_estimate.h) predicts
+// for a rank of the layout ("estimated_state_bytes"; one rank runs the same way). The ranks share
 // the machine's cores (the thread pool takes their parallel loops in turns), so compare rates
 // between runs of the same --ranks only.
 //
@@ -70,9 +72,10 @@ class Timer : public TrainObserver {
 };
 
 // The exact bytes of one rank's states: the flat buffers the transformer allocates and its AdamW's
-// moments.
+// moments; and, after the run, what its activation buffers hold (Transformer::activation_bytes).
 struct StateBytes {
   int64_t parameters = 0, grads = 0, optimizer = 0;
+  int64_t activations = 0;
   int64_t total() const { return parameters + grads + optimizer; }
 };
 StateBytes StatesOf(const Trainer& trainer, DType dtype) {
@@ -110,7 +113,9 @@ absl::Status RunRanks(const TrainerConfig& config, Timer* timer, std::vector<Sta
           Trainer::Create(config, std::shared_ptr<Communicator>(*std::move(world)));
       if (!trainer.ok()) return trainer.status();
       (*states)[rank] = StatesOf(**trainer, config.compute_dtype);
-      return (*trainer)->Run(&timers[rank]);
+      const absl::Status run = (*trainer)->Run(&timers[rank]);
+      (*states)[rank].activations = (*trainer)->model().activation_bytes();
+      return run;
     }));
   }
   absl::Status status;
@@ -151,7 +156,7 @@ int Main(int argc, char** argv) {
   std::string dtype_name = "bf16", device_name = "cpu", config_name = "default";
   int64_t layers = 0, hidden = 0, batch = 0;  // 0 = the config's
   int64_t ranks = 1, ep = 1;
-  std::string sharding_name = "none", moment_name = "f32";
+  std::string sharding_name = "none", moment_name = "f32", recompute_name = "none";
   CLI::App app{"train_bench: training throughput and MFU of an MoE transformer"};
   app.add_flag("--json", json, "print one JSON object instead of a summary");
   app.add_option("--steps", steps, "training steps; the first, a warm-up, is not timed")
@@ -189,6 +194,10 @@ int Main(int argc, char** argv) {
   app.add_option("--moment-dtype", moment_name, "train.optimizer.moment_dtype")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
+  app.add_option("--recompute", recompute_name,
+                 "train.recompute: none, or full (each block's forward again in backward)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "full"}));
   app.footer(
       "Exit status: 0 done; 1 an error; 2 bad usage; 77 --device cuda without a usable GPU.");
   if (const std::optional<int> exit_code = bench::ParseFlags(app, argc, argv)) return *exit_code;
@@ -227,6 +236,7 @@ int Main(int argc, char** argv) {
   c.parallel.expert_parallel = static_cast<int>(ep);
   c.parallel.sharding = sharding_name == "optimizer" ? Sharding::kOptimizer : Sharding::kNone;
   c.optimizer.moment_dtype = moment_name == "bf16" ? DType::kBF16 : DType::kF32;
+  c.recompute = recompute_name == "full" ? Recompute::kFull : Recompute::kNone;
   if (absl::Status valid = c.Validate(); !valid.ok()) {
     std::fprintf(stderr, "train_bench: %s\n", valid.ToString().c_str());
     return 2;
@@ -242,11 +252,14 @@ int Main(int argc, char** argv) {
   }
   const double dense = *gemm_flops / 1e9;
 
-  std::fprintf(
-      stderr, "train_bench: %lld steps of %lld tokens (%s, %s, config %s, %s, sharding %s)...\n",
-      static_cast<long long>(steps), static_cast<long long>(c.data.batch_size * c.data.seq_len),
-      std::string(DTypeName(dtype)).c_str(), device.DebugString().c_str(), config_name.c_str(),
-      c.parallel.DebugString().c_str(), ShardingName(c.parallel.sharding));
+  std::fprintf(stderr,
+               "train_bench: %lld steps of %lld tokens (%s, %s, config %s, %s, sharding %s, "
+               "recompute %s)...\n",
+               static_cast<long long>(steps),
+               static_cast<long long>(c.data.batch_size * c.data.seq_len),
+               std::string(DTypeName(dtype)).c_str(), device.DebugString().c_str(),
+               config_name.c_str(), c.parallel.DebugString().c_str(),
+               ShardingName(c.parallel.sharding), RecomputeName(c.recompute));
   Timer timer;
   std::vector<StateBytes> rank_states;
   std::unique_ptr<Trainer> trainer;
@@ -260,6 +273,7 @@ int Main(int argc, char** argv) {
       trainer = *std::move(created);
       rank_states = {StatesOf(*trainer, dtype)};
       status = trainer->Run(&timer);
+      rank_states[0].activations = trainer->model().activation_bytes();
     }
   }
   if (!status.ok()) {
@@ -298,17 +312,20 @@ int Main(int argc, char** argv) {
                            {"data_parallel", c.parallel.data_parallel},
                            {"expert_parallel", c.parallel.expert_parallel},
                            {"sharding", ShardingName(c.parallel.sharding)},
-                           {"moment_dtype", std::string(DTypeName(c.optimizer.moment_dtype))}};
+                           {"moment_dtype", std::string(DTypeName(c.optimizer.moment_dtype))},
+                           {"recompute", RecomputeName(c.recompute)}};
   // Each rank's states, and what the estimate says a rank of this layout holds.
   const MemoryEstimate estimate = EstimateTrainingMemory(c);
   result["estimated_state_bytes"] = {{"parameters", estimate.parameters},
                                      {"grads", estimate.gradients},
-                                     {"optimizer", estimate.optimizer}};
+                                     {"optimizer", estimate.optimizer},
+                                     {"activations", estimate.activations}};
   result["rank_state_bytes"] = nlohmann::json::array();
   for (const StateBytes& states : rank_states) {
     result["rank_state_bytes"].push_back({{"parameters", states.parameters},
                                           {"grads", states.grads},
-                                          {"optimizer", states.optimizer}});
+                                          {"optimizer", states.optimizer},
+                                          {"activations", states.activations}});
   }
 
   // Rank 0's states, exactly (StatesOf).

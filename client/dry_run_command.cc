@@ -105,7 +105,8 @@ int SubmitDryRunCommand(const ClientOptions& options, const std::string& spec_pa
   cluster->gpus_per_node = static_cast<int>(plan->devices_per_worker);
   const Layout layout{.data_parallel = plan->config.parallel.data_parallel,
                       .expert_parallel = plan->config.parallel.expert_parallel,
-                      .sharding = plan->config.parallel.sharding};
+                      .sharding = plan->config.parallel.sharding,
+                      .recompute = plan->config.recompute};
   absl::StatusOr<LayoutPlan> layout_plan = PlanLayout(plan->config, layout, *cluster);
   if (!layout_plan.ok()) {
     return FailCommand(kCommand,

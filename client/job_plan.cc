@@ -15,7 +15,8 @@ namespace moetrain {
 namespace {
 
 // What would lower one rank's memory of `config`, as far as the spec allows: a smaller per-rank
-// micro-batch (activations), more expert-parallel ranks (fewer experts each), a smaller model.
+// micro-batch (activations), more expert-parallel ranks (fewer experts each), activation
+// recompute, a smaller model.
 std::string MemoryHint(const TrainerConfig& config) {
   std::vector<std::string> hints;
   const int64_t world = std::max(1, config.parallel.world_size());
@@ -32,6 +33,9 @@ std::string MemoryHint(const TrainerConfig& config) {
     hints.push_back(absl::StrCat("raise parallel.expert_parallel (", ep,
                                  " now, at most model.moe.num_experts = ", experts,
                                  "; each rank then holds fewer experts)"));
+  }
+  if (config.recompute != Recompute::kFull) {
+    hints.push_back("recompute activations (train.recompute: FULL; a third more compute)");
   }
   hints.push_back("make the model smaller");
   if (hints.size() == 1) return hints[0];

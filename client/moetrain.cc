@@ -8,7 +8,8 @@
 //   moetrain export --checkpoint DIR/step-XXXXXXXX --to-hf DIR [--dtype bf16|f32]
 //                   [--max-shard-size SIZE] [--force]
 //   moetrain import --from-hf DIR --out CHECKPOINT_ROOT [--memory-limit SIZE]
-//   moetrain plan SPEC.yaml [--cluster PRESET|FILE] [--gpus N] [--sweep 8,16,...] [--json]
+//   moetrain plan SPEC.yaml [--cluster PRESET|FILE] [--gpus N] [--sweep 8,16,...] [--recompute]
+//                 [--json]
 // Against a coordinator (flags: --coordinator, --token-file, --tls-ca, --tls-cert, --tls-key):
 //   moetrain submit SPEC.yaml [--id SUBMISSION_ID] [--priority N] [--follow] [--dry-run] [--json]
 //   moetrain jobs [--state S]... [--json]
@@ -205,6 +206,9 @@ int main(int argc, char** argv) {
                    "GPU counts, e.g. 8,16,32, each 1 to 1073741824: weak- and strong-scaling "
                    "efficiency at each")
       ->delimiter(',');
+  plan_cmd->add_flag("--recompute", plan.recompute,
+                     "plan every layout with train.recompute: FULL (default: the spec's, or FULL "
+                     "where only that fits)");
   plan_cmd->add_flag("--json", plan.json, "print the plan as one JSON object");
 
   CLI::App* submit_cmd = app.add_subcommand(

@@ -41,6 +41,7 @@ json LayoutPlanJson(const LayoutPlan& plan) {
   return {{"data_parallel", plan.layout.data_parallel},
           {"expert_parallel", plan.layout.expert_parallel},
           {"sharding", ShardingName(plan.layout.sharding)},
+          {"recompute", RecomputeName(plan.layout.recompute)},
           {"memory_bytes",
            {{"parameters", plan.memory.parameters},
             {"gradients", plan.memory.gradients},
@@ -58,7 +59,8 @@ json LayoutPlanJson(const LayoutPlan& plan) {
             {"grouped_gemm", plan.grouped_gemm_s},
             {"attention", plan.attention_s},
             {"elementwise", plan.elementwise_s},
-            {"optimizer", plan.optimizer_s}}},
+            {"optimizer", plan.optimizer_s},
+            {"recompute", plan.recompute_s}}},
           {"all_to_all_seconds", plan.all_to_all_s},
           {"all_to_all_exposed_seconds", plan.all_to_all_exposed_s},
           {"all_to_all_bytes", plan.all_to_all_bytes},
@@ -72,23 +74,25 @@ json LayoutPlanJson(const LayoutPlan& plan) {
 }
 
 void PrintLayoutTable(const std::vector<LayoutPlan>& plans) {
-  std::printf("%5s %5s %9s %12s %5s %12s %14s %6s %6s %6s\n", "dp", "ep", "sharding", "memory/rank",
-              "fits", "step", "tokens/s", "MFU", "a2a", "allred");
+  std::printf("%5s %5s %9s %9s %12s %5s %12s %14s %6s %6s %6s\n", "dp", "ep", "sharding",
+              "recompute", "memory/rank", "fits", "step", "tokens/s", "MFU", "a2a", "allred");
   for (const LayoutPlan& plan : plans) {
-    std::printf("%5d %5d %9s %12s %5s %11.4gs %14.4g %5.1f%% %5.1f%% %5.1f%%\n",
+    std::printf("%5d %5d %9s %9s %12s %5s %11.4gs %14.4g %5.1f%% %5.1f%% %5.1f%%\n",
                 plan.layout.data_parallel, plan.layout.expert_parallel,
-                ShardingName(plan.layout.sharding), FormatBytes(plan.memory.on_device()).c_str(),
-                plan.fits ? "yes" : "no", plan.step_s, plan.tokens_per_s, 100 * plan.mfu,
-                100 * plan.all_to_all_share(), 100 * plan.all_reduce_share());
+                ShardingName(plan.layout.sharding), RecomputeName(plan.layout.recompute),
+                FormatBytes(plan.memory.on_device()).c_str(), plan.fits ? "yes" : "no", plan.step_s,
+                plan.tokens_per_s, 100 * plan.mfu, 100 * plan.all_to_all_share(),
+                100 * plan.all_reduce_share());
   }
 }
 
 namespace {
 
-// "4x2", or "4x2 OPTIM" with a sharded optimizer.
+// "4x2", with " OPTIM" for a sharded optimizer and " RC" for full recompute.
 std::string LayoutName(const Layout& layout) {
   return absl::StrCat(layout.data_parallel, "x", layout.expert_parallel,
-                      layout.sharding == Sharding::kOptimizer ? " OPTIM" : "");
+                      layout.sharding == Sharding::kOptimizer ? " OPTIM" : "",
+                      layout.recompute == Recompute::kFull ? " RC" : "");
 }
 
 json SweepJson(const std::vector<SweepPoint>& points) {
@@ -102,7 +106,7 @@ json SweepJson(const std::vector<SweepPoint>& points) {
 }
 
 void PrintSweep(const char* title, const std::vector<SweepPoint>& points) {
-  std::printf("\n%s scaling:\n%6s %14s %12s %5s %12s %14s %7s %6s %6s %10s\n", title, "gpus",
+  std::printf("\n%s scaling:\n%6s %16s %12s %5s %12s %14s %7s %6s %6s %10s\n", title, "gpus",
               "dp x ep", "memory/rank", "fits", "step", "tokens/s", "MFU", "a2a", "allred",
               "efficiency");
   bool any_unfit = false;
@@ -113,7 +117,7 @@ void PrintSweep(const char* title, const std::vector<SweepPoint>& points) {
     }
     const LayoutPlan& best = *point.best;
     any_unfit = any_unfit || !best.fits;
-    std::printf("%6d %14s %12s %5s %11.4gs %14.4g %6.1f%% %5.1f%% %5.1f%% %9.1f%%\n", point.gpus,
+    std::printf("%6d %16s %12s %5s %11.4gs %14.4g %6.1f%% %5.1f%% %5.1f%% %9.1f%%\n", point.gpus,
                 LayoutName(best.layout).c_str(), FormatBytes(best.memory.on_device()).c_str(),
                 best.fits ? "yes" : "no", best.step_s, best.tokens_per_s, 100 * best.mfu,
                 100 * best.all_to_all_share(), 100 * best.all_reduce_share(),
@@ -137,6 +141,7 @@ int PlanCommand(const PlanOptions& options) {
   // `moetrain submit` plans a CUDA job's device memory (client/job_plan.h).
   absl::StatusOr<TrainerConfig> spec_config = PlanTrainerConfig(*spec);
   if (!spec_config.ok()) return Usage(spec_config.status());
+  if (options.recompute) spec_config->recompute = Recompute::kFull;
   if (options.gpus.has_value()) {
     if (absl::Status count = CheckGpuCount("--gpus", *options.gpus); !count.ok()) {
       return Usage(count);
@@ -186,9 +191,10 @@ int PlanCommand(const PlanOptions& options) {
               FormatBytes(cluster->device.memory_bytes).c_str(), cluster->gpus_per_node);
   PrintLayoutTable(plans);
   if (best.has_value()) {
-    std::printf("fastest that fits: dp=%d x ep=%d, sharding %s, memory/rank %s\n",
+    std::printf("fastest that fits: dp=%d x ep=%d, sharding %s, recompute %s, memory/rank %s\n",
                 best->layout.data_parallel, best->layout.expert_parallel,
-                ShardingName(best->layout.sharding), best->memory.DebugString().c_str());
+                ShardingName(best->layout.sharding), RecomputeName(best->layout.recompute),
+                best->memory.DebugString().c_str());
   } else {
     std::printf("no layout fits in %s per GPU\n",
                 FormatBytes(cluster->device.memory_bytes).c_str());

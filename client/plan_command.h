@@ -1,6 +1,6 @@
-// `moetrain plan SPEC [--cluster PRESET|FILE] [--gpus N] [--sweep 8,16,...] [--json]`: what the
-// spec's job needs and how fast it runs at each dp × ep layout on a cluster, without running it
-// (engine/plan/plan.h, docs/plan.md).
+// `moetrain plan SPEC [--cluster PRESET|FILE] [--gpus N] [--sweep 8,16,...] [--recompute]
+// [--json]`: what the spec's job needs and how fast it runs at each dp × ep layout on a cluster,
+// without running it (engine/plan/plan.h, docs/plan.md).
 #ifndef MOETRAIN_CLIENT_PLAN_COMMAND_H_
 #define MOETRAIN_CLIENT_PLAN_COMMAND_H_
 
@@ -21,6 +21,7 @@ struct PlanOptions {
   // int64 so that no value a user types wraps around first.
   std::optional<int64_t> gpus;  // unset = the spec's world size
   std::vector<int64_t> sweep;   // empty = no sweep
+  bool recompute = false;       // every layout with train.recompute = FULL
   bool json = false;
 };
 

@@ -18,8 +18,10 @@
 #          and on CUDA, in f32, in bf16 (train.precision: BF16) and in FP8 with each of the four
 #          recipes (train.precision: FP8, train.fp8.recipe), and CUDA f32 a second time; the
 #          per-step losses must agree within 1e-4 relative in f32, 2e-2 in bf16 and 3e-2 in FP8
-#          (CPU as the reference), and the two CUDA f32 runs bit for bit; and 20 steps of
-#          examples/deepseek-v3-mini.yaml (MLA, MTP) at batch 4 in f32 on both, within 1e-4;
+#          (CPU as the reference), and the two CUDA f32 runs bit for bit; CUDA f32 once more with
+#          train.recompute: FULL, bit for bit against the first (recompute changes no bit); and
+#          20 steps of examples/deepseek-v3-mini.yaml (MLA, MTP) at batch 4 in f32 on both,
+#          within 1e-4;
 #       3. benchmarks: `train_bench --device cuda` (tokens/s, MFU against the measured dense bf16
 #          GEMM rate, peak memory and its breakdown) and `moe_layer_bench --device cuda` in bf16
 #          and each FP8 recipe;
@@ -626,9 +628,10 @@ PY
 }
 
 # Phase 2: 20 steps of the bundled spec through `moetrain run --json` on the CPU and on CUDA, in
-# f32, bf16 and each FP8 recipe, CUDA f32 twice; then the loss checks. logs/training.tsv (name,
-# outcome, exit, seconds, device, precision), run-NAME.jsonl and .log, train-PRECISION.yaml (the
-# specs trained), checks.tsv (check, ref run, new run) and check-NAME.json (each verdict).
+# f32, bf16 and each FP8 recipe, CUDA f32 twice and once recomputing; then the loss checks.
+# logs/training.tsv (name, outcome, exit, seconds, device, precision), run-NAME.jsonl and .log,
+# train-PRECISION.yaml (the specs trained), checks.tsv (check, ref run, new run) and
+# check-NAME.json (each verdict).
 run_training() {
   local dir=$1 logs=$2 spec
   spec=$dir/$(cat "$dir/train-spec.txt")
@@ -650,14 +653,19 @@ run_training() {
       log "could not write the $precision spec: $(cat "$logs/train-spec.log")"
     fi
   done
+  if ! make_train_spec "$spec" "$logs/train-f32-recompute.yaml" FP32 "$TRAIN_STEPS" \
+    recompute=FULL 2>"$logs/train-spec.log"; then
+    log "could not write the recompute spec: $(cat "$logs/train-spec.log")"
+  fi
   if ! make_train_spec "$dir/$(cat "$dir/mla-spec.txt")" "$logs/train-mla-f32.yaml" FP32 \
     "$TRAIN_STEPS" "${MLA_TRAIN_KEYS[@]}" 2>"$logs/train-spec.log"; then
     log "could not write the MLA spec: $(cat "$logs/train-spec.log")"
   fi
   local train_timeout=${GPU_CHECK_TRAIN_TIMEOUT:-60} entry name device limit rc t0 seconds outcome
   local checkpoints=$dir/training-checkpoints
-  for entry in cpu_f32:cpu:f32 cuda_f32:cuda:f32 cuda_f32_repeat:cuda:f32 cpu_bf16:cpu:bf16 \
-    cuda_bf16:cuda:bf16 "${fp8_runs[@]}" cpu_mla_f32:cpu:mla-f32 cuda_mla_f32:cuda:mla-f32; do
+  for entry in cpu_f32:cpu:f32 cuda_f32:cuda:f32 cuda_f32_repeat:cuda:f32 \
+    cuda_f32_recompute:cuda:f32-recompute cpu_bf16:cpu:bf16 cuda_bf16:cuda:bf16 "${fp8_runs[@]}" \
+    cpu_mla_f32:cpu:mla-f32 cuda_mla_f32:cuda:mla-f32; do
     IFS=: read -r name device precision <<<"$entry"
     limit=$(min "$train_timeout" "$(budget_left)")
     if [ "$limit" -le 0 ]; then
@@ -688,7 +696,8 @@ run_training() {
   local -a how
   for entry in "loss_f32_cuda_vs_cpu cpu_f32 cuda_f32 --rtol $LOSS_RTOL_F32" \
     "loss_bf16_cuda_vs_cpu cpu_bf16 cuda_bf16 --rtol $LOSS_RTOL_BF16" \
-    "cuda_f32_bit_identical cuda_f32 cuda_f32_repeat --identical" "${fp8_checks[@]}" \
+    "cuda_f32_bit_identical cuda_f32 cuda_f32_repeat --identical" \
+    "cuda_f32_recompute_bit_identical cuda_f32 cuda_f32_recompute --identical" "${fp8_checks[@]}" \
     "loss_mla_f32_cuda_vs_cpu cpu_mla_f32 cuda_mla_f32 --rtol $LOSS_RTOL_F32"; do
     read -r check ref new how_text <<<"$entry"
     read -ra how <<<"$how_text"

@@ -59,12 +59,36 @@ absl::StatusOr<TransformerBlock> TransformerBlock::Create(const ModelConfig& con
   return block;
 }
 
+absl::Status TransformerBlock::ShareWorkspacesOf(const TransformerBlock& other) {
+  has_forward_ = false;
+  MOETRAIN_RETURN_IF_ERROR(workspace_.ShareSlotsOf(other.workspace_));
+  if (mla_.has_value() && other.mla_.has_value()) {
+    MOETRAIN_RETURN_IF_ERROR(mla_->ShareWorkspaceOf(*other.mla_));
+  }
+  if (moe_.has_value() && other.moe_.has_value()) {
+    MOETRAIN_RETURN_IF_ERROR(moe_->ShareWorkspaceOf(*other.moe_));
+  }
+  // A dense FFN's few buffers take the first slots of an MoE layer's: a block has one or the other.
+  if (!is_moe()) {
+    MOETRAIN_RETURN_IF_ERROR(ffn_workspace_.ShareSlotsOf(other.is_moe() ? other.moe_->workspace()
+                                                                        : other.ffn_workspace_));
+  }
+  return absl::OkStatus();
+}
+
+void TransformerBlock::AppendWorkspaces(std::vector<const Workspace*>* out) const {
+  out->push_back(&workspace_);
+  out->push_back(&ffn_workspace_);
+  if (mla_.has_value()) out->push_back(&mla_->workspace());
+  if (moe_.has_value()) out->push_back(&moe_->workspace());
+}
+
 absl::StatusOr<TensorView> TransformerBlock::ToCompute(TensorView src, int slot) {
   return ComputeCopy(ctx_, workspace_, dtype_, src, slot);
 }
 
 absl::Status TransformerBlock::Forward(const BlockWeights& w, int64_t batch, int64_t seq_len,
-                                       TensorView x, TensorView y, MoeStats* stats) {
+                                       TensorView x, TensorView y, MoeStats* stats, bool rerun) {
   has_forward_ = false;
   const int64_t d = config_.hidden_size, t = batch * seq_len;
   MOETRAIN_RETURN_IF_ERROR(CheckStream(x, "block x", t, d));
@@ -91,15 +115,15 @@ absl::Status TransformerBlock::Forward(const BlockWeights& w, int64_t batch, int
       ops::RmsNormForward(ctx_, mid_, w.post_attention_norm, eps, normed_ffn_, rstd_ffn_));
   if (!is_moe()) {
     const int64_t f = config_.ffn_dim;
-    MOETRAIN_ASSIGN_OR_RETURN(gate_up_, workspace_.Get(kGateUp, DType::kF32, {t, 2 * f}));
+    MOETRAIN_ASSIGN_OR_RETURN(gate_up_, ffn_workspace_.Get(kGateUp, DType::kF32, {t, 2 * f}));
     MOETRAIN_RETURN_IF_ERROR(mlp_gate_up_.Forward(normed_ffn_, w.mlp_gate_up, gate_up_));
-    MOETRAIN_ASSIGN_OR_RETURN(activated_, workspace_.Get(kActivated, dtype_, {t, f}));
+    MOETRAIN_ASSIGN_OR_RETURN(activated_, ffn_workspace_.Get(kActivated, dtype_, {t, f}));
     MOETRAIN_RETURN_IF_ERROR(ops::SwigluForward(ctx_, gate_up_, activated_));
     MOETRAIN_RETURN_IF_ERROR(ops::ConvertTensor(ctx_, mid_, y));
     MOETRAIN_RETURN_IF_ERROR(mlp_down_.Forward(activated_, w.mlp_down, y, /*accumulate=*/true));
   } else {
     MOETRAIN_ASSIGN_OR_RETURN(TensorView moe_out, workspace_.Get(kMoeOut, dtype_, {t, d}));
-    MOETRAIN_RETURN_IF_ERROR(moe_->Forward(w.moe, normed_ffn_, seq_len, moe_out, stats));
+    MOETRAIN_RETURN_IF_ERROR(moe_->Forward(w.moe, normed_ffn_, seq_len, moe_out, stats, rerun));
     // The MoE output is in the compute dtype, so no GEMM can accumulate it into the residual.
     MOETRAIN_RETURN_IF_ERROR(ops::Add(ctx_, mid_, moe_out, y));
   }
@@ -148,10 +172,11 @@ absl::Status TransformerBlock::Backward(const BlockWeights& w, TensorView d, Blo
   if (!is_moe()) {
     const int64_t f = config_.ffn_dim;
     MOETRAIN_ASSIGN_OR_RETURN(TensorView d_hidden,
-                              workspace_.Get(kDFfnHidden, DType::kF32, {t, f}));
+                              ffn_workspace_.Get(kDFfnHidden, DType::kF32, {t, f}));
     MOETRAIN_RETURN_IF_ERROR(mlp_down_.BackwardData(d_act, w.mlp_down, d_hidden));
     MOETRAIN_RETURN_IF_ERROR(mlp_down_.BackwardWeight(d_act, activated_, grads->mlp_down));
-    MOETRAIN_ASSIGN_OR_RETURN(TensorView d_gate_up, workspace_.Get(kDGateUp, dtype_, {t, 2 * f}));
+    MOETRAIN_ASSIGN_OR_RETURN(TensorView d_gate_up,
+                              ffn_workspace_.Get(kDGateUp, dtype_, {t, 2 * f}));
     MOETRAIN_RETURN_IF_ERROR(ops::SwigluBackward(ctx_, gate_up_, d_hidden, d_gate_up));
     MOETRAIN_ASSIGN_OR_RETURN(d_normed_ffn, workspace_.Get(kDNormed, DType::kF32, {t, dim}));
     MOETRAIN_RETURN_IF_ERROR(mlp_gate_up_.BackwardData(d_gate_up, w.mlp_gate_up, d_normed_ffn));

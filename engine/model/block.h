@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -75,15 +76,26 @@ class TransformerBlock {
 
   // x (T, D) f32 with T = batch·seq_len; y (T, D) f32 written. x must stay unchanged until
   // Backward, which reads it. `stats` (MoE blocks; may be null) receives the layer's statistics,
-  // the aux and z losses unscaled.
+  // the aux and z losses unscaled. `rerun`: activation recompute of the last successful Forward
+  // (same x values and weights; stats null): an MoE block's routing is used again
+  // (MoeLayer::Forward).
   absl::Status Forward(const BlockWeights& weights, int64_t batch, int64_t seq_len, TensorView x,
-                       TensorView y, MoeStats* stats);
+                       TensorView y, MoeStats* stats, bool rerun = false);
 
   // d (T, D) f32: the gradient of y on entry, of x on return. Grads accumulated. The MoE aux and
   // z losses of the last Forward enter the objective with weight `loss_scale` (the micro-batch's
   // loss scale, already in d).
   absl::Status Backward(const BlockWeights& weights, TensorView d, BlockGrads* grads,
                         float loss_scale = 1.0f);
+
+  // Activation recompute (transformer.h): each of this block's buffers that `other` has too (the
+  // block's own, MLA's, the MoE layer's; a dense FFN's take the first of other's MoE layer's, or
+  // other's dense FFN's) becomes other's, so that a Forward of either overwrites what the other
+  // kept: the caller re-runs Forward before Backward.
+  absl::Status ShareWorkspacesOf(const TransformerBlock& other);
+  // Its workspaces, for Workspace::DistinctBytes, and the bytes Forward keeps outside them.
+  void AppendWorkspaces(std::vector<const Workspace*>* out) const;
+  int64_t kept_bytes() const { return moe_.has_value() ? moe_->routing_bytes() : 0; }
 
  private:
   TransformerBlock(const ModelConfig& config, DType dtype, const ExecContext& ctx)
@@ -96,7 +108,8 @@ class TransformerBlock {
         o_proj_(ctx),
         mlp_gate_up_(ctx),
         mlp_down_(ctx),
-        workspace_(kNumBuffers, ctx.allocator()) {}
+        workspace_(kNumBuffers, ctx.allocator()),
+        ffn_workspace_(kNumFfnBuffers, ctx.allocator()) {}
 
   // The grouped-query attention branch: mid_ (holding x) += o_proj(attention(normed_attn_)).
   absl::Status GqaForward(const BlockWeights& weights, int64_t batch, int64_t seq_len);
@@ -136,11 +149,14 @@ class TransformerBlock {
   // clang-format off
   enum Buffer {
     kRstdAttn, kNormedAttn, kQ, kK, kV, kAttnOut, kAttnOutAct, kLse, kMid, kRstdFfn, kNormedFfn,
-    kGateUp, kActivated, kMoeOut, kDAct, kDNormed, kDNormedAct, kDFfnHidden, kDGateUp, kDAttn,
-    kDQ, kDK, kDV, kDQAct, kDKAct, kDVAct, kNumBuffers
+    kMoeOut, kDAct, kDNormed, kDNormedAct, kDAttn, kDQ, kDK, kDV, kDQAct, kDKAct, kDVAct,
+    kNumBuffers
   };
   // clang-format on
   Workspace workspace_;
+  // The dense FFN's, apart: with recompute they share an MoE layer's first slots.
+  enum FfnBuffer { kGateUp, kActivated, kDFfnHidden, kDGateUp, kNumFfnBuffers };
+  Workspace ffn_workspace_;
 };
 
 }  // namespace moetrain

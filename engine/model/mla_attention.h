@@ -57,6 +57,12 @@ class MlaAttention {
   // d_out (T, D) act: the gradient of out. d_n (T, D) f32 is written; grads accumulated.
   absl::Status Backward(const MlaWeights& w, TensorView d_out, TensorView d_n, MlaWeights* grads);
 
+  // Activation recompute: this branch's buffers become `other`'s (MoeLayer::ShareWorkspaceOf).
+  absl::Status ShareWorkspaceOf(const MlaAttention& other) {
+    return workspace_.ShareSlotsOf(other.workspace_);
+  }
+  const Workspace& workspace() const { return workspace_; }
+
  private:
   absl::StatusOr<TensorView> ToCompute(TensorView src, int slot);
   // Weight rows of kv_a_proj: the latent's, or the shared key's.

@@ -61,7 +61,7 @@ absl::Status Transformer::MtpForwardBackward(float loss_scale, StepResult* resul
   // Each module's saved tensors, for the backward.
   struct Saved {
     TensorView inputs, targets, embedded, rstd_e, normed_e, h_in, rstd_h, normed_h, concat;
-    TensorView hidden, rstd_s, normed_s, d_normed_s;
+    TensorView block_in, hidden, rstd_s, normed_s, d_normed_s;
   };
   std::vector<Saved> saved(depth);
   // d loss_k / d logits: the objective weighs the mean over modules by mtp_loss_weight.
@@ -93,12 +93,11 @@ absl::Status Transformer::MtpForwardBackward(float loss_scale, StepResult* resul
     MOETRAIN_ASSIGN_OR_RETURN(m.concat, get(k, kConcat, act, {t, 2 * d}));
     MOETRAIN_RETURN_IF_ERROR(ops::CopyColumns(ctx_, m.normed_e, 0, m.concat, 0, d));
     MOETRAIN_RETURN_IF_ERROR(ops::CopyColumns(ctx_, m.normed_h, 0, m.concat, d, d));
-    MOETRAIN_ASSIGN_OR_RETURN(TensorView block_in, get(k, kBlockIn, DType::kF32, {t, d}));
-    MOETRAIN_RETURN_IF_ERROR(mtp_eh_proj_.Forward(m.concat, w.eh_proj, block_in));
+    MOETRAIN_ASSIGN_OR_RETURN(m.block_in, get(k, kBlockIn, DType::kF32, {t, d}));
+    MOETRAIN_RETURN_IF_ERROR(mtp_eh_proj_.Forward(m.concat, w.eh_proj, m.block_in));
     MOETRAIN_ASSIGN_OR_RETURN(m.hidden, get(k, kHidden, DType::kF32, {t, d}));
     MoeStats stats;
-    MOETRAIN_RETURN_IF_ERROR(blocks_[layers + k].Forward(block_weights_[layers + k], batch_,
-                                                         seq_len_, block_in, m.hidden, &stats));
+    MOETRAIN_RETURN_IF_ERROR(BlockForward(layers + k, m.block_in, m.hidden, &stats));
     result->aux_loss += stats.aux_loss;
     result->z_loss += stats.z_loss;
     result->moe_layers.push_back(std::move(stats));
@@ -133,6 +132,7 @@ absl::Status Transformer::MtpForwardBackward(float loss_scale, StepResult* resul
                                                          .d_weight = g.shared_norm,
                                                          .accumulate_d_x = k + 1 < depth}));
     // d_hidden becomes dL/d(block input).
+    MOETRAIN_RETURN_IF_ERROR(RecomputeBlock(layers + k, m.block_in, m.hidden));
     MOETRAIN_RETURN_IF_ERROR(blocks_[layers + k].Backward(block_weights_[layers + k], d_hidden,
                                                           &block_grads_[layers + k], loss_scale));
     MOETRAIN_ASSIGN_OR_RETURN(  // into normed_s's slot: it is spent

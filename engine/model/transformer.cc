@@ -17,7 +17,8 @@ namespace moetrain {
 absl::StatusOr<Transformer> Transformer::Create(const ModelConfig& config, DType compute_dtype,
                                                 const ExpertParallelConfig& parallel,
                                                 const ExecContext& ctx,
-                                                const std::optional<Fp8RecipeConfig>& fp8) {
+                                                const std::optional<Fp8RecipeConfig>& fp8,
+                                                Recompute recompute) {
   MOETRAIN_RETURN_IF_ERROR(config.Validate());
   MOETRAIN_RETURN_IF_ERROR(CheckComputeDType(compute_dtype, "the transformer's compute dtype"));
   const int ep = parallel.expert_group != nullptr ? parallel.expert_group->size() : 1;
@@ -39,6 +40,19 @@ absl::StatusOr<Transformer> Transformer::Create(const ModelConfig& config, DType
         TransformerBlock::Create(config, l >= config.first_dense_layers, compute_dtype, parallel,
                                  ctx, model.fp8_.get(), l));
     model.blocks_.push_back(std::move(block));
+  }
+  model.recompute_ = recompute;
+  if (recompute == Recompute::kFull) {
+    // One set of buffers for all blocks: the first block's, and the first MoE block's MoE layer's
+    // (which the dense FFNs' share too).
+    const int64_t first_moe = std::min(config.first_dense_layers, config.total_blocks() - 1);
+    for (int64_t l = 1; l < config.total_blocks(); ++l) {
+      MOETRAIN_RETURN_IF_ERROR(model.blocks_[l].ShareWorkspacesOf(model.blocks_[0]));
+    }
+    for (int64_t l = 0; l < config.total_blocks(); ++l) {
+      if (l == first_moe) continue;
+      MOETRAIN_RETURN_IF_ERROR(model.blocks_[l].ShareWorkspacesOf(model.blocks_[first_moe]));
+    }
   }
   if (model.fp8_ != nullptr) MOETRAIN_RETURN_IF_ERROR(model.fp8_->Allocate());
   MOETRAIN_RETURN_IF_ERROR(model.BuildParameters());
@@ -84,9 +98,8 @@ absl::Status Transformer::ForwardToFinalNorm(StepResult* result) {
   for (int64_t l = 0; l < layers; ++l) {
     MoeStats stats;
     const bool report = result != nullptr && blocks_[l].is_moe();
-    MOETRAIN_RETURN_IF_ERROR(blocks_[l].Forward(block_weights_[l], batch_, seq_len_,
-                                                residual_.Select(l), residual_.Select(l + 1),
-                                                report ? &stats : nullptr));
+    MOETRAIN_RETURN_IF_ERROR(
+        BlockForward(l, residual_.Select(l), residual_.Select(l + 1), report ? &stats : nullptr));
     if (report) {
       result->aux_loss += stats.aux_loss;
       result->z_loss += stats.z_loss;
@@ -97,6 +110,39 @@ absl::Status Transformer::ForwardToFinalNorm(StepResult* result) {
   MOETRAIN_ASSIGN_OR_RETURN(final_normed_, workspace_.Get(kFinalNormed, dtype_, {t, d}));
   return ops::RmsNormForward(ctx_, residual_.Select(layers), final_norm_, config_.rms_norm_eps,
                              final_normed_, final_rstd_);
+}
+
+absl::Status Transformer::BlockForward(int64_t l, TensorView x, TensorView y, MoeStats* stats,
+                                       bool rerun) {
+  last_forward_ = -1;
+  MOETRAIN_RETURN_IF_ERROR(
+      blocks_[l].Forward(block_weights_[l], batch_, seq_len_, x, y, stats, rerun));
+  last_forward_ = l;
+  return absl::OkStatus();
+}
+
+absl::Status Transformer::RecomputeBlock(int64_t l, TensorView x, TensorView y) {
+  if (recompute_ != Recompute::kFull || last_forward_ == l) return absl::OkStatus();
+  const bool recording = fp8_ != nullptr && fp8_->recording();
+  if (recording) fp8_->set_recording(false);
+  const absl::Status forward = BlockForward(l, x, y, /*stats=*/nullptr, /*rerun=*/true);
+  if (recording) fp8_->set_recording(true);
+  return forward;
+}
+
+int64_t Transformer::activation_bytes() const {
+  std::vector<const Workspace*> workspaces = {&workspace_, &mtp_workspace_,
+                                              &lm_head_workspace_.buffers()};
+  int64_t kept = 0;
+  for (const TransformerBlock& block : blocks_) {
+    block.AppendWorkspaces(&workspaces);
+    kept += block.kept_bytes();
+  }
+  return Workspace::DistinctBytes(workspaces) + kept;
+}
+
+const char* RecomputeName(Recompute recompute) {
+  return recompute == Recompute::kFull ? "FULL" : "NONE";
 }
 
 ops::LmHeadLossArgs Transformer::LmHeadArgs() const {
@@ -154,6 +200,7 @@ absl::StatusOr<StepResult> Transformer::ForwardBackward(TensorView tokens,
   }
   MOETRAIN_RETURN_IF_ERROR(StageDone(options, 0));
   for (int64_t l = layers - 1; l >= 0; --l) {
+    MOETRAIN_RETURN_IF_ERROR(RecomputeBlock(l, residual_.Select(l), residual_.Select(l + 1)));
     MOETRAIN_RETURN_IF_ERROR(
         blocks_[l].Backward(block_weights_[l], d_residual, &block_grads_[l], loss_scale));
     MOETRAIN_RETURN_IF_ERROR(StageDone(options, layers - l));

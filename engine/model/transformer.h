@@ -62,6 +62,25 @@ struct GradStage {
   int64_t expert_begin = 0, expert_end = 0;  // this rank's routed experts
 };
 
+// What backward finds of the forward's activations (train.recompute).
+enum class Recompute : uint8_t {
+  // Every block keeps what its backward reads, in buffers of its own.
+  kNone,
+  // Each block keeps only its input (the residual stream, which the model keeps anyway); all
+  // blocks, MTP modules' included, share one set of buffers, and backward re-runs a block's forward
+  // just before its backward (not for the block whose forward ran last). The re-run is the same
+  // deterministic forward on the same input and weights, so it gives the same bits. An MoE
+  // block's routing is kept per layer (the scores, top-k and permutation: T·(E + 3k) numbers, not
+  // in the shared buffers) and used again, so the rows go where they went and the count
+  // all-reduce is not repeated; with expert parallelism the dispatch and combine exchanges run
+  // again rather than their (rows × D) results being kept, which would keep most of what
+  // recompute frees. The re-run records no MoE statistics and no FP8 amaxes or saturation counts
+  // (those of the first forward count once).
+  kFull,
+};
+// "NONE", "FULL" (the job spec's names).
+const char* RecomputeName(Recompute recompute);
+
 // How ForwardBackward runs one micro-batch.
 struct BackwardOptions {
   // Multiplies ∇(cross-entropy + aux + z losses) before it is added into the grads (> 0, e.g.
@@ -96,14 +115,21 @@ class Transformer {
   // With `fp8`, the blocks' linear layers (attention projections, dense FFNs, routed and shared
   // experts) run their GEMMs in FP8 by that recipe (engine/fp8/); the router, attention core, LM
   // head and embeddings stay in the compute dtype. The model owns the recipe's state.
+  // `recompute`: what the blocks keep for backward (Recompute).
   static absl::StatusOr<Transformer> Create(const ModelConfig& config, DType compute_dtype,
                                             const ExpertParallelConfig& parallel = {},
                                             const ExecContext& ctx = ExecContext::Cpu(),
-                                            const std::optional<Fp8RecipeConfig>& fp8 = {});
+                                            const std::optional<Fp8RecipeConfig>& fp8 = {},
+                                            Recompute recompute = Recompute::kNone);
 
   const ModelConfig& config() const { return config_; }
   DType compute_dtype() const { return dtype_; }
   const ExecContext& context() const { return ctx_; }
+  Recompute recompute() const { return recompute_; }
+  // The bytes the activation buffers hold now (after a step: what forward kept for backward,
+  // backward's scratch, the LM head's chunk and the MTP modules'), counted from their allocations,
+  // shared buffers once. Parameters, gradients and FP8's transient operands are not included.
+  int64_t activation_bytes() const;
   // The FP8 recipe's state (scales, amax histories, statistics); null without FP8. The trainer
   // ends each step on it (Fp8State::EndStep) and checkpoints it.
   Fp8State* fp8_state() const { return fp8_.get(); }
@@ -171,6 +197,13 @@ class Transformer {
   // Stage `stage` of backward is done: calls options.on_stage_done if set.
   static absl::Status StageDone(const BackwardOptions& options, int64_t stage);
 
+  // Block l's forward on x into y (the stream or an MTP module's), noting which block ran last;
+  // `rerun` as TransformerBlock::Forward's.
+  absl::Status BlockForward(int64_t l, TensorView x, TensorView y, MoeStats* stats,
+                            bool rerun = false);
+  // With Recompute::kFull, block l's forward again (same x and y) unless it ran last.
+  absl::Status RecomputeBlock(int64_t l, TensorView x, TensorView y);
+
   // Builds the flat buffers and every view into them (parameters.cc).
   absl::Status BuildParameters();
   // Checks tokens and splits them into inputs and targets on the device; T = B·S.
@@ -188,6 +221,8 @@ class Transformer {
   DType dtype_;
   ExecContext ctx_;
   std::unique_ptr<Fp8State> fp8_;  // heap: the blocks hold its address across moves
+  Recompute recompute_ = Recompute::kNone;
+  int64_t last_forward_ = -1;  // the block whose Forward ran last, if its buffers still hold it
 
   Tensor masters_;  // (N) f32
   Tensor grads_;    // (N) f32

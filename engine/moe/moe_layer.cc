@@ -228,7 +228,7 @@ absl::StatusOr<TensorView> MoeLayer::RouterBackwardPart(const MoeWeights& weight
   return d_x_router;
 }
 
-absl::Status MoeLayer::Route(const MoeWeights& weights) {
+absl::Status MoeLayer::Route(const MoeWeights& weights, bool rerun) {
   const int64_t t = x_.dim(0), d = hidden_size_, e = config_.num_experts;
   // Router, in f32.
   if (dtype_ == DType::kF32) {
@@ -240,6 +240,7 @@ absl::Status MoeLayer::Route(const MoeWeights& weights) {
   MOETRAIN_ASSIGN_OR_RETURN(logits_, workspace_.Get(kLogits, DType::kF32, {t, e}));
   MOETRAIN_RETURN_IF_ERROR(
       ops::Gemm(ctx_, {.a = router_input_, .b = weights.router, .c = logits_, .trans_b = true}));
+  if (rerun) return absl::OkStatus();
   const ops::RouterArgs router_args = {logits_, weights.expert_bias, tokens_per_sequence_};
   MOETRAIN_RETURN_IF_ERROR(ops::RouterForward(ctx_, config_, router_args, &routing_));
   if (UsesGroupCounts(config_, parallel_)) {
@@ -265,10 +266,27 @@ absl::Status MoeLayer::ReadRoutingOnHost() {
   return ops::CopyTensor(ctx_, routing_.losses, TensorView(host_losses_, DType::kF32, {2}));
 }
 
+int64_t MoeLayer::routing_bytes() const {
+  int64_t bytes = 0;
+  for (const Tensor* t :
+       {&routing_.scores, &routing_.topk_experts, &routing_.topk_weights,
+        &routing_.tokens_per_expert, &routing_.aux_counts, &routing_.losses,
+        &permutation_.expert_offsets, &permutation_.row_token, &permutation_.pair_row}) {
+    if (!t->empty()) bytes += t->numel() * static_cast<int64_t>(DTypeSize(t->dtype()));
+  }
+  return bytes;
+}
+
 absl::Status MoeLayer::Forward(const MoeWeights& weights, TensorView x, int64_t tokens_per_sequence,
-                               TensorView out, MoeStats* stats) {
+                               TensorView out, MoeStats* stats, bool rerun) {
   // A failed Forward leaves nothing for Backward to use.
   has_forward_ = false;
+  if (rerun && (!has_routing_ || stats != nullptr || x.dim(0) != x_.dim(0))) {
+    return absl::FailedPreconditionError(
+        "MoeLayer::Forward: a rerun needs the routing of a Forward on as many tokens, and reports "
+        "no statistics");
+  }
+  if (!rerun) has_routing_ = false;
   const int64_t d = hidden_size_, e = config_.num_experts, f = config_.expert_ffn_dim;
   MOETRAIN_RETURN_IF_ERROR(CheckTensor(x, "x", dtype_, {-1, d}));
   const int64_t t = x.dim(0);
@@ -279,19 +297,22 @@ absl::Status MoeLayer::Forward(const MoeWeights& weights, TensorView x, int64_t 
   }
   x_ = x;
   tokens_per_sequence_ = tokens_per_sequence;
-  MOETRAIN_RETURN_IF_ERROR(Route(weights));
+  MOETRAIN_RETURN_IF_ERROR(Route(weights, rerun));
 
   if (expert_parallel_) {
-    MOETRAIN_RETURN_IF_ERROR(ForwardExpertParallel(weights, out));
+    MOETRAIN_RETURN_IF_ERROR(ForwardExpertParallel(weights, out, rerun));
   } else {
     // Routed experts over the permuted rows: one contiguous block per expert, laid out as the
     // host plans it from the counts.
-    offsets_ = ops::PermutedExpertOffsets(config_, t, host_counts_);
-    MOETRAIN_RETURN_IF_ERROR(ops::BuildPermutation(ctx_, config_,
-                                                   {.topk_experts = routing_.topk_experts,
-                                                    .topk_weights = routing_.topk_weights,
-                                                    .expert_offsets = offsets_},
-                                                   &permutation_));
+    if (!rerun) {
+      offsets_ = ops::PermutedExpertOffsets(config_, t, host_counts_);
+      MOETRAIN_RETURN_IF_ERROR(ops::BuildPermutation(ctx_, config_,
+                                                     {.topk_experts = routing_.topk_experts,
+                                                      .topk_weights = routing_.topk_weights,
+                                                      .expert_offsets = offsets_},
+                                                     &permutation_));
+      has_routing_ = true;
+    }
     const int64_t r = offsets_.back();
     dropped_ = t * config_.top_k - r;
     MOETRAIN_ASSIGN_OR_RETURN(permuted_x_, workspace_.Get(kPermutedX, dtype_, {r, d}));

@@ -117,8 +117,13 @@ class MoeLayer {
   // x (T, D), out (T, D) written. T = tokens in this micro-batch, in sequences of
   // tokens_per_sequence consecutive tokens (0 = one sequence; used by the sequence aux loss).
   // Keeps what Backward needs until the next Forward. `stats` may be null.
+  // `rerun`: activation recompute of the last successful Forward, on x of the same values with
+  // the same weights: its routing, which the layer keeps outside its workspace (scores, top-k,
+  // counts, losses, the permutation and the exchange plan), is used again, not computed again, so
+  // the rows go where they went; the rest (the router's logits, the permuted rows, their exchange
+  // and the experts) is. FailedPrecondition when no routing is kept (stats must be null).
   absl::Status Forward(const MoeWeights& weights, TensorView x, int64_t tokens_per_sequence,
-                       TensorView out, MoeStats* stats);
+                       TensorView out, MoeStats* stats, bool rerun = false);
 
   // d_out (T, D) for the last Forward's out; d_x (T, D) written; grads accumulated. The aux and
   // z losses of that Forward enter the total loss with weight `loss_weight` (the micro-batch's
@@ -126,13 +131,23 @@ class MoeLayer {
   absl::Status Backward(const MoeWeights& weights, TensorView d_out, TensorView d_x,
                         MoeGrads* grads, float loss_weight = 1.0f);
 
+  // Activation recompute (engine/model/transformer.h): this layer's buffers become `other`'s, so
+  // that a Forward of either overwrites what the other kept.
+  absl::Status ShareWorkspaceOf(const MoeLayer& other) {
+    return workspace_.ShareSlotsOf(other.workspace_);
+  }
+  const Workspace& workspace() const { return workspace_; }
+  // The bytes Forward keeps outside the workspace, per layer: the routing and the permutation.
+  int64_t routing_bytes() const;
+
  private:
   MoeLayer(const MoeConfig& config, int64_t hidden_size, DType dtype,
            const ExpertParallelConfig& parallel, const ExecContext& ctx);
 
   // Routes x_ (in router_input_): logits, the router, the aux loss's counts summed over the count
   // group, then ReadRoutingOnHost.
-  absl::Status Route(const MoeWeights& weights);
+  // With `rerun` only the logits (routing_ is the last Route's).
+  absl::Status Route(const MoeWeights& weights, bool rerun);
   // The one point of a pass where the host reads what the router computed on the device:
   // host_counts_ (E) and host_losses_ (aux, z). Everything the host decides (group sizes, the
   // exchange plan, the statistics) follows from them.
@@ -157,7 +172,7 @@ class MoeLayer {
                                                 MoeGrads* grads, float loss_weight);
 
   // Expert parallel (moe_layer_expert_parallel.cc): from the routing to out, and back to d_x.
-  absl::Status ForwardExpertParallel(const MoeWeights& weights, TensorView out);
+  absl::Status ForwardExpertParallel(const MoeWeights& weights, TensorView out, bool rerun);
   absl::Status BackwardExpertParallel(const MoeWeights& weights, TensorView d_out, TensorView d_x,
                                       MoeGrads* grads, float loss_weight);
   // Runs each chunk's `compute` between its dispatch and its combine, with `other` (work that
@@ -186,6 +201,7 @@ class MoeLayer {
   // Without expert parallelism the expert rows are the permuted rows, N = R; with it they are the
   // received rows, in the dispatch layout (by chunk, source rank, local expert).
   bool has_forward_ = false;
+  bool has_routing_ = false;  // routing_, the permutation and the plan are a whole Route's
   int64_t tokens_per_sequence_ = 0;
   TensorView x_;               // (T, D) compute dtype: the caller's input; must outlive Backward
   TensorView router_input_;    // (T, D) f32: x, widened when computing in bf16

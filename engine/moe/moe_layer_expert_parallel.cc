@@ -49,27 +49,31 @@ absl::Status MoeLayer::RunChunks(
   return absl::OkStatus();
 }
 
-absl::Status MoeLayer::ForwardExpertParallel(const MoeWeights& weights, TensorView out) {
+absl::Status MoeLayer::ForwardExpertParallel(const MoeWeights& weights, TensorView out,
+                                             bool rerun) {
   const int64_t t = x_.dim(0), k = config_.top_k, d = hidden_size_;
   const int64_t e = config_.num_experts, f = config_.expert_ffn_dim;
 
   // The rows each expert gets from this rank (capped by capacity as BuildPermutation caps them),
   // exchanged for the layout; then the pairs sorted by their experts' send slots, so that every
-  // exchange sends one contiguous block of rows.
-  MOETRAIN_ASSIGN_OR_RETURN(
-      handle_, PlanDispatch({.group = parallel_.expert_group,
-                             .rows_per_expert = ops::KeptRowsPerExpert(config_, t, host_counts_),
-                             .num_chunks = num_chunks_}));
-  MOETRAIN_ASSIGN_OR_RETURN(TensorView send_order, workspace_.Get(kSendOrder, DType::kI32, {e}));
-  MOETRAIN_RETURN_IF_ERROR(ops::CopyTensor(
-      ctx_, TensorView(handle_.expert_send_slot.data(), DType::kI32, {e}), send_order));
-  const std::vector<int64_t> send_offsets = handle_.SendOrderOffsets();
-  MOETRAIN_RETURN_IF_ERROR(ops::BuildPermutation(ctx_, config_,
-                                                 {.topk_experts = routing_.topk_experts,
-                                                  .topk_weights = routing_.topk_weights,
-                                                  .expert_offsets = send_offsets,
-                                                  .expert_order = send_order},
-                                                 &permutation_));
+  // exchange sends one contiguous block of rows. A rerun keeps both.
+  if (!rerun) {
+    MOETRAIN_ASSIGN_OR_RETURN(
+        handle_, PlanDispatch({.group = parallel_.expert_group,
+                               .rows_per_expert = ops::KeptRowsPerExpert(config_, t, host_counts_),
+                               .num_chunks = num_chunks_}));
+    MOETRAIN_ASSIGN_OR_RETURN(TensorView send_order, workspace_.Get(kSendOrder, DType::kI32, {e}));
+    MOETRAIN_RETURN_IF_ERROR(ops::CopyTensor(
+        ctx_, TensorView(handle_.expert_send_slot.data(), DType::kI32, {e}), send_order));
+    const std::vector<int64_t> send_offsets = handle_.SendOrderOffsets();
+    MOETRAIN_RETURN_IF_ERROR(ops::BuildPermutation(ctx_, config_,
+                                                   {.topk_experts = routing_.topk_experts,
+                                                    .topk_weights = routing_.topk_weights,
+                                                    .expert_offsets = send_offsets,
+                                                    .expert_order = send_order},
+                                                   &permutation_));
+    has_routing_ = true;
+  }
   const int64_t r = handle_.num_send_rows(), n = handle_.num_received_rows();
   dropped_ = t * k - r;
 

@@ -124,6 +124,17 @@ absl::StatusOr<TrainerConfig> TrainBenchConfig(const Json& root) {
   c.model.max_seq_len = c.data.seq_len;
   MOETRAIN_ASSIGN_OR_RETURN(const auto dtype, DTypeAt(root, {"train_bench", "dtype"}));
   c.compute_dtype = dtype;
+  // Files from before train_bench printed it kept every activation.
+  const Json& bench = root.at("train_bench");
+  if (bench.contains("recompute")) {
+    if (!bench["recompute"].is_string() ||
+        (bench["recompute"] != "NONE" && bench["recompute"] != "FULL")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("calibration file: train_bench.recompute = ", bench["recompute"].dump(),
+                       " is not \"NONE\" or \"FULL\""));
+    }
+    c.recompute = bench["recompute"] == "FULL" ? Recompute::kFull : Recompute::kNone;
+  }
   return c;
 }
 
@@ -145,7 +156,8 @@ absl::StatusOr<std::vector<CalibrationCheck>> CheckCalibration(std::string_view 
   MOETRAIN_ASSIGN_OR_RETURN(const auto train_peak,
                             Number(root, {"train_bench", "dense_gemm_gflops_bf16"}));
   cluster->device.dense_bf16_flops = cluster->device.dense_fp8_flops = train_peak * 1e9;
-  absl::StatusOr<LayoutPlan> plan = PlanLayout(train_config, {1, 1}, *cluster);
+  absl::StatusOr<LayoutPlan> plan =
+      PlanLayout(train_config, {1, 1, Sharding::kNone, train_config.recompute}, *cluster);
   if (!plan.ok()) return plan.status();
   MOETRAIN_ASSIGN_OR_RETURN(const auto tokens_per_s, Number(root, {"train_bench", "tokens_per_s"}));
   checks.push_back(

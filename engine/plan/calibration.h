@@ -6,8 +6,9 @@
 //    "dispatch_bench": {"2": {...}, "4": {...}}}       (keys: rank counts)
 // calibrate_bench gives the op classes' efficiencies and the memory bandwidth; dispatch_bench's
 // "link" the loopback link at its rank count. From those alone the plan predicts:
-//   - train_bench's tokens/s: its config on one rank, the FLOP/s peak being the dense GEMM that
-//     train_bench measured in its own run (speeds compare only as ratios within a run);
+//   - train_bench's tokens/s: its config (and its recompute, "NONE" when the file has none) on
+//     one rank, the FLOP/s peak being the dense GEMM that train_bench measured in its own run
+//     (speeds compare only as ratios within a run);
 //   - dispatch_bench's exchange (dispatch + combine, one chunk): two all-to-alls of the routed
 //     rows that leave each rank.
 // The predictions must come within 15 % (train_bench) and 25 % (dispatch_bench) of the measured

@@ -73,6 +73,7 @@ absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout&
   at.parallel.data_parallel = layout.data_parallel;
   at.parallel.expert_parallel = layout.expert_parallel;
   at.parallel.sharding = layout.sharding;
+  at.recompute = layout.recompute;
   if (absl::Status status = at.parallel.Validate(at.model, at.data.batch_size, at.micro_batch_size);
       !status.ok()) {
     return status;
@@ -107,16 +108,33 @@ absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout&
   const double optimizer_s = OptimizerBytes(updated_parameters, rank_parameters, moment_bytes) /
                              (device.memory_bandwidth_bytes_per_s * efficiency.memory_bound);
   // The memory-bound work between the matmuls (norms, RoPE, activations, residual adds, the
-  // loss's softmax, casts): each activation byte the rank holds for a micro-batch written once in
-  // forward and read once in backward.
-  const double elementwise_s = kActivationPasses * plan.memory.activations * micro_batches /
+  // loss's softmax, casts): each activation byte a micro-batch produces (what the rank would hold
+  // without recompute) written once in forward and read once in backward.
+  TrainerConfig kept = at;
+  kept.recompute = Recompute::kNone;
+  const double activation_bytes = EstimateTrainingMemory(kept).activations;
+  const double elementwise_s = kActivationPasses * activation_bytes * micro_batches /
                                (device.memory_bandwidth_bytes_per_s * efficiency.memory_bound);
+  // Recompute: the blocks' forward once more, but the last block's (whose buffers still hold
+  // it): a third of their matmuls (the LM heads' stay once) and another forward pass of the work
+  // between them (all of it counted: this errs long).
+  const bool recompute = layout.recompute == Recompute::kFull;
+  const double blocks = static_cast<double>(model.num_layers + model.mtp_depth);
+  if (recompute) {
+    const double lm_heads = 6.0 * static_cast<double>(model.vocab_size) *
+                            static_cast<double>(model.hidden_size) *
+                            static_cast<double>(1 + model.mtp_depth);
+    const double block_dense_s = dense_s * std::max(0.0, split.dense - lm_heads) / split.dense;
+    plan.recompute_s =
+        ((block_dense_s + experts_s + attention_s) / 3 + elementwise_s / 2) * (blocks - 1) / blocks;
+  }
   plan.dense_gemm_s = dense_s;
   plan.grouped_gemm_s = experts_s;
   plan.attention_s = attention_s;
   plan.elementwise_s = elementwise_s;
   plan.optimizer_s = optimizer_s;
-  plan.compute_s = dense_s + experts_s + attention_s + elementwise_s + optimizer_s;
+  plan.compute_s =
+      dense_s + experts_s + attention_s + elementwise_s + optimizer_s + plan.recompute_s;
 
   // All-to-all, in the dtypes moe_layer_expert_parallel.cc sends: forward dispatches the input
   // rows (FP8 with fp8_dispatch, else the compute dtype) and combines the experts' f32 outputs;
@@ -147,6 +165,16 @@ absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout&
     // Backward's expert GEMMs are twice forward's.
     plan.all_to_all_exposed_s = ExposedExchange(forward_s, experts_s / 3, chunks) +
                                 ExposedExchange(backward_s, experts_s * 2 / 3, chunks);
+    if (recompute) {  // the recomputed forwards' exchanges: every MoE block's but the last's
+      const double again = (MoeBlocks(model) - 1) / MoeBlocks(model);
+      const double again_s = (seconds(dispatch_row) + seconds(f32_row)) * again;
+      plan.all_to_all_bytes -=
+          (1 - again) * exchanges *
+          (AllToAllBytesPerRank(micro_tokens, model.moe.top_k, dispatch_row, ep) +
+           AllToAllBytesPerRank(micro_tokens, model.moe.top_k, f32_row, ep));
+      plan.all_to_all_s += again_s;
+      plan.all_to_all_exposed_s += ExposedExchange(again_s, experts_s / 3 * again, chunks);
+    }
   }
 
   // Gradient all-reduce. The expert-data group's replicas sit ep ranks apart, so both groups
@@ -163,7 +191,8 @@ absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout&
     // Sharded: the grads' half runs under backward, the weights' half after the optimizer.
     if (sharded) plan.all_gather_s = plan.all_reduce_s / 2;
     const double overlapped_s = plan.all_reduce_s - plan.all_gather_s;
-    const double last_backward_s = (dense_s + experts_s + attention_s) * 2 / 3 / micro_batches;
+    const double last_backward_s =
+        ((dense_s + experts_s + attention_s) * 2 / 3 + plan.recompute_s) / micro_batches;
     const double last_bucket = std::min(
         1.0, static_cast<double>(at.parallel.grad_bucket_bytes) / (dense_bytes + expert_bytes));
     plan.all_reduce_exposed_s =
@@ -194,7 +223,13 @@ std::vector<LayoutPlan> PlanLayouts(const TrainerConfig& config, int gpus,
   for (int ep : eps) {
     for (Sharding sharding : {Sharding::kNone, Sharding::kOptimizer}) {
       if (sharding != Sharding::kNone && gpus == 1) continue;  // no replicas to shard over
-      absl::StatusOr<LayoutPlan> plan = PlanLayout(config, {gpus / ep, ep, sharding}, cluster);
+      absl::StatusOr<LayoutPlan> plan =
+          PlanLayout(config, {gpus / ep, ep, sharding, config.recompute}, cluster);
+      if (plan.ok() && !plan->fits && config.recompute != Recompute::kFull) {
+        absl::StatusOr<LayoutPlan> recomputed =
+            PlanLayout(config, {gpus / ep, ep, sharding, Recompute::kFull}, cluster);
+        if (recomputed.ok() && recomputed->fits) plan = recomputed;
+      }
       if (plan.ok()) plans.push_back(*plan);
     }
   }

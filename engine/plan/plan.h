@@ -17,6 +17,10 @@
 //                sharded optimizer (Layout::sharding) half of it is the grads' reduce-scatter
 //                and half the updated f32 weights' all-gather after the optimizer, which
 //                nothing overlaps; AdamW then updates the rank's share of the parameters only.
+//   recompute    with train.recompute = FULL (Layout::recompute): the blocks' forward once more in
+//                backward, all but the last block's (a third of their matmuls, not the LM head's;
+//                another forward pass of the work between them; another forward all-to-all), and
+//                one block's activations held instead of all (EstimateTrainingMemory).
 // Overlap, as the trainer does it: each MoE layer's exchange is cut into chunks
 // (ParallelConfig::overlap_chunks) and one chunk's all-to-all runs under another's expert GEMMs
 // (moe_layer.h; the shared experts, which also hide the first dispatch, are not counted there, so
@@ -52,7 +56,8 @@ inline constexpr int kMaxPlanGpus = kMaxRanks;
 struct Layout {
   int data_parallel = 1;
   int expert_parallel = 1;
-  Sharding sharding = Sharding::kNone;  // parallel.sharding
+  Sharding sharding = Sharding::kNone;     // parallel.sharding
+  Recompute recompute = Recompute::kNone;  // train.recompute
   int gpus() const { return data_parallel * expert_parallel; }
 };
 
@@ -81,12 +86,13 @@ struct LayoutPlan {
   MemoryEstimate memory;  // one rank
   bool fits = false;      // memory.on_device() ≤ the device's memory
   // Seconds per optimizer step, one rank.
-  double compute_s = 0;  // the five parts below
+  double compute_s = 0;  // the six parts below
   double dense_gemm_s = 0;
   double grouped_gemm_s = 0;  // the routed experts
   double attention_s = 0;     // the attention core
   double elementwise_s = 0;   // the memory-bound work between the matmuls
   double optimizer_s = 0;
+  double recompute_s = 0;           // the blocks' forward again (Layout::recompute; 0 without)
   double all_to_all_s = 0;          // the whole exchange, before overlap
   double all_to_all_exposed_s = 0;  // what it adds to the step
   // The data-parallel sums of the dense and expert grads, before overlap (sharded: the
@@ -109,7 +115,9 @@ absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout&
 
 // Every dp × ep layout of `gpus` GPUs that the config allows, each planned unsharded and (with
 // more than one GPU) with the optimizer sharded, by ep ascending; none for a count outside
-// [1, kMaxPlanGpus].
+// [1, kMaxPlanGpus]. Each with the config's recompute, or with FULL when only that fits (recompute
+// only costs time; a layout that fits neither way keeps the config's, the time its step would take
+// with the memory to hold it).
 std::vector<LayoutPlan> PlanLayouts(const TrainerConfig& config, int gpus,
                                     const ClusterSpec& cluster);
 

@@ -222,14 +222,16 @@ MemoryEstimate EstimateTrainingMemory(const TrainerConfig& config) {
                            act_copy * t * (q + 2 * kv);
   const double block = 4 * t + act * t * d + (m.is_mla() ? mla_block : gqa_block) + 4 * t * d +
                        4 * t + act * t * d + act_copy * t * d + 4 * t * d;
-  activations += layers * block;
   // Dense FFN blocks: pre-activations, the activated rows and their gradients.
-  activations += dense_layers * (4 * t * 2 * f + act * t * f + 4 * t * f + act * t * 2 * f);
-  // MoE blocks: routing, the permuted rows through the experts and back, the shared experts.
+  const double dense_block = 4 * t * 2 * f + act * t * f + 4 * t * f + act * t * 2 * f;
+  // MoE blocks: routing, the permuted rows through the experts and back, the shared experts. The
+  // routing (scores, top-k experts and weights, the permutation's rows) is kept per layer even
+  // when the blocks share their buffers.
   const double rows = RoutedRows(moe, t);
   const double k = as_double(moe.top_k);
+  const double routing = 4 * t * e + 12 * t * k + 4 * rows;
   double moe_block =
-      2 * act * t * d + (f32 ? 0.0 : 4 * t * d) + 2 * 4 * t * e + 4 * t * d + 4 * t * k + 8 * t * k;
+      2 * act * t * d + (f32 ? 0.0 : 4 * t * d) + 2 * 4 * t * e + 4 * t * d + 4 * t * k;
   moe_block +=
       rows * (act * d + 4 * 2 * fe + act * fe + 4 * d + 4 * fe + act * 2 * fe + act * d + 4 * d);
   if (ep > 1) moe_block += rows * (2 * act * d + 2 * 4 * d);  // received rows, combine, their grads
@@ -237,7 +239,26 @@ MemoryEstimate EstimateTrainingMemory(const TrainerConfig& config) {
     moe_block += 4 * t * 2 * shared_f + act * t * shared_f + 2 * 4 * t * d + 4 * t * shared_f +
                  act * t * 2 * shared_f;
   }
-  activations += moe_layers * moe_block;
+  // Without recompute every block has buffers of its own. With FULL they all share one set and
+  // keep only their inputs, the residual stream counted above: one attention's, and one MoE
+  // layer's whose first four slots the dense FFN's four share (block.h), each as large as the
+  // larger user needs. (With expert parallelism a shared row slot grows to the busiest layer's
+  // received rows, which the even spread counted here can fall short of.)
+  if (config.recompute != Recompute::kFull) {
+    activations += layers * block + dense_layers * dense_block + moe_layers * moe_block;
+  } else {
+    const double has_dense = dense_layers > 0 ? 1 : 0, has_moe = moe_layers > 0 ? 1 : 0;
+    const double dense_slots[4] = {4 * t * 2 * f, act * t * f, 4 * t * f, act * t * 2 * f};
+    const double moe_slots[4] = {f32 ? 0.0 : 4 * t * d, 4 * t * e, act * rows * d,
+                                 4 * rows * 2 * fe};
+    double shared = 0;
+    for (int i = 0; i < 4; ++i) {
+      shared += std::max(has_dense * dense_slots[i], has_moe * moe_slots[i]);
+      moe_block -= moe_slots[i];
+    }
+    activations += block + shared + has_moe * moe_block;
+  }
+  activations += moe_layers * routing;
   // Each MTP module's own tensors (mtp.cc): tokens, embedding, norms, the concatenation, the
   // block's input and output and their gradients.
   activations +=
@@ -332,8 +353,9 @@ absl::Status CheckMemoryEstimate(const MemoryEstimate& estimate, int64_t limit_b
       "the model needs about ", estimate.DebugString(), " of memory, more than the ",
       FormatBytes(static_cast<double>(limit_bytes)), " available (",
       absl::string_view(limit_name.data(), limit_name.size()),
-      "): make the model or train.micro_batch_size smaller, use more expert-parallel ranks, or "
-      "shard the optimizer state (parallel.sharding = OPTIMIZER)"));
+      "): make the model or train.micro_batch_size smaller, use more expert-parallel ranks, "
+      "shard the optimizer state (parallel.sharding = OPTIMIZER), or recompute activations "
+      "(train.recompute = FULL)"));
 }
 
 MemoryPlacement PlaceTrainingMemory(const TrainerConfig& config, const MemoryEstimate& estimate) {
@@ -360,8 +382,9 @@ absl::Status CheckTrainingMemory(const TrainerConfig& config, const MemoryEstima
     return absl::ResourceExhaustedError(absl::StrCat(
         "the model needs about ", estimate.DebugString(), " of ", config.device.DebugString(),
         "'s memory, more than its ", FormatBytes(static_cast<double>(device_bytes)),
-        ": make the model or train.micro_batch_size smaller, use more expert-parallel ranks, or "
-        "shard the optimizer state (parallel.sharding = OPTIMIZER)"));
+        ": make the model or train.micro_batch_size smaller, use more expert-parallel ranks, "
+        "shard the optimizer state (parallel.sharding = OPTIMIZER), or recompute activations "
+        "(train.recompute = FULL)"));
   }
   if (host_limit_bytes > 0 && placement.host > static_cast<double>(host_limit_bytes)) {
     return absl::ResourceExhaustedError(absl::StrCat(

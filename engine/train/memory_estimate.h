@@ -6,9 +6,9 @@
 // The estimate mirrors what Trainer::Create and the first step allocate
 // (engine/model/parameters.cc, block.cc, moe_layer.cc, transformer.cc, optimizer.cc): every
 // workspace buffer stays allocated once used, so activations are the sum over all blocks of their
-// forward and backward buffers. Routed-expert rows are counted as if the tokens spread evenly over
-// the expert-parallel ranks. tests/engine/train/memory_estimate_test.cc checks it against the
-// measured peak of a real run.
+// forward and backward buffers (with train.recompute = FULL, one block's: they share them).
+// Routed-expert rows are counted as if the tokens spread evenly over the expert-parallel ranks.
+// tests/engine/train/memory_estimate_test.cc checks it against the measured peak of a real run.
 #ifndef MOETRAIN_ENGINE_TRAIN_MEMORY_ESTIMATE_H_
 #define MOETRAIN_ENGINE_TRAIN_MEMORY_ESTIMATE_H_
 
@@ -31,7 +31,8 @@ struct MemoryEstimate {
   // experts'.
   double optimizer = 0;
   // What forward keeps for backward, backward's scratch, the LM head's chunk, and with an FP8
-  // recipe the quantised operands of the largest linear layer.
+  // recipe the quantised operands of the largest linear layer. Without the FP8 operands, what
+  // Transformer::activation_bytes() counts after a step.
   double activations = 0;
   // With an FP8 recipe, its state (engine/fp8/fp8_state.h), S = Fp8SlotCount slots: a scale, an
   // amax and a saturated count per slot on the device (16 B); with the delayed recipe, the amax

@@ -92,9 +92,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& co
                             ParallelGroups::Create(config.parallel, std::move(world)));
   const ParallelGroups& groups = *trainer->groups_;
 
-  MOETRAIN_ASSIGN_OR_RETURN(Transformer model,
-                            Transformer::Create(config.model, config.compute_dtype,
-                                                groups.moe_parallel(), ctx, config.fp8));
+  MOETRAIN_ASSIGN_OR_RETURN(
+      Transformer model,
+      Transformer::Create(config.model, config.compute_dtype, groups.moe_parallel(), ctx,
+                          config.fp8, config.recompute));
   trainer->model_ = std::make_unique<Transformer>(std::move(model));
   MOETRAIN_RETURN_IF_ERROR(trainer->model_->Initialize(config.seed));
   for (const NamedParameter& p : trainer->model_->parameters()) {

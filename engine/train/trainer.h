@@ -61,6 +61,8 @@ struct TrainerConfig {
   DType compute_dtype = DType::kF32;
   // FP8 GEMMs by this recipe (compute_dtype must be bf16); nullopt = none.
   std::optional<Fp8RecipeConfig> fp8;
+  // What the blocks keep for backward (train.recompute; engine/model/transformer.h).
+  Recompute recompute = Recompute::kNone;
   int64_t steps = 100;  // optimizer steps in all (a resumed job continues to it)
   // Sequences per forward/backward over all ranks (each rank takes 1/W of them); 0 =
   // data.batch_size.

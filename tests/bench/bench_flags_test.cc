@@ -51,7 +51,8 @@ std::vector<Binary> Binaries() {
         {"--ranks", "=1"},
         {"--ep", "=1"},
         {"--sharding", "=none"},
-        {"--moment-dtype", "=f32"}},
+        {"--moment-dtype", "=f32"},
+        {"--recompute", "=none"}},
        {{{"--steps", "x"}, "--steps"},
         {{"--steps", "1"}, "--steps"},  // the first step is a warm-up: at least 2
         {{"--dtype", "f16"}, "--dtype"},
@@ -64,6 +65,7 @@ std::vector<Binary> Binaries() {
         {{"--ranks", "0"}, "--ranks"},
         {{"--sharding", "full"}, "--sharding"},
         {{"--moment-dtype", "f16"}, "--moment-dtype"},
+        {{"--recompute", "selective"}, "--recompute"},
         {{"--ranks", "3", "--ep", "2"}, "--ep"},
         {{"--json", "--steps"}, "--steps"}}},
       {"attention_bench",

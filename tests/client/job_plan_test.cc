@@ -101,15 +101,18 @@ TEST(PlanJobMemoryTest, ABadSpecNamesTheField) {
 }
 
 TEST(PlanJobMemoryTest, HintsOnlyAtWhatTheSpecCanChange) {
-  // One sample a rank and every expert on its own rank: only the model's size is left.
+  // One sample a rank, every expert on its own rank and activations recomputed: only the
+  // model's size is left.
   v1::JobSpec narrow = Spec("  device: CUDA\n  workers: 8\n", "parallel:\n  expert_parallel: 8\n");
   narrow.mutable_train()->set_batch_size(8);
+  narrow.mutable_train()->set_recompute(v1::TrainConfig::FULL);
   const JobMemoryPlan plan = MustPlan(narrow);
   EXPECT_EQ(plan.hint, "make the model smaller");
   const JobMemoryPlan wide = MustPlan(Spec("  device: CUDA\n"));
   EXPECT_THAT(wide.hint, HasSubstr("lower train.micro_batch_size (16 a rank now"));
   EXPECT_THAT(wide.hint, HasSubstr("raise parallel.expert_parallel (1 now, at most "
                                    "model.moe.num_experts = 8"));
+  EXPECT_THAT(wide.hint, HasSubstr("recompute activations (train.recompute: FULL"));
   EXPECT_THAT(wide.hint, HasSubstr(", or make the model smaller"));
 }
 

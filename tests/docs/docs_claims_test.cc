@@ -55,6 +55,8 @@ const std::map<std::string, std::string> kExternalFlags = {
     {"--web.enable-lifecycle", "prometheus (its /-/reload endpoint)"},
     {"--ppid", "ps --ppid (a worker's rank processes)"},
     {"--use-distributed-optimizer", "Megatron-LM's ZeRO-1 (docs/job-spec.md's parallel.sharding)"},
+    {"--recompute-granularity",
+     "Megatron-LM's activation recompute (docs/job-spec.md's train.recompute)"},
 };
 
 // Dotted names in backticks that begin like a spec path but are not one.

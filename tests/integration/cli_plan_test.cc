@@ -78,6 +78,31 @@ TEST_F(CliPlanTest, PlansDeepSeekV3On256H200s) {
   EXPECT_LT((*ep64)["mfu"].get<double>(), 1);
 }
 
+// --recompute plans every layout recomputing: DeepSeek-V3's activations at ep 64 shrink to one
+// block's (and the residual stream), and the recomputed forward shows in the step.
+TEST_F(CliPlanTest, RecomputeFlagPlansEveryLayoutRecomputing) {
+  const std::string spec = std::string(MOETRAIN_SOURCE_DIR) + "/examples/deepseek-v3-671b.yaml";
+  const Finished keep =
+      Moetrain({"plan", spec, "--cluster", "h200-node", "--gpus", "256", "--json"});
+  const Finished redo =
+      Moetrain({"plan", spec, "--cluster", "h200-node", "--gpus", "256", "--recompute", "--json"});
+  ASSERT_EQ(keep.exit_code, 0) << keep.err;
+  ASSERT_EQ(redo.exit_code, 0) << redo.err;
+  const json kept = json::parse(keep.out), redone = json::parse(redo.out);
+  ASSERT_EQ(kept["layouts"].size(), redone["layouts"].size());
+  for (size_t i = 0; i < redone["layouts"].size(); ++i) {
+    const json& a = kept["layouts"][i];
+    const json& b = redone["layouts"][i];
+    SCOPED_TRACE(b.dump());
+    EXPECT_EQ(a["recompute"], "NONE");  // it fits nowhere either way: the spec's setting stays
+    EXPECT_EQ(b["recompute"], "FULL");
+    EXPECT_LT(10 * b["memory_bytes"]["activations"].get<double>(),
+              a["memory_bytes"]["activations"].get<double>());
+    EXPECT_GT(b["compute_parts_seconds"]["recompute"].get<double>(), 0);
+    EXPECT_GT(b["step_seconds"].get<double>(), a["step_seconds"].get<double>());
+  }
+}
+
 TEST_F(CliPlanTest, BadFlagsExitTwoNamingTheFlag) {
   const Finished nope = Moetrain({"plan", kMiniSpec, "--cluster", "nope"});
   EXPECT_EQ(nope.exit_code, 2);

@@ -35,6 +35,7 @@ class LmHeadLossWorkspace {
  public:
   explicit LmHeadLossWorkspace(const ExecContext& ctx) : buffers_(kNumBuffers, ctx.allocator()) {}
   Workspace& buffers() { return buffers_; }
+  const Workspace& buffers() const { return buffers_; }
   enum Buffer { kLogits, kDLogits, kTokenLoss, kNumBuffers };
 
  private:

@@ -87,6 +87,51 @@ TEST(PlanTest, ShardingTradesAnExposedWeightGatherForMemory) {
               1e-12 * none.step_s);
 }
 
+// Full recompute: the activations of one block instead of all; the blocks' forward once more, but
+// the last one's (a third of their matmuls, not the LM head's, and half the elementwise passes
+// again), which is all the step adds on one GPU; with expert parallelism the forward's exchange
+// once more, half as much again as the exchange when every row goes in one dtype, but the last
+// MoE block's. Where only the recomputing layout
+// fits, it is the one chosen.
+TEST(PlanTest, RecomputeTradesAForwardForActivations) {
+  TrainerConfig config = TinyTrainerConfig("");
+  config.model.num_layers = 4;
+  const ClusterSpec cluster = RoundCluster();
+  ASSERT_OK_AND_ASSIGN(const LayoutPlan none, PlanLayout(config, {1, 1}, cluster));
+  ASSERT_OK_AND_ASSIGN(const LayoutPlan full,
+                       PlanLayout(config, {1, 1, Sharding::kNone, Recompute::kFull}, cluster));
+  EXPECT_LT(full.memory.activations, none.memory.activations / 2);
+  EXPECT_EQ(none.recompute_s, 0);
+  const double lm_head = 6.0 * static_cast<double>(config.model.vocab_size) *
+                         static_cast<double>(config.model.hidden_size);
+  const FlopsSplit split = SplitTrainingFlops(config.model, config.data.seq_len);
+  // All four blocks but the last, whose buffers still hold its forward.
+  const double block_matmuls_s = none.dense_gemm_s * (split.dense - lm_head) / split.dense +
+                                 none.grouped_gemm_s + none.attention_s;
+  EXPECT_NEAR(full.recompute_s, (block_matmuls_s / 3 + none.elementwise_s / 2) * 3 / 4,
+              1e-9 * full.recompute_s);
+  EXPECT_DOUBLE_EQ(full.elementwise_s, none.elementwise_s);
+  EXPECT_NEAR(full.step_s - none.step_s, full.recompute_s, 1e-9 * full.step_s);
+
+  ASSERT_OK_AND_ASSIGN(const LayoutPlan none_ep, PlanLayout(config, {1, 2}, cluster));
+  ASSERT_OK_AND_ASSIGN(const LayoutPlan full_ep,
+                       PlanLayout(config, {1, 2, Sharding::kNone, Recompute::kFull}, cluster));
+  ASSERT_GT(none_ep.all_to_all_s, 0);
+  // The forward's two exchanges of every MoE block but the last: 2 of the 3 after the dense one.
+  const double again = 1 + 0.5 * 2 / 3;
+  EXPECT_NEAR(full_ep.all_to_all_s, again * none_ep.all_to_all_s, 1e-9 * full_ep.all_to_all_s);
+  EXPECT_NEAR(full_ep.all_to_all_bytes, again * none_ep.all_to_all_bytes, 1.0);
+
+  ClusterSpec tight = cluster;
+  tight.device.memory_bytes = (full.memory.on_device() + none.memory.on_device()) / 2;
+  const std::optional<LayoutPlan> best = Fastest(PlanLayouts(config, 1, tight));
+  ASSERT_TRUE(best.has_value());
+  EXPECT_EQ(best->layout.recompute, Recompute::kFull);
+  const std::optional<LayoutPlan> roomy = Fastest(PlanLayouts(config, 1, cluster));
+  ASSERT_TRUE(roomy.has_value());
+  EXPECT_EQ(roomy->layout.recompute, Recompute::kNone);
+}
+
 TEST(PlanTest, RefusesALayoutTheConfigCannotTake) {
   // 3 does not divide the 4 experts.
   absl::StatusOr<LayoutPlan> plan = PlanLayout(TinyTrainerConfig(""), {1, 3}, RoundCluster());

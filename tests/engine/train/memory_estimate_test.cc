@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -147,6 +148,66 @@ TEST(MemoryEstimateTest, ShardedAndBf16MomentsAreWhatTheRanksAllocate) {
       }
       config.parallel.sharding = Sharding::kNone;
       EXPECT_NEAR(unsharded[0], EstimateTrainingMemory(config).optimizer, 0.01 * unsharded[0]);
+    }
+  }
+}
+
+// The activations the estimate counts are what the model's buffers hold after a forward and
+// backward, within 10 %, with and without full recompute, which keeps less than half of them here
+// (the LM head's chunk of logits is most of what is left); GQA and MLA with MTP, f32 and bf16, one
+// rank and two expert-parallel ranks.
+TEST(MemoryEstimateTest, ActivationsAreWhatTheModelHoldsWithAndWithoutRecompute) {
+  ModelConfig mla = MeasuredConfig(true, DType::kF32).model;
+  mla.attention = AttentionType::kMla;
+  mla.num_kv_heads = mla.num_heads;
+  mla.mla = {.q_lora_rank = 48,
+             .kv_lora_rank = 32,
+             .qk_nope_head_dim = 32,
+             .qk_rope_head_dim = 16,
+             .v_head_dim = 32};
+  mla.mtp_depth = 1;
+  for (const bool is_mla : {false, true}) {
+    for (const DType dtype : {DType::kF32, DType::kBF16}) {
+      for (const int ep : {1, 2}) {
+        if ((ep == 2) != (is_mla == (dtype == DType::kF32))) continue;  // four of the eight
+        TrainerConfig config = MeasuredConfig(true, dtype);
+        config.model.num_layers = 6;
+        config.model.moe.top_k = 4;
+        config.data.batch_size = 4;
+        if (is_mla) config.model = mla;
+        config.parallel.expert_parallel = ep;
+        const int64_t window = config.data.seq_len + 1 + config.model.mtp_depth;
+        Tensor tokens = Tensor::Empty(DType::kI32, {config.data.batch_size / ep, window});
+        for (int64_t i = 0; i < tokens.numel(); ++i) {
+          tokens.data<int32_t>()[i] = static_cast<int32_t>((i * 7919 + 13) % 2048);
+        }
+        std::vector<int64_t> held[2];
+        for (const Recompute recompute : {Recompute::kNone, Recompute::kFull}) {
+          config.recompute = recompute;
+          SCOPED_TRACE(absl::StrCat(is_mla ? "MLA+MTP " : "GQA ", std::string(DTypeName(dtype)),
+                                    " ep ", ep, " recompute ", RecomputeName(recompute)));
+          testutil::TempDir dir;
+          std::vector<std::unique_ptr<GlooCommunicator>> group =
+              comm_test::MakeGlooWorld(dir.path(), ep);
+          std::vector<int64_t>& bytes = held[recompute == Recompute::kFull];
+          bytes.assign(ep, 0);
+          comm_test::RunRanks(ep, [&](int rank) {
+            absl::StatusOr<Transformer> model =
+                Transformer::Create(config.model, dtype, {.expert_group = group[rank].get()},
+                                    ExecContext::Cpu(), std::nullopt, recompute);
+            ASSERT_OK(model.status());
+            ASSERT_OK(model->Initialize(3));
+            ASSERT_OK(model->ForwardBackward(tokens.view()).status());
+            bytes[rank] = model->activation_bytes();
+          });
+          const double estimate = EstimateTrainingMemory(config).activations;
+          for (int rank = 0; rank < ep; ++rank) {
+            EXPECT_NEAR(static_cast<double>(bytes[rank]), estimate, 0.1 * estimate)
+                << "rank " << rank;
+          }
+        }
+        EXPECT_LT(2 * held[1][0], held[0][0]);
+      }
     }
   }
 }

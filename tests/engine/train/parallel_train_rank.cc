@@ -5,6 +5,7 @@
 //                       [--steps N] [--micro M] [--resume] [--hang-after-checkpoint S]
 //                       [--poison] [--fp8 delayed|current|blockwise|mxfp8] [--deepseek]
 //                       [--bf16] [--bf16-moments] [--sharding none|optimizer]
+//                       [--recompute none|full] [--layers L]
 //
 // Joins the world through a FileKeyValueStore in the store directory (Gloo over 127.0.0.1),
 // builds the trainer of parallel_test_config.h, resumes when asked, trains, and prints one JSON
@@ -82,17 +83,19 @@ int Fail(const absl::Status& status) {
 }
 
 int Main(int argc, char** argv) {
-  int64_t rank = 0, dp = 1, ep = 1, steps = 0, micro = 0, hang_after = -1;
+  int64_t rank = 0, dp = 1, ep = 1, steps = 0, micro = 0, hang_after = -1, layers = 0;
   bool resume = false, poison = false, deepseek = false, bf16 = false, bf16_moments = false;
   std::string store_dir, checkpoint_dir;
   const std::map<std::string, int64_t*> numbers = {
-      {"--rank", &rank},   {"--dp", &dp},       {"--ep", &ep},
-      {"--steps", &steps}, {"--micro", &micro}, {"--hang-after-checkpoint", &hang_after}};
-  std::string fp8, sharding = "none";
+      {"--rank", &rank},    {"--dp", &dp},       {"--ep", &ep},
+      {"--steps", &steps},  {"--micro", &micro}, {"--hang-after-checkpoint", &hang_after},
+      {"--layers", &layers}};
+  std::string fp8, sharding = "none", recompute = "none";
   const std::map<std::string, std::string*> texts = {{"--store", &store_dir},
                                                      {"--checkpoint-dir", &checkpoint_dir},
                                                      {"--fp8", &fp8},
-                                                     {"--sharding", &sharding}};
+                                                     {"--sharding", &sharding},
+                                                     {"--recompute", &recompute}};
   const std::map<std::string, bool*> switches = {{"--resume", &resume},
                                                  {"--poison", &poison},
                                                  {"--deepseek", &deepseek},
@@ -127,6 +130,7 @@ int Main(int argc, char** argv) {
       parallel_test::JobConfig(checkpoint_dir, static_cast<int>(dp), static_cast<int>(ep));
   if (deepseek) config = parallel_test::WithDeepseekV3(config);
   if (steps > 0) config.steps = steps;
+  if (layers > 0) config.model.num_layers = layers;
   config.micro_batch_size = micro;
   if (bf16) config.compute_dtype = DType::kBF16;
   if (bf16_moments) config.optimizer.moment_dtype = DType::kBF16;
@@ -134,6 +138,10 @@ int Main(int argc, char** argv) {
     return Fail(absl::InvalidArgumentError("--sharding " + sharding + ": none or optimizer"));
   }
   config.parallel.sharding = sharding == "optimizer" ? Sharding::kOptimizer : Sharding::kNone;
+  if (recompute != "none" && recompute != "full") {
+    return Fail(absl::InvalidArgumentError("--recompute " + recompute + ": none or full"));
+  }
+  config.recompute = recompute == "full" ? Recompute::kFull : Recompute::kNone;
   if (!fp8.empty()) {
     absl::StatusOr<TrainerConfig> with_fp8 = parallel_test::WithFp8(config, fp8);
     if (!with_fp8.ok()) return Fail(with_fp8.status());

@@ -1,12 +1,14 @@
-// The sharded optimizer (parallel.sharding = OPTIMIZER, ZeRO-1) and bf16 moments across processes,
-// against the unsharded run of parallel_test_config.h's job, and checkpoints that resume on
-// another layout or sharding (parallel_train_rank processes, as parallel_training_test runs them).
+// The sharded optimizer (parallel.sharding = OPTIMIZER, ZeRO-1), bf16 moments and full activation
+// recompute across processes, against the plain run of parallel_test_config.h's job, and
+// checkpoints that resume on another layout or sharding (parallel_train_rank processes, as
+// parallel_training_test runs them).
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -33,6 +35,42 @@ using parallel_test::RunJob;
 using parallel_test::Steps;
 using testutil::TempDir;
 
+// Trains the job twice at dp × ep for 20 steps, with `flags` and with `flags` + `changed`, and
+// expects the same bits: every step's numbers on every rank (the gradient norm within
+// `norm_tolerance` relative) and the final checkpoints, weights and moments. The second run's
+// directory, for more checks.
+void ExpectTrainsBitIdentically(int dp, int ep, const std::vector<std::string>& flags,
+                                const std::vector<std::string>& changed, double norm_tolerance,
+                                const TempDir& changed_dir) {
+  TempDir base_dir;
+  std::vector<std::string> with_steps = {"--steps", "20"};
+  with_steps.insert(with_steps.end(), flags.begin(), flags.end());
+  std::vector<std::string> changed_flags = with_steps;
+  changed_flags.insert(changed_flags.end(), changed.begin(), changed.end());
+  const std::vector<std::vector<Json>> base = RunJob(dp, ep, base_dir.path(), with_steps);
+  const std::vector<std::vector<Json>> other = RunJob(dp, ep, changed_dir.path(), changed_flags);
+  ASSERT_EQ(base.size(), other.size());
+  const std::map<int64_t, Json> want = Steps(base[0]);
+  ASSERT_EQ(want.size(), 20u) << base[0].size() << " lines";
+  for (size_t rank = 0; rank < other.size(); ++rank) {
+    const std::map<int64_t, Json> got = Steps(other[rank]);
+    ASSERT_EQ(got.size(), 20u) << "rank " << rank;
+    for (const auto& [step, line] : want) {
+      SCOPED_TRACE(absl::StrCat("rank ", rank, " step ", step));
+      Json same = got.at(step), expected = line;
+      const double norm = Number(same, "grad_norm"), expected_norm = Number(expected, "grad_norm");
+      EXPECT_LE(std::abs(norm - expected_norm), norm_tolerance * expected_norm);
+      same.erase("grad_norm");
+      expected.erase("grad_norm");
+      EXPECT_EQ(same, expected);
+    }
+  }
+  const LoadedCheckpoint a = CheckpointTensors(base_dir.path(), ep, 20);
+  const LoadedCheckpoint b = CheckpointTensors(changed_dir.path(), ep, 20);
+  ExpectSameBits(a.model_tensors, b.model_tensors);
+  ExpectSameBits(a.optim_tensors, b.optim_tensors);
+}
+
 struct ShardingCase {
   int dp, ep;
   bool deepseek, bf16, bf16_moments = false;
@@ -46,36 +84,13 @@ class OptimizerShardingTest : public ::testing::TestWithParam<ShardingCase> {};
 // from the ranks' pieces) are the same bytes.
 TEST_P(OptimizerShardingTest, TrainsBitIdenticallyToNoSharding) {
   const ShardingCase c = GetParam();
-  TempDir none_dir, sharded_dir;
-  std::vector<std::string> flags = {"--steps", "20"};
+  std::vector<std::string> flags;
   if (c.deepseek) flags.push_back("--deepseek");
   if (c.bf16) flags.push_back("--bf16");
   if (c.bf16_moments) flags.push_back("--bf16-moments");
-  std::vector<std::string> sharded_flags = flags;
-  sharded_flags.insert(sharded_flags.end(), {"--sharding", "optimizer"});
-  const std::vector<std::vector<Json>> none = RunJob(c.dp, c.ep, none_dir.path(), flags);
-  const std::vector<std::vector<Json>> sharded =
-      RunJob(c.dp, c.ep, sharded_dir.path(), sharded_flags);
-  ASSERT_EQ(none.size(), sharded.size());
-  const std::map<int64_t, Json> want = Steps(none[0]);
-  ASSERT_EQ(want.size(), 20u) << none[0].size() << " lines";
-  for (size_t rank = 0; rank < sharded.size(); ++rank) {
-    const std::map<int64_t, Json> got = Steps(sharded[rank]);
-    ASSERT_EQ(got.size(), 20u) << "rank " << rank;
-    for (const auto& [step, line] : want) {
-      SCOPED_TRACE(absl::StrCat("rank ", rank, " step ", step));
-      Json same = got.at(step), expected = line;
-      const double norm = Number(same, "grad_norm"), expected_norm = Number(expected, "grad_norm");
-      EXPECT_LE(std::abs(norm - expected_norm), 1e-12 * expected_norm);
-      same.erase("grad_norm");
-      expected.erase("grad_norm");
-      EXPECT_EQ(same, expected);
-    }
-  }
-  const LoadedCheckpoint a = CheckpointTensors(none_dir.path(), c.ep, 20);
-  const LoadedCheckpoint b = CheckpointTensors(sharded_dir.path(), c.ep, 20);
-  ExpectSameBits(a.model_tensors, b.model_tensors);
-  ExpectSameBits(a.optim_tensors, b.optim_tensors);
+  TempDir sharded_dir;
+  ExpectTrainsBitIdentically(c.dp, c.ep, flags, {"--sharding", "optimizer"}, 1e-12, sharded_dir);
+  if (HasFatalFailure()) return;
   std::ifstream manifest_file(sharded_dir.path() /
                               "checkpoints/parallel/step-00000020/manifest.json");
   EXPECT_EQ(Json::parse(manifest_file)["world_layout"]["sharding"], "OPTIMIZER");
@@ -90,6 +105,49 @@ INSTANTIATE_TEST_SUITE_P(
       const ShardingCase& c = info.param;
       return absl::StrCat("dp", c.dp, "ep", c.ep, c.deepseek ? "Deepseek" : "Tiny",
                           c.bf16 ? "Bf16" : "F32", c.bf16_moments ? "Bf16Moments" : "");
+    });
+
+struct RecomputeCase {
+  int dp, ep;
+  bool deepseek, bf16;
+  std::string name = "";               // of the flags below
+  std::vector<std::string> more = {};  // flags of both runs
+};
+
+void PrintTo(const RecomputeCase& c, std::ostream* os) {
+  *os << "dp " << c.dp << " ep " << c.ep << (c.deepseek ? " deepseek" : " tiny")
+      << (c.bf16 ? " bf16 " : " f32 ") << c.name;
+}
+
+class RecomputeTrainingTest : public ::testing::TestWithParam<RecomputeCase> {};
+
+// Full recompute against keeping the activations, 20 steps: every number of every step and the
+// final checkpoints are the same bits (the recomputed forward is the same forward; with expert
+// parallelism its exchange sends the kept routing's rows again). tiny-moe's job gets a third
+// block, so that an MoE block is recomputed (the last block's forward is not re-run); the
+// DeepSeek job's MTP block runs last, so all of its main blocks are.
+TEST_P(RecomputeTrainingTest, TrainsBitIdenticallyToKeepingActivations) {
+  const RecomputeCase c = GetParam();
+  std::vector<std::string> flags = c.more;
+  if (c.deepseek) flags.push_back("--deepseek");
+  if (c.bf16) flags.push_back("--bf16");
+  TempDir recompute_dir;
+  ExpectTrainsBitIdentically(c.dp, c.ep, flags, {"--recompute", "full"}, 0.0, recompute_dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, RecomputeTrainingTest,
+    ::testing::Values(
+        RecomputeCase{2, 1, false, false, "ThreeLayers", {"--layers", "3"}},
+        RecomputeCase{1, 4, true, false},
+        RecomputeCase{2, 2, true, true, "MicroBatches", {"--micro", "4"}},
+        RecomputeCase{
+            4, 1, false, true, "ShardedThreeLayers", {"--sharding", "optimizer", "--layers", "3"}},
+        RecomputeCase{1, 2, false, true, "Fp8ThreeLayers", {"--fp8", "current", "--layers", "3"}}),
+    [](const auto& info) {
+      const RecomputeCase& c = info.param;
+      return absl::StrCat("dp", c.dp, "ep", c.ep, c.deepseek ? "Deepseek" : "Tiny",
+                          c.bf16 ? "Bf16" : "F32", c.name);
     });
 
 // A checkpoint of a sharded run resumes without sharding (and the other way), continuing as the
