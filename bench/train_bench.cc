@@ -5,7 +5,7 @@
 //   train_bench [--json] [--steps N (default 4)] [--dtype bf16|f32] [--device cpu|cuda|cuda:N]
 //               [--config default|d2048] [--layers L] [--hidden D] [--batch B]
 //               [--ranks N [--ep E]] [--sharding none|optimizer] [--moment-dtype f32|bf16]
-//               [--recompute none|full] (--help: all)
+//               [--recompute none|full] [--grad-reduce-dtype f32|bf16] (--help: all)
 //
 // Configs (synthetic data; the first step, a warm-up, is not timed):
 //   default  d=512, 8 layers (the first dense, ffn 2048), 8 heads, seq 512, E=16, k=2,
@@ -156,7 +156,8 @@ int Main(int argc, char** argv) {
   std::string dtype_name = "bf16", device_name = "cpu", config_name = "default";
   int64_t layers = 0, hidden = 0, batch = 0;  // 0 = the config's
   int64_t ranks = 1, ep = 1;
-  std::string sharding_name = "none", moment_name = "f32", recompute_name = "none";
+  std::string sharding_name = "none", moment_name = "f32", recompute_name = "none",
+              grad_reduce_name = "f32";
   CLI::App app{"train_bench: training throughput and MFU of an MoE transformer"};
   app.add_flag("--json", json, "print one JSON object instead of a summary");
   app.add_option("--steps", steps, "training steps; the first, a warm-up, is not timed")
@@ -198,6 +199,10 @@ int Main(int argc, char** argv) {
                  "train.recompute: none, or full (each block's forward again in backward)")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "full"}));
+  app.add_option("--grad-reduce-dtype", grad_reduce_name,
+                 "parallel.grad_reduce_dtype: the dtype --ranks sum gradients in")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
   app.footer(
       "Exit status: 0 done; 1 an error; 2 bad usage; 77 --device cuda without a usable GPU.");
   if (const std::optional<int> exit_code = bench::ParseFlags(app, argc, argv)) return *exit_code;
@@ -237,6 +242,7 @@ int Main(int argc, char** argv) {
   c.parallel.sharding = sharding_name == "optimizer" ? Sharding::kOptimizer : Sharding::kNone;
   c.optimizer.moment_dtype = moment_name == "bf16" ? DType::kBF16 : DType::kF32;
   c.recompute = recompute_name == "full" ? Recompute::kFull : Recompute::kNone;
+  c.parallel.grad_reduce_dtype = grad_reduce_name == "bf16" ? DType::kBF16 : DType::kF32;
   if (absl::Status valid = c.Validate(); !valid.ok()) {
     std::fprintf(stderr, "train_bench: %s\n", valid.ToString().c_str());
     return 2;
@@ -294,26 +300,28 @@ int Main(int argc, char** argv) {
   };
   const double flops_per_token = TrainingFlopsPerToken(c.model, c.data.seq_len);
   const double mfu = flops_per_token * tokens_per_s / (dense * 1e9);
-  nlohmann::json result = {{"dtype", std::string(DTypeName(dtype))},
-                           {"tokens_per_s", tokens_per_s},
-                           {"model_flops_per_token", flops_per_token},
-                           {"dense_gemm_gflops_bf16", dense},
-                           {"mfu", mfu},
-                           {"final_loss", timer.reports.back().loss},
-                           {"phase_seconds",
-                            {{"forward", phase(&StepPhaseSeconds::forward)},
-                             {"backward", phase(&StepPhaseSeconds::backward)},
-                             {"communication", phase(&StepPhaseSeconds::communication)},
-                             {"optimizer", phase(&StepPhaseSeconds::optimizer)}}},
-                           {"device", device.DebugString()},
-                           {"dense_gemm_n", gemm_n},
-                           {"config", Describe(config_name, c)},
-                           {"ranks", ranks},
-                           {"data_parallel", c.parallel.data_parallel},
-                           {"expert_parallel", c.parallel.expert_parallel},
-                           {"sharding", ShardingName(c.parallel.sharding)},
-                           {"moment_dtype", std::string(DTypeName(c.optimizer.moment_dtype))},
-                           {"recompute", RecomputeName(c.recompute)}};
+  nlohmann::json result = {
+      {"dtype", std::string(DTypeName(dtype))},
+      {"tokens_per_s", tokens_per_s},
+      {"model_flops_per_token", flops_per_token},
+      {"dense_gemm_gflops_bf16", dense},
+      {"mfu", mfu},
+      {"final_loss", timer.reports.back().loss},
+      {"phase_seconds",
+       {{"forward", phase(&StepPhaseSeconds::forward)},
+        {"backward", phase(&StepPhaseSeconds::backward)},
+        {"communication", phase(&StepPhaseSeconds::communication)},
+        {"optimizer", phase(&StepPhaseSeconds::optimizer)}}},
+      {"device", device.DebugString()},
+      {"dense_gemm_n", gemm_n},
+      {"config", Describe(config_name, c)},
+      {"ranks", ranks},
+      {"data_parallel", c.parallel.data_parallel},
+      {"expert_parallel", c.parallel.expert_parallel},
+      {"sharding", ShardingName(c.parallel.sharding)},
+      {"moment_dtype", std::string(DTypeName(c.optimizer.moment_dtype))},
+      {"recompute", RecomputeName(c.recompute)},
+      {"grad_reduce_dtype", std::string(DTypeName(c.parallel.grad_reduce_dtype))}};
   // Each rank's states, and what the estimate says a rank of this layout holds.
   const MemoryEstimate estimate = EstimateTrainingMemory(c);
   result["estimated_state_bytes"] = {{"parameters", estimate.parameters},

@@ -169,6 +169,8 @@ absl::StatusOr<TrainerConfig> ConvertSpec(const v1::JobSpec& raw_spec,
   c.parallel.sharding = spec.parallel().sharding() == v1::ParallelConfig::OPTIMIZER
                             ? Sharding::kOptimizer
                             : Sharding::kNone;
+  c.parallel.grad_reduce_dtype =
+      spec.parallel().grad_reduce_dtype() == v1::ParallelConfig::BF16 ? DType::kBF16 : DType::kF32;
   const v1::OptimizerConfig& opt = train.optimizer();
   c.optimizer.beta1 = opt.beta1();
   c.optimizer.beta2 = opt.beta2();

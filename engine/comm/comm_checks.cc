@@ -61,9 +61,10 @@ bool Overlap(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
 }
 
 absl::Status CheckSummable(const OpContext& context, DType dtype) {
-  if (dtype != DType::kF32 && dtype != DType::kI32 && dtype != DType::kI64) {
+  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kI32 &&
+      dtype != DType::kI64) {
     return Invalid(context, absl::StrCat("dtype = ", std::string(DTypeName(dtype)),
-                                         " is not summable here (f32, i32 or i64)"));
+                                         " is not summable here (f32, bf16, i32 or i64)"));
   }
   return absl::OkStatus();
 }

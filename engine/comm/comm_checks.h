@@ -26,14 +26,14 @@ struct OpContext {
 // Counts: one per rank, none negative; buffers: non-null where their count is positive, send and
 // recv disjoint; this rank's own chunk the same length on both sides.
 absl::Status CheckAllToAllV(const OpContext& context, const AllToAllVArgs& args);
-// count ≥ 0, data non-null when count > 0, dtype f32, i32 or i64.
+// count ≥ 0, data non-null when count > 0, dtype f32, bf16, i32 or i64.
 absl::Status CheckAllReduceSum(const OpContext& context, const void* data, int64_t count,
                                DType dtype);
 // count ≥ 0; send and recv non-null when count > 0; send outside recv.
 absl::Status CheckAllGather(const OpContext& context, const void* send, const void* recv,
                             int64_t count, DType dtype);
 // Counts: one per rank, none negative; data non-null when they sum to more than 0; in *total their
-// sum. A reduce-scatter's dtype must be f32, i32 or i64 (`summed`).
+// sum. A reduce-scatter's dtype must be f32, bf16, i32 or i64 (`summed`).
 absl::Status CheckBlocks(const OpContext& context, const void* data,
                          absl::Span<const int64_t> counts, DType dtype, bool summed,
                          int64_t* total);

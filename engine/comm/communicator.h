@@ -69,7 +69,9 @@ class Communicator {
   // All-to-all with per-rank counts; send and recv must not overlap.
   virtual absl::StatusOr<std::unique_ptr<CommRequest>> StartAllToAllV(
       const AllToAllVArgs& args) = 0;
-  // Sum of `count` elements over all ranks, in place. dtype: f32, i32 or i64.
+  // Sum of `count` elements over all ranks, in place. dtype: f32, bf16, i32 or i64. A bf16 sum's
+  // precision is the backend's: Gloo widens every rank's values to f32, adds them in rank order
+  // and rounds the sum once to bf16 (to nearest even); NCCL adds in bf16 in its own order.
   virtual absl::StatusOr<std::unique_ptr<CommRequest>> StartAllReduceSum(void* data, int64_t count,
                                                                          DType dtype) = 0;
   // recv (size · count elements) ← every rank's send (count elements), in rank order.
@@ -79,7 +81,8 @@ class Communicator {
   // A sum over the ranks that each rank keeps a block of. `data` holds Σ counts elements, block r
   // (rank r's) at offset Σ_{q<r} counts[q]; `counts` has one entry per rank, none negative, the
   // same on every rank. After Wait this rank's block holds the sum over the ranks of their values
-  // of that block; the other blocks hold unspecified values (scratch). dtype: f32, i32 or i64.
+  // of that block; the other blocks hold unspecified values (scratch). dtype: f32, bf16, i32 or
+  // i64, summed as StartAllReduceSum sums them.
   virtual absl::StatusOr<std::unique_ptr<CommRequest>> StartReduceScatterSum(
       void* data, absl::Span<const int64_t> counts, DType dtype) = 0;
   // Its inverse, in place: `data` and `counts` as above; after Wait every block holds what its

@@ -22,6 +22,7 @@
 #include "engine/comm/comm_checks.h"
 #include "engine/comm/gloo_store.h"
 #include "engine/comm/local_communicator.h"
+#include "engine/core/dtype_math.h"
 #include "engine/core/status.h"
 #include "gloo/allgather.h"
 #include "gloo/allgatherv.h"
@@ -138,6 +139,17 @@ void SumInRankOrder(const uint8_t* in, int n, int64_t count, uint8_t* out) {
   for (int q = 1; q < n; ++q) {
     const T* copy = copies + q * count;
     for (int64_t i = 0; i < count; ++i) sum[i] += copy[i];
+  }
+}
+
+// bf16 copies: widened to f32, added in rank order, the sum rounded once to nearest even.
+void SumBf16InRankOrder(const uint8_t* in, int n, int64_t count, uint8_t* out) {
+  const uint16_t* copies = reinterpret_cast<const uint16_t*>(in);
+  uint16_t* sum = reinterpret_cast<uint16_t*>(out);
+  for (int64_t i = 0; i < count; ++i) {
+    float total = BF16BitsToFloat(copies[i]);
+    for (int q = 1; q < n; ++q) total += BF16BitsToFloat(copies[q * count + i]);
+    sum[i] = FloatToBF16Bits(total);
   }
 }
 
@@ -307,6 +319,7 @@ void GlooCommunicator::ReduceScatterOn(uint32_t tag, uint8_t* data,
   gloo::alltoallv(options);
   uint8_t* block = data + offset * DTypeSize(dtype);
   if (dtype == DType::kF32) SumInRankOrder<float>(received.data(), n, own, block);
+  if (dtype == DType::kBF16) SumBf16InRankOrder(received.data(), n, own, block);
   if (dtype == DType::kI32) SumInRankOrder<int32_t>(received.data(), n, own, block);
   if (dtype == DType::kI64) SumInRankOrder<int64_t>(received.data(), n, own, block);
 }

@@ -43,9 +43,12 @@ namespace {
 #define MOETRAIN_CUDA_RETURN_IF_ERROR(expr) MOETRAIN_RETURN_IF_ERROR(CudaStatus((expr), #expr))
 #endif
 
-// NCCL's type for a summable dtype (f32, i32, i64: the checks allow no other).
+// NCCL's type for a summable dtype (f32, bf16, i32, i64: the checks allow no other).
 ncclDataType_t SumType(DType dtype) {
-  return dtype == DType::kF32 ? ncclFloat32 : dtype == DType::kI32 ? ncclInt32 : ncclInt64;
+  return dtype == DType::kF32    ? ncclFloat32
+         : dtype == DType::kBF16 ? ncclBfloat16
+         : dtype == DType::kI32  ? ncclInt32
+                                 : ncclInt64;
 }
 
 // Whether every rank's block has the same length (NCCL's own reduce-scatter and all-gather).

@@ -102,7 +102,7 @@ absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout&
   const double attention_s =
       rank_tokens * split.attention_core / (device.dense_bf16_flops * efficiency.attention);
   // One f32 grad per parameter the rank holds; two moments per parameter it updates.
-  const double rank_parameters = plan.memory.gradients / 4.0;
+  const double rank_parameters = ParameterCount(model, ep);
   const double moment_bytes = static_cast<double>(DTypeSize(at.optimizer.moment_dtype));
   const double updated_parameters = plan.memory.optimizer / (2 * moment_bytes);
   const double optimizer_s = OptimizerBytes(updated_parameters, rank_parameters, moment_bytes) /
@@ -185,11 +185,20 @@ absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout&
   const double expert_parameters = RoutedExpertParameters(model) / ep;
   const double dense_bytes = 4.0 * (rank_parameters - expert_parameters);
   const double expert_bytes = 4.0 * expert_parameters;
-  plan.all_reduce_s = RingAllReduceSeconds(dense_bytes, gpus, world_link) +
-                      RingAllReduceSeconds(expert_bytes, layout.data_parallel, world_link);
+  // The grads travel in parallel.grad_reduce_dtype, the sharded weights' all-gather in f32.
+  const double grad_share = static_cast<double>(DTypeSize(at.parallel.grad_reduce_dtype)) / 4.0;
+  const auto ring_s = [&](double share) {
+    return RingAllReduceSeconds(dense_bytes * share, gpus, world_link) +
+           RingAllReduceSeconds(expert_bytes * share, layout.data_parallel, world_link);
+  };
+  plan.all_reduce_s = ring_s(grad_share);
   if (plan.all_reduce_s > 0) {
-    // Sharded: the grads' half runs under backward, the weights' half after the optimizer.
-    if (sharded) plan.all_gather_s = plan.all_reduce_s / 2;
+    // Sharded: the grads' reduce-scatter (half a ring) runs under backward, the weights'
+    // all-gather (the other half) after the optimizer.
+    if (sharded) {
+      plan.all_gather_s = ring_s(1.0) / 2;
+      plan.all_reduce_s = plan.all_reduce_s / 2 + plan.all_gather_s;
+    }
     const double overlapped_s = plan.all_reduce_s - plan.all_gather_s;
     const double last_backward_s =
         ((dense_s + experts_s + attention_s) * 2 / 3 + plan.recompute_s) / micro_batches;

@@ -12,10 +12,11 @@
 //                backward; tokens × top_k rows × the fraction (ep − 1)/ep that leaves the rank,
 //                each row in the dtype the MoE layer sends it in (the combines' rows are f32).
 //                Over the intra-node link when the expert group fits in a node, else inter-node.
-//   all-reduce   ring, 2(n − 1)/n × bytes / bandwidth + 2(n − 1) × latency: the dense f32
-//                grads over the world, the local experts' over their dp replicas. With a
-//                sharded optimizer (Layout::sharding) half of it is the grads' reduce-scatter
-//                and half the updated f32 weights' all-gather after the optimizer, which
+//   all-reduce   ring, 2(n − 1)/n × bytes / bandwidth + 2(n − 1) × latency: the dense grads
+//                over the world, the local experts' over their dp replicas, in
+//                parallel.grad_reduce_dtype (f32 or bf16). With a sharded optimizer
+//                (Layout::sharding) it is the grads' reduce-scatter (half a ring) and the
+//                updated f32 weights' all-gather (half a ring of f32) after the optimizer, which
 //                nothing overlaps; AdamW then updates the rank's share of the parameters only.
 //   recompute    with train.recompute = FULL (Layout::recompute): the blocks' forward once more in
 //                backward, all but the last block's (a third of their matmuls, not the LM head's;

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "engine/core/status.h"
+#include "engine/ops/elementwise/elementwise.h"
 
 namespace moetrain {
 namespace {
@@ -39,6 +40,7 @@ std::vector<Range> CutBuckets(int64_t num_stages, int64_t bucket_elements, Range
 GradSync::GradSync(const ParallelGroups& groups, const Transformer& model, const ExecContext& ctx)
     : ctx_(ctx),
       sharded_(groups.config().sharding == Sharding::kOptimizer),
+      reduce_dtype_(groups.config().grad_reduce_dtype),
       size_(model.grad_buffer().numel()),
       grads_(static_cast<float*>(model.grad_buffer().raw())) {
   const std::vector<GradStage>& stages = model.grad_stages();
@@ -135,21 +137,47 @@ GradSync::~GradSync() {
   }
 }
 
+TensorView GradSync::GradView(int64_t begin, int64_t end) const {
+  return TensorView(grads_ + begin, DType::kF32, {end - begin}, ctx_.device());
+}
+
+TensorView GradSync::StagingView(int64_t begin, int64_t end) const {
+  return TensorView(static_cast<uint16_t*>(staging_.view().raw()) + begin, DType::kBF16,
+                    {end - begin}, ctx_.device());
+}
+
 absl::Status GradSync::StartThrough(int64_t stage) {
-  // A bucket's all-reduce reads what backward wrote: a group that does not order its collectives
-  // after the queued device work (NCCL does, with an event) needs the ops done first.
-  bool synchronized = false;
-  for (; next_ < buckets_.size() && buckets_[next_].last_stage <= stage; ++next_) {
-    Bucket& bucket = buckets_[next_];
-    if (!synchronized && !bucket.group->orders_after_device_work()) {
-      MOETRAIN_RETURN_IF_ERROR(ctx_.Synchronize());
-      synchronized = true;
+  size_t last = next_;
+  while (last < buckets_.size() && buckets_[last].last_stage <= stage) ++last;
+  if (last == next_) return absl::OkStatus();
+  const bool bf16 = reduce_dtype_ == DType::kBF16;
+  if (bf16) {
+    if (staging_.empty()) {
+      MOETRAIN_ASSIGN_OR_RETURN(staging_,
+                                Tensor::Allocate(ctx_.allocator(), DType::kBF16, {size_}));
     }
-    float* grads = grads_ + bucket.begin;
+    for (size_t b = next_; b < last; ++b) {
+      MOETRAIN_RETURN_IF_ERROR(ops::ConvertTensor(ctx_,
+                                                  GradView(buckets_[b].begin, buckets_[b].end),
+                                                  StagingView(buckets_[b].begin, buckets_[b].end)));
+    }
+  }
+  // A bucket's sum reads what backward (and the bf16 rounding) wrote: a group that does not order
+  // its collectives after the queued device work (NCCL does, with an event) needs the ops done.
+  for (size_t b = next_; b < last; ++b) {
+    if (!buckets_[b].group->orders_after_device_work()) {
+      MOETRAIN_RETURN_IF_ERROR(ctx_.Synchronize());
+      break;
+    }
+  }
+  for (; next_ < last; ++next_) {
+    Bucket& bucket = buckets_[next_];
+    void* data = bf16 ? StagingView(bucket.begin, bucket.end).raw()
+                      : static_cast<void*>(grads_ + bucket.begin);
     MOETRAIN_ASSIGN_OR_RETURN(
         bucket.request,
-        sharded_ ? bucket.group->StartReduceScatterSum(grads, bucket.blocks, DType::kF32)
-                 : bucket.group->StartAllReduceSum(grads, bucket.end - bucket.begin, DType::kF32));
+        sharded_ ? bucket.group->StartReduceScatterSum(data, bucket.blocks, reduce_dtype_)
+                 : bucket.group->StartAllReduceSum(data, bucket.end - bucket.begin, reduce_dtype_));
   }
   return absl::OkStatus();
 }
@@ -163,6 +191,16 @@ absl::Status GradSync::Finish() {
     const absl::Status waited = bucket.request->Wait();
     if (status.ok()) status = waited;
     bucket.request.reset();
+    if (!status.ok() || reduce_dtype_ != DType::kBF16) continue;
+    // The sums this rank keeps, back into its f32 grads.
+    int64_t begin = bucket.begin, end = bucket.end;
+    if (sharded_) {
+      for (int j = 0; j < bucket.group->rank(); ++j) begin += bucket.blocks[j];
+      end = begin + bucket.blocks[bucket.group->rank()];
+    }
+    if (begin < end) {
+      status = ops::ConvertTensor(ctx_, StagingView(begin, end), GradView(begin, end));
+    }
   }
   next_ = 0;
   return status;

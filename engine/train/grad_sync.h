@@ -17,6 +17,11 @@
 // holds the summed gradient of its own blocks only (OwnedRanges), updates those, and GatherOwned
 // brings every rank the others' updated blocks. On Gloo both sums add the ranks' values in rank
 // order, so the sharded gradients are the unsharded ones, bit for bit.
+//
+// With ParallelConfig::grad_reduce_dtype = bf16 a bucket is rounded to bf16 into a staging
+// buffer (2 bytes a gradient element of the buckets) when it starts, summed there in bf16
+// (Communicator::StartAllReduceSum: on Gloo in f32 and rounded once), and the sums this rank keeps
+// widened back into the f32 grads by Finish.
 #ifndef MOETRAIN_ENGINE_TRAIN_GRAD_SYNC_H_
 #define MOETRAIN_ENGINE_TRAIN_GRAD_SYNC_H_
 
@@ -28,6 +33,7 @@
 #include "absl/status/status.h"
 #include "engine/backend/exec_context.h"
 #include "engine/comm/communicator.h"
+#include "engine/core/tensor.h"
 #include "engine/model/transformer.h"
 #include "engine/train/parallel.h"
 
@@ -84,8 +90,14 @@ class GradSync {
   // Starts buckets_[next_ …] while their last stage is ≤ `stage`.
   absl::Status StartThrough(int64_t stage);
 
+  // The grads of [begin, end) as f32 and their staging copy as bf16, on ctx_'s device.
+  TensorView GradView(int64_t begin, int64_t end) const;
+  TensorView StagingView(int64_t begin, int64_t end) const;
+
   ExecContext ctx_;
   bool sharded_;
+  DType reduce_dtype_;           // f32 or bf16
+  Tensor staging_;               // (N) bf16, allocated at the first bf16 start
   int64_t size_;                 // N, the grad buffer's elements
   float* grads_;                 // (N) f32: the model's grad buffer, on ctx_'s device
   std::vector<Bucket> buckets_;  // in start order

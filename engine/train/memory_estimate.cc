@@ -189,6 +189,8 @@ MemoryEstimate EstimateTrainingMemory(const TrainerConfig& config) {
   MemoryEstimate estimate;
   estimate.parameters = n * (4 + act_copy);
   estimate.gradients = 4 * n;
+  // Reduced in bf16 over several ranks: a bf16 staging copy of the grads (grad_sync.h).
+  if (config.parallel.grad_reduce_dtype == DType::kBF16 && world > 1) estimate.gradients += 2 * n;
   // AdamW's two moments of each trainable parameter this rank updates: with a sharded optimizer
   // 1/W of the dense ones and 1/dp of its experts' (grad_sync.h).
   const double moment = static_cast<double>(DTypeSize(config.optimizer.moment_dtype));

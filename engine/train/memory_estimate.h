@@ -25,7 +25,9 @@ namespace moetrain {
 // Bytes, as doubles: a hostile spec's sizes overflow int64.
 struct MemoryEstimate {
   double parameters = 0;  // the f32 masters, plus their compute-dtype copies (bf16)
-  double gradients = 0;   // f32, one per parameter
+  // f32, one per parameter; with parallel.grad_reduce_dtype = BF16 over several ranks, and a bf16
+  // staging copy for the reduction.
+  double gradients = 0;
   // AdamW's two moments (train.optimizer.moment_dtype) per trainable parameter this rank updates:
   // all of its own, or with parallel.sharding = OPTIMIZER 1/W of the dense ones and 1/dp of its
   // experts'.

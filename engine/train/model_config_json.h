@@ -38,9 +38,9 @@ absl::Status ReadJsonKey(const nlohmann::json& json, absl::string_view where, co
     int64_t wide = 0;
     MOETRAIN_RETURN_IF_ERROR(ReadJsonKey(json, where, key, &wide));
     if (!std::in_range<T>(wide)) {
-      return absl::InvalidArgumentError(absl::StrCat(where, key, " = ", wide, " is out of the range of ",
-                                                     std::is_signed_v<T> ? "a " : "an unsigned ",
-                                                     8 * sizeof(T), "-bit integer"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, key, " = ", wide, " is out of the range of ",
+                       std::is_signed_v<T> ? "a " : "an unsigned ", 8 * sizeof(T), "-bit integer"));
     }
     *out = static_cast<T>(wide);
     return absl::OkStatus();

@@ -38,6 +38,11 @@ absl::Status ParallelConfig::Validate(const ModelConfig& model, int64_t batch_si
     return absl::InvalidArgumentError(
         absl::StrCat("parallel.overlap_chunks = ", overlap_chunks, " must not be negative"));
   }
+  if (grad_reduce_dtype != DType::kF32 && grad_reduce_dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallel.grad_reduce_dtype = ", std::string(DTypeName(grad_reduce_dtype)),
+                     " is not F32 or BF16"));
+  }
   if (grad_bucket_bytes < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("parallel.grad_bucket_bytes = ", grad_bucket_bytes, " must be at least 1"));

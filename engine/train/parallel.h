@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/comm/communicator.h"
+#include "engine/core/dtype.h"
 #include "engine/model/model_config.h"
 #include "engine/moe/moe_layer.h"
 
@@ -48,6 +49,9 @@ struct ParallelConfig {
   // all-to-all overlaps another's expert GEMMs: 0 = 2 when ep > 1, 1 = no overlap.
   int overlap_chunks = 0;
   Sharding sharding = Sharding::kNone;
+  // The dtype gradients travel and are summed in between the ranks (f32 or bf16); each rank
+  // accumulates its own in f32 either way, and the sums come back into f32 (grad_sync.h).
+  DType grad_reduce_dtype = DType::kF32;
   // Gradients are summed over the ranks in buckets of about this many bytes, each started as
   // soon as backward has finished it. Not part of the job spec; tests make it small.
   int64_t grad_bucket_bytes = int64_t{4} << 20;

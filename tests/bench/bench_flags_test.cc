@@ -52,7 +52,8 @@ std::vector<Binary> Binaries() {
         {"--ep", "=1"},
         {"--sharding", "=none"},
         {"--moment-dtype", "=f32"},
-        {"--recompute", "=none"}},
+        {"--recompute", "=none"},
+        {"--grad-reduce-dtype", "=f32"}},
        {{{"--steps", "x"}, "--steps"},
         {{"--steps", "1"}, "--steps"},  // the first step is a warm-up: at least 2
         {{"--dtype", "f16"}, "--dtype"},
@@ -66,6 +67,7 @@ std::vector<Binary> Binaries() {
         {{"--sharding", "full"}, "--sharding"},
         {{"--moment-dtype", "f16"}, "--moment-dtype"},
         {{"--recompute", "selective"}, "--recompute"},
+        {{"--grad-reduce-dtype", "f16"}, "--grad-reduce-dtype"},
         {{"--ranks", "3", "--ep", "2"}, "--ep"},
         {{"--json", "--steps"}, "--steps"}}},
       {"attention_bench",

@@ -55,6 +55,7 @@ const std::map<std::string, std::string> kExternalFlags = {
     {"--web.enable-lifecycle", "prometheus (its /-/reload endpoint)"},
     {"--ppid", "ps --ppid (a worker's rank processes)"},
     {"--use-distributed-optimizer", "Megatron-LM's ZeRO-1 (docs/job-spec.md's parallel.sharding)"},
+    {"--grad-reduce-in-bf16", "Megatron-LM's bf16 gradient reduction (parallel.grad_reduce_dtype)"},
     {"--recompute-granularity",
      "Megatron-LM's activation recompute (docs/job-spec.md's train.recompute)"},
 };

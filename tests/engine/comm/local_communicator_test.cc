@@ -94,7 +94,7 @@ TEST(LocalCommunicatorTest, ArgumentErrorsNameTheValue) {
   const absl::Status overlap = comm.AllToAllV(
       {.send = buffer.data(), .send_counts = {2}, .recv = buffer.data() + 1, .recv_counts = {2}});
   EXPECT_EQ(overlap.message(), "local all_to_all_v (rank 0 of 1): send and recv overlap");
-  EXPECT_EQ(comm.AllReduceSum(&x, 1, DType::kBF16).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(comm.AllReduceSum(&x, 1, DType::kF8E4M3).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(comm.AllReduceSum(&x, -1, DType::kF32).code(), absl::StatusCode::kInvalidArgument);
 }
 

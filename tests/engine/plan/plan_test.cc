@@ -132,6 +132,28 @@ TEST(PlanTest, RecomputeTradesAForwardForActivations) {
   EXPECT_EQ(roomy->layout.recompute, Recompute::kNone);
 }
 
+// Gradients reduced in bf16: half the bytes of the gradients' all-reduce (or reduce-scatter), the
+// sharded weights' all-gather still f32, and a bf16 staging copy of the grads, 2 bytes a
+// parameter.
+TEST(PlanTest, Bf16GradientReductionHalvesTheGradientsBytes) {
+  TrainerConfig config = TinyTrainerConfig("");
+  config.model.moe.num_experts = 4;
+  ClusterSpec cluster = RoundCluster();
+  cluster.intra_node.latency_s = cluster.inter_node.latency_s = 0;  // bytes only
+  for (const Sharding sharding : {Sharding::kNone, Sharding::kOptimizer}) {
+    SCOPED_TRACE(ShardingName(sharding));
+    config.parallel.grad_reduce_dtype = DType::kF32;
+    ASSERT_OK_AND_ASSIGN(const LayoutPlan f32, PlanLayout(config, {4, 1, sharding}, cluster));
+    config.parallel.grad_reduce_dtype = DType::kBF16;
+    ASSERT_OK_AND_ASSIGN(const LayoutPlan bf16, PlanLayout(config, {4, 1, sharding}, cluster));
+    ASSERT_GT(f32.all_reduce_s, 0);
+    EXPECT_DOUBLE_EQ(bf16.all_gather_s, f32.all_gather_s);
+    EXPECT_NEAR(bf16.all_reduce_s - bf16.all_gather_s, (f32.all_reduce_s - f32.all_gather_s) / 2,
+                1e-12 * f32.all_reduce_s);
+    EXPECT_DOUBLE_EQ(bf16.memory.gradients, f32.memory.gradients * 1.5);
+  }
+}
+
 TEST(PlanTest, RefusesALayoutTheConfigCannotTake) {
   // 3 does not divide the 4 experts.
   absl::StatusOr<LayoutPlan> plan = PlanLayout(TinyTrainerConfig(""), {1, 3}, RoundCluster());

@@ -279,16 +279,15 @@ TEST_F(CheckpointTest, AManifestThatIsNoPlainFileOrTooLargeFallsBack) {
   const std::string saved = ReadBytes(step200 / "manifest.json");
   const std::pair<std::function<void(const fs::path&)>, std::string> cases[] = {
       {[](const fs::path& file) { ASSERT_EQ(mkfifo(file.c_str(), 0600), 0); }, "a FIFO"},
-      {[](const fs::path& file) { fs::create_symlink("elsewhere.json", file); },
-       "a symbolic link"},
+      {[](const fs::path& file) { fs::create_symlink("elsewhere.json", file); }, "a symbolic link"},
       {[](const fs::path& file) { WriteBytes(file, std::string((16 << 20) + 1, ' ')); },
        "more than"}};
   for (const auto& [make, what] : cases) {
     SCOPED_TRACE(what);
     fs::remove(step200 / "manifest.json");
     make(step200 / "manifest.json");
-    std::future<absl::StatusOr<LoadedCheckpoint>> loading = std::async(
-        std::launch::async, [&] { return LoadLatestCheckpoint(root_.string()); });
+    std::future<absl::StatusOr<LoadedCheckpoint>> loading =
+        std::async(std::launch::async, [&] { return LoadLatestCheckpoint(root_.string()); });
     ASSERT_EQ(loading.wait_for(std::chrono::seconds(20)), std::future_status::ready)
         << "the reader blocks on " << what;
     const absl::StatusOr<LoadedCheckpoint> loaded = loading.get();

@@ -3,9 +3,12 @@
 // stopped at.
 #include "engine/train/grad_sync.h"
 
+#include <initializer_list>
 #include <memory>
+#include <utility>
 #include <vector>
 
+#include "engine/core/dtype_math.h"
 #include "engine/train/parallel.h"
 #include "gtest/gtest.h"
 #include "tests/engine/comm/comm_test_util.h"
@@ -34,10 +37,23 @@ ModelConfig TinyModel() {
   return c;
 }
 
-// What rank r puts into grad element i before the sums.
-float Grad(int rank, int64_t i) { return static_cast<float>((rank + 1) * (i % 7)); }
+// What rank r puts into grad element i before the sums: integers, exact in f32 sums; with
+// `fractional`, values bf16 cannot hold.
+float Grad(int rank, int64_t i, bool fractional = false) {
+  const float whole = static_cast<float>((rank + 1) * (i % 7));
+  return fractional ? 1.0f + whole / 1000.0f : whole;
+}
 
-void ExpectSums(int stop_stage) {
+// The sum over `ranks` (in rank order) of their grads of element i, as a bf16 reduction gives it:
+// each rounded to bf16, added in f32, the sum rounded to bf16 and widened back.
+float Bf16Sum(std::initializer_list<int> ranks, int64_t i) {
+  float sum = 0;
+  for (int r : ranks) sum += BF16BitsToFloat(FloatToBF16Bits(Grad(r, i, true)));
+  return BF16BitsToFloat(FloatToBF16Bits(sum));
+}
+
+void ExpectSums(int stop_stage, DType reduce = DType::kF32, Sharding sharding = Sharding::kNone) {
+  const bool bf16 = reduce == DType::kBF16;
   TempDir dir;
   constexpr int kRanks = 4;
   std::vector<std::unique_ptr<GlooCommunicator>> world = MakeGlooWorld(dir.path(), kRanks);
@@ -46,9 +62,13 @@ void ExpectSums(int stop_stage) {
   std::vector<std::unique_ptr<Transformer>> models(kRanks);
   std::vector<int64_t> buckets(kRanks);
   std::vector<absl::Status> statuses(kRanks);
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> owned(kRanks);
   RunRanks(kRanks, [&](int rank) {
-    const ParallelConfig config = {
-        .expert_parallel = 2, .data_parallel = 2, .grad_bucket_bytes = 4096};
+    const ParallelConfig config = {.expert_parallel = 2,
+                                   .data_parallel = 2,
+                                   .sharding = sharding,
+                                   .grad_reduce_dtype = reduce,
+                                   .grad_bucket_bytes = 4096};
     absl::StatusOr<std::unique_ptr<ParallelGroups>> made =
         ParallelGroups::Create(config, std::shared_ptr<Communicator>(std::move(world[rank])));
     if (!made.ok()) {
@@ -64,8 +84,9 @@ void ExpectSums(int stop_stage) {
     }
     models[rank] = std::make_unique<Transformer>(*std::move(model));
     TensorView grads = models[rank]->grad_buffer();
-    for (int64_t i = 0; i < grads.numel(); ++i) grads.data<float>()[i] = Grad(rank, i);
+    for (int64_t i = 0; i < grads.numel(); ++i) grads.data<float>()[i] = Grad(rank, i, bf16);
     GradSync sync(*groups[rank], *models[rank], ExecContext::Cpu());
+    owned[rank] = sync.OwnedRanges();
     buckets[rank] = sync.num_buckets();
     // Backward reports its stages up to `stop_stage` (as when it stopped early); Finish starts
     // the rest.
@@ -81,18 +102,35 @@ void ExpectSums(int stop_stage) {
     const Transformer& model = *models[rank];
     const float* grads = model.grad_buffer().data<float>();
     const int ep_rank = rank % 2;
-    for (int64_t i = 0; i < model.grad_buffer().numel(); ++i) {
-      // Dense: over the world; experts: over the replicas of this rank's shard.
-      const float want = i < model.dense_size() ? Grad(0, i) + Grad(1, i) + Grad(2, i) + Grad(3, i)
-                                                : Grad(ep_rank, i) + Grad(ep_rank + 2, i);
-      ASSERT_EQ(grads[i], want) << "element " << i << " of " << model.grad_buffer().numel();
+    int64_t checked = 0;
+    for (const auto& [begin, end] : owned[rank]) {
+      for (int64_t i = begin; i < end; ++i, ++checked) {
+        // Dense: over the world; experts: over the replicas of this rank's shard.
+        const bool dense = i < model.dense_size();
+        const float want =
+            bf16    ? (dense ? Bf16Sum({0, 1, 2, 3}, i) : Bf16Sum({ep_rank, ep_rank + 2}, i))
+            : dense ? Grad(0, i) + Grad(1, i) + Grad(2, i) + Grad(3, i)
+                    : Grad(ep_rank, i) + Grad(ep_rank + 2, i);
+        ASSERT_EQ(grads[i], want) << "element " << i << " of " << model.grad_buffer().numel();
+      }
     }
+    // Sharded, each rank holds about a quarter of the dense sums and half of its experts'.
+    EXPECT_GT(checked, sharding == Sharding::kNone ? model.grad_buffer().numel() - 1
+                                                   : model.grad_buffer().numel() / 5);
   }
 }
 
 TEST(GradSyncTest, SumsDenseOverTheWorldAndExpertsOverTheirReplicas) { ExpectSums(4); }
 
 TEST(GradSyncTest, FinishStartsWhatBackwardDidNotReach) { ExpectSums(1); }
+
+// parallel.grad_reduce_dtype = BF16: each rank's grads rounded to bf16, summed in f32 in rank
+// order on Gloo and rounded once, widened back into the f32 grads; all-reduced or, sharded,
+// reduce-scattered (the rank's own blocks only).
+TEST(GradSyncTest, Bf16ReductionRoundsEachRanksGradsAndTheSumOnce) {
+  ExpectSums(4, DType::kBF16);
+  ExpectSums(2, DType::kBF16, Sharding::kOptimizer);
+}
 
 }  // namespace
 }  // namespace moetrain

@@ -56,15 +56,17 @@ TEST(ModelConfigJsonTest, NumbersAFieldCannotHoldAreRefusedNamingTheKey) {
   ASSERT_OK(ReadJsonKey(json, "x: ", "g", &f32));
   EXPECT_EQ(f32, 3.5f);
   ASSERT_OK(ReadJsonKey(json, "x: ", "c", &f32));  // an integer is a number
-  EXPECT_EQ(ReadJsonKey(json, "x: ", "h", &i64).message(), "x: h must be an integer, not a JSON string");
+  EXPECT_EQ(ReadJsonKey(json, "x: ", "h", &i64).message(),
+            "x: h must be an integer, not a JSON string");
   EXPECT_EQ(ReadJsonKey(json, "x: ", "z", &i64).message(), "x: z is missing");
 
   // Through the model: a field of a manifest's or an export's model_config.
   Json model = ModelConfigToJson(transformer_test::TinyMlaConfig(6));
   model["moe"]["num_shared_experts"] = 5.5e84;
-  EXPECT_EQ(ModelConfigFromJson(model).status().message(),
-            "model config: moe.num_shared_experts = 5.5e+84 is out of range: an integer written as a "
-            "floating-point number must be at most 2^53 in magnitude");
+  EXPECT_EQ(
+      ModelConfigFromJson(model).status().message(),
+      "model config: moe.num_shared_experts = 5.5e+84 is out of range: an integer written as a "
+      "floating-point number must be at most 2^53 in magnitude");
 }
 
 }  // namespace

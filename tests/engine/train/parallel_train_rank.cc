@@ -5,7 +5,7 @@
 //                       [--steps N] [--micro M] [--resume] [--hang-after-checkpoint S]
 //                       [--poison] [--fp8 delayed|current|blockwise|mxfp8] [--deepseek]
 //                       [--bf16] [--bf16-moments] [--sharding none|optimizer]
-//                       [--recompute none|full] [--layers L]
+//                       [--recompute none|full] [--layers L] [--bf16-grad-reduce]
 //
 // Joins the world through a FileKeyValueStore in the store directory (Gloo over 127.0.0.1),
 // builds the trainer of parallel_test_config.h, resumes when asked, trains, and prints one JSON
@@ -84,7 +84,8 @@ int Fail(const absl::Status& status) {
 
 int Main(int argc, char** argv) {
   int64_t rank = 0, dp = 1, ep = 1, steps = 0, micro = 0, hang_after = -1, layers = 0;
-  bool resume = false, poison = false, deepseek = false, bf16 = false, bf16_moments = false;
+  bool resume = false, poison = false, deepseek = false, bf16 = false, bf16_moments = false,
+       bf16_grad_reduce = false;
   std::string store_dir, checkpoint_dir;
   const std::map<std::string, int64_t*> numbers = {
       {"--rank", &rank},    {"--dp", &dp},       {"--ep", &ep},
@@ -100,7 +101,8 @@ int Main(int argc, char** argv) {
                                                  {"--poison", &poison},
                                                  {"--deepseek", &deepseek},
                                                  {"--bf16", &bf16},
-                                                 {"--bf16-moments", &bf16_moments}};
+                                                 {"--bf16-moments", &bf16_moments},
+                                                 {"--bf16-grad-reduce", &bf16_grad_reduce}};
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     const char* value = i + 1 < argc ? argv[i + 1] : "";
@@ -134,6 +136,7 @@ int Main(int argc, char** argv) {
   config.micro_batch_size = micro;
   if (bf16) config.compute_dtype = DType::kBF16;
   if (bf16_moments) config.optimizer.moment_dtype = DType::kBF16;
+  if (bf16_grad_reduce) config.parallel.grad_reduce_dtype = DType::kBF16;
   if (sharding != "none" && sharding != "optimizer") {
     return Fail(absl::InvalidArgumentError("--sharding " + sharding + ": none or optimizer"));
   }

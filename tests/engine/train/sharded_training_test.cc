@@ -2,7 +2,9 @@
 // recompute across processes, against the plain run of parallel_test_config.h's job, and
 // checkpoints that resume on another layout or sharding (parallel_train_rank processes, as
 // parallel_training_test runs them).
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -149,6 +151,36 @@ INSTANTIATE_TEST_SUITE_P(
       return absl::StrCat("dp", c.dp, "ep", c.ep, c.deepseek ? "Deepseek" : "Tiny",
                           c.bf16 ? "Bf16" : "F32", c.name);
     });
+
+// Gradients summed in bf16 (parallel.grad_reduce_dtype = BF16) against f32, 20 steps, unsharded
+// and sharded: every loss within kBf16ReduceLossTolerance relative of the f32 run's, as bf16
+// rounding (3 significant digits) of the gradients allows; and not the same bits, or the bf16
+// path did not run.
+TEST(ShardedTrainingTest, Bf16GradientReductionStaysCloseToF32) {
+  constexpr double kBf16ReduceLossTolerance = 1e-3;  // measured: under 1e-4
+  for (const auto& [dp, ep, flags] :
+       {std::tuple(2, 1, std::vector<std::string>{"--steps", "20"}),
+        std::tuple(2, 2,
+                   std::vector<std::string>{"--steps", "20", "--deepseek", "--bf16", "--sharding",
+                                            "optimizer"})}) {
+    SCOPED_TRACE(absl::StrCat("dp ", dp, " ep ", ep));
+    TempDir f32_dir, bf16_dir;
+    std::vector<std::string> bf16_flags = flags;
+    bf16_flags.push_back("--bf16-grad-reduce");
+    const std::map<int64_t, Json> f32 = Steps(RunJob(dp, ep, f32_dir.path(), flags)[0]);
+    const std::map<int64_t, Json> bf16 = Steps(RunJob(dp, ep, bf16_dir.path(), bf16_flags)[0]);
+    ASSERT_EQ(f32.size(), 20u);
+    ASSERT_EQ(bf16.size(), 20u);
+    double worst = 0;
+    for (const auto& [step, line] : f32) {
+      const double want = Number(line, "loss"), got = Number(bf16.at(step), "loss");
+      worst = std::max(worst, std::abs(got - want) / std::abs(want));
+    }
+    std::printf("bf16 gradient reduction: largest relative loss difference %.3g\n", worst);
+    EXPECT_LE(worst, kBf16ReduceLossTolerance);
+    EXPECT_GT(worst, 0);
+  }
+}
 
 // A checkpoint of a sharded run resumes without sharding (and the other way), continuing as the
 // uninterrupted sharded run does: the files do not depend on the sharding. With bf16 moments,
