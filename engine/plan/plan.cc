@@ -153,11 +153,12 @@ absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout&
                           model.moe.num_experts / ep));
     const double exchanges = MoeBlocks(model) * micro_batches;
     const double micro_tokens = rank_tokens / micro_batches;
-    const auto seconds = [&](double row_bytes) {
+    // `share` of the exchanges (the recomputed forwards run all but one MoE block's again).
+    const auto seconds = [&](double row_bytes, double share = 1.0) {
       const double bytes =
-          exchanges * AllToAllBytesPerRank(micro_tokens, model.moe.top_k, row_bytes, ep);
+          share * exchanges * AllToAllBytesPerRank(micro_tokens, model.moe.top_k, row_bytes, ep);
       plan.all_to_all_bytes += bytes;
-      return AllToAllSeconds(bytes, exchanges * chunks, link);
+      return AllToAllSeconds(bytes, share * exchanges * chunks, link);
     };
     const double forward_s = seconds(dispatch_row) + seconds(f32_row);
     const double backward_s = seconds(compute_row) + seconds(f32_row);
@@ -167,11 +168,7 @@ absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout&
                                 ExposedExchange(backward_s, experts_s * 2 / 3, chunks);
     if (recompute) {  // the recomputed forwards' exchanges: every MoE block's but the last's
       const double again = (MoeBlocks(model) - 1) / MoeBlocks(model);
-      const double again_s = (seconds(dispatch_row) + seconds(f32_row)) * again;
-      plan.all_to_all_bytes -=
-          (1 - again) * exchanges *
-          (AllToAllBytesPerRank(micro_tokens, model.moe.top_k, dispatch_row, ep) +
-           AllToAllBytesPerRank(micro_tokens, model.moe.top_k, f32_row, ep));
+      const double again_s = seconds(dispatch_row, again) + seconds(f32_row, again);
       plan.all_to_all_s += again_s;
       plan.all_to_all_exposed_s += ExposedExchange(again_s, experts_s / 3 * again, chunks);
     }
