@@ -5,7 +5,7 @@
 //   train_bench [--json] [--steps N (default 4)] [--dtype bf16|f32] [--device cpu|cuda|cuda:N]
 //               [--config default|d2048] [--layers L] [--hidden D] [--batch B]
 //               [--ranks N [--ep E]] [--sharding none|optimizer] [--moment-dtype f32|bf16]
-//               [--recompute none|full] [--grad-reduce-dtype f32|bf16] (--help: all)
+//               [--recompute none|selective|full] [--grad-reduce-dtype f32|bf16] (--help: all)
 //
 // Configs (synthetic data; the first step, a warm-up, is not timed):
 //   default  d=512, 8 layers (the first dense, ffn 2048), 8 heads, seq 512, E=16, k=2,
@@ -195,10 +195,12 @@ int Main(int argc, char** argv) {
   app.add_option("--moment-dtype", moment_name, "train.optimizer.moment_dtype")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
-  app.add_option("--recompute", recompute_name,
-                 "train.recompute: none, or full (each block's forward again in backward)")
+  app.add_option(
+         "--recompute", recompute_name,
+         "train.recompute: none, selective (norm and SwiGLU outputs, MLA's up-projections again "
+         "in backward) or full (each block's forward again in backward)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"none", "full"}));
+      ->check(CLI::IsMember({"none", "selective", "full"}));
   app.add_option("--grad-reduce-dtype", grad_reduce_name,
                  "parallel.grad_reduce_dtype: the dtype --ranks sum gradients in")
       ->capture_default_str()
@@ -241,7 +243,7 @@ int Main(int argc, char** argv) {
   c.parallel.expert_parallel = static_cast<int>(ep);
   c.parallel.sharding = sharding_name == "optimizer" ? Sharding::kOptimizer : Sharding::kNone;
   c.optimizer.moment_dtype = moment_name == "bf16" ? DType::kBF16 : DType::kF32;
-  c.recompute = recompute_name == "full" ? Recompute::kFull : Recompute::kNone;
+  c.recompute = *RecomputeFromName(recompute_name);
   c.parallel.grad_reduce_dtype = grad_reduce_name == "bf16" ? DType::kBF16 : DType::kF32;
   if (absl::Status valid = c.Validate(); !valid.ok()) {
     std::fprintf(stderr, "train_bench: %s\n", valid.ToString().c_str());

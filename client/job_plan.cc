@@ -34,8 +34,12 @@ std::string MemoryHint(const TrainerConfig& config) {
                                  " now, at most model.moe.num_experts = ", experts,
                                  "; each rank then holds fewer experts)"));
   }
-  if (config.recompute != Recompute::kFull) {
-    hints.push_back("recompute activations (train.recompute: FULL; a third more compute)");
+  if (config.recompute == Recompute::kNone) {
+    hints.push_back(
+        "recompute activations (train.recompute: FULL, for a third more compute; SELECTIVE frees "
+        "less for less)");
+  } else if (config.recompute == Recompute::kSelective) {
+    hints.push_back("recompute whole blocks (train.recompute: FULL; a third more compute)");
   }
   hints.push_back("make the model smaller");
   if (hints.size() == 1) return hints[0];

@@ -207,8 +207,8 @@ int main(int argc, char** argv) {
                    "efficiency at each")
       ->delimiter(',');
   plan_cmd->add_flag("--recompute", plan.recompute,
-                     "plan every layout with train.recompute: FULL (default: the spec's, or FULL "
-                     "where only that fits)");
+                     "plan every layout with train.recompute: FULL (default: the spec's, or "
+                     "SELECTIVE, or else FULL, where only that fits)");
   plan_cmd->add_flag("--json", plan.json, "print the plan as one JSON object");
 
   CLI::App* submit_cmd = app.add_subcommand(

@@ -21,7 +21,7 @@
 #          (CPU as the reference), and the two CUDA f32 runs bit for bit; CUDA f32 once more with
 #          train.recompute: FULL, bit for bit against the first (recompute changes no bit); and
 #          20 steps of examples/deepseek-v3-mini.yaml (MLA, MTP) at batch 4 in f32 on both,
-#          within 1e-4;
+#          within 1e-4, and on CUDA once more with train.recompute: SELECTIVE, bit for bit;
 #       3. benchmarks: `train_bench --device cuda` (tokens/s, MFU against the measured dense bf16
 #          GEMM rate, peak memory and its breakdown) and `moe_layer_bench --device cuda` in bf16
 #          and each FP8 recipe;
@@ -661,11 +661,16 @@ run_training() {
     "$TRAIN_STEPS" "${MLA_TRAIN_KEYS[@]}" 2>"$logs/train-spec.log"; then
     log "could not write the MLA spec: $(cat "$logs/train-spec.log")"
   fi
+  if ! make_train_spec "$dir/$(cat "$dir/mla-spec.txt")" "$logs/train-mla-f32-selective.yaml" \
+    FP32 "$TRAIN_STEPS" "${MLA_TRAIN_KEYS[@]}" recompute=SELECTIVE 2>"$logs/train-spec.log"; then
+    log "could not write the MLA selective-recompute spec: $(cat "$logs/train-spec.log")"
+  fi
   local train_timeout=${GPU_CHECK_TRAIN_TIMEOUT:-60} entry name device limit rc t0 seconds outcome
   local checkpoints=$dir/training-checkpoints
   for entry in cpu_f32:cpu:f32 cuda_f32:cuda:f32 cuda_f32_repeat:cuda:f32 \
     cuda_f32_recompute:cuda:f32-recompute cpu_bf16:cpu:bf16 cuda_bf16:cuda:bf16 "${fp8_runs[@]}" \
-    cpu_mla_f32:cpu:mla-f32 cuda_mla_f32:cuda:mla-f32; do
+    cpu_mla_f32:cpu:mla-f32 cuda_mla_f32:cuda:mla-f32 \
+    cuda_mla_f32_selective:cuda:mla-f32-selective; do
     IFS=: read -r name device precision <<<"$entry"
     limit=$(min "$train_timeout" "$(budget_left)")
     if [ "$limit" -le 0 ]; then
@@ -698,7 +703,8 @@ run_training() {
     "loss_bf16_cuda_vs_cpu cpu_bf16 cuda_bf16 --rtol $LOSS_RTOL_BF16" \
     "cuda_f32_bit_identical cuda_f32 cuda_f32_repeat --identical" \
     "cuda_f32_recompute_bit_identical cuda_f32 cuda_f32_recompute --identical" "${fp8_checks[@]}" \
-    "loss_mla_f32_cuda_vs_cpu cpu_mla_f32 cuda_mla_f32 --rtol $LOSS_RTOL_F32"; do
+    "loss_mla_f32_cuda_vs_cpu cpu_mla_f32 cuda_mla_f32 --rtol $LOSS_RTOL_F32" \
+    "cuda_mla_f32_selective_bit_identical cuda_mla_f32 cuda_mla_f32_selective --identical"; do
     read -r check ref new how_text <<<"$entry"
     read -ra how <<<"$how_text"
     printf '%s\t%s\t%s\n' "$check" "$ref" "$new" >>"$logs/checks.tsv"

@@ -159,7 +159,16 @@ absl::StatusOr<TrainerConfig> ConvertSpec(const v1::JobSpec& raw_spec,
   // FP8 quantises the linear layers' GEMM operands from bf16; everything else computes in bf16.
   c.compute_dtype = train.precision() == v1::TrainConfig::FP32 ? DType::kF32 : DType::kBF16;
   if (train.precision() == v1::TrainConfig::FP8) c.fp8 = Fp8FromSpec(train.fp8());
-  c.recompute = train.recompute() == v1::TrainConfig::FULL ? Recompute::kFull : Recompute::kNone;
+  switch (train.recompute()) {
+    case v1::TrainConfig::FULL:
+      c.recompute = Recompute::kFull;
+      break;
+    case v1::TrainConfig::SELECTIVE:
+      c.recompute = Recompute::kSelective;
+      break;
+    default:
+      c.recompute = Recompute::kNone;
+  }
   c.steps = train.steps();
   // The spec counts a micro-batch per rank, the trainer over all ranks.
   c.micro_batch_size = train.micro_batch_size() * ranks;

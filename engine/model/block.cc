@@ -59,32 +59,38 @@ absl::StatusOr<TransformerBlock> TransformerBlock::Create(const ModelConfig& con
   return block;
 }
 
-absl::Status TransformerBlock::ShareWorkspacesOf(const TransformerBlock& other) {
+absl::Status TransformerBlock::ShareWorkspacesOf(const TransformerBlock& other, bool kept_too) {
   has_forward_ = false;
-  MOETRAIN_RETURN_IF_ERROR(workspace_.ShareSlotsOf(other.workspace_));
+  MOETRAIN_RETURN_IF_ERROR(scratch_.ShareSlotsOf(other.scratch_));
+  if (kept_too) MOETRAIN_RETURN_IF_ERROR(workspace_.ShareSlotsOf(other.workspace_));
   if (mla_.has_value() && other.mla_.has_value()) {
-    MOETRAIN_RETURN_IF_ERROR(mla_->ShareWorkspaceOf(*other.mla_));
+    MOETRAIN_RETURN_IF_ERROR(kept_too ? mla_->ShareWorkspaceOf(*other.mla_)
+                                      : mla_->ShareScratchOf(*other.mla_));
   }
   if (moe_.has_value() && other.moe_.has_value()) {
-    MOETRAIN_RETURN_IF_ERROR(moe_->ShareWorkspaceOf(*other.moe_));
+    MOETRAIN_RETURN_IF_ERROR(kept_too ? moe_->ShareWorkspaceOf(*other.moe_)
+                                      : moe_->ShareScratchOf(*other.moe_));
   }
   // A dense FFN's few buffers take the first slots of an MoE layer's: a block has one or the other.
   if (!is_moe()) {
-    MOETRAIN_RETURN_IF_ERROR(ffn_workspace_.ShareSlotsOf(other.is_moe() ? other.moe_->workspace()
-                                                                        : other.ffn_workspace_));
+    MOETRAIN_RETURN_IF_ERROR(
+        ffn_scratch_.ShareSlotsOf(other.is_moe() ? other.moe_->scratch() : other.ffn_scratch_));
+    if (kept_too) {
+      MOETRAIN_RETURN_IF_ERROR(ffn_workspace_.ShareSlotsOf(other.is_moe() ? other.moe_->workspace()
+                                                                          : other.ffn_workspace_));
+    }
   }
   return absl::OkStatus();
 }
 
 void TransformerBlock::AppendWorkspaces(std::vector<const Workspace*>* out) const {
-  out->push_back(&workspace_);
-  out->push_back(&ffn_workspace_);
-  if (mla_.has_value()) out->push_back(&mla_->workspace());
-  if (moe_.has_value()) out->push_back(&moe_->workspace());
+  out->insert(out->end(), {&workspace_, &scratch_, &ffn_workspace_, &ffn_scratch_});
+  if (mla_.has_value()) out->insert(out->end(), {&mla_->workspace(), &mla_->scratch()});
+  if (moe_.has_value()) out->insert(out->end(), {&moe_->workspace(), &moe_->scratch()});
 }
 
 absl::StatusOr<TensorView> TransformerBlock::ToCompute(TensorView src, int slot) {
-  return ComputeCopy(ctx_, workspace_, dtype_, src, slot);
+  return ComputeCopy(ctx_, scratch_, dtype_, src, slot);
 }
 
 absl::Status TransformerBlock::Forward(const BlockWeights& w, int64_t batch, int64_t seq_len,
@@ -97,7 +103,7 @@ absl::Status TransformerBlock::Forward(const BlockWeights& w, int64_t batch, int
 
   // Attention: a = x + attention(n1), the projection accumulating onto a copy of the residual.
   MOETRAIN_ASSIGN_OR_RETURN(rstd_attn_, workspace_.Get(kRstdAttn, DType::kF32, {t}));
-  MOETRAIN_ASSIGN_OR_RETURN(normed_attn_, workspace_.Get(kNormedAttn, dtype_, {t, d}));
+  MOETRAIN_ASSIGN_OR_RETURN(normed_attn_, scratch_.Get(kNormedAttn, dtype_, {t, d}));
   MOETRAIN_RETURN_IF_ERROR(
       ops::RmsNormForward(ctx_, x, w.input_norm, eps, normed_attn_, rstd_attn_));
   MOETRAIN_ASSIGN_OR_RETURN(mid_, workspace_.Get(kMid, DType::kF32, {t, d}));
@@ -110,19 +116,19 @@ absl::Status TransformerBlock::Forward(const BlockWeights& w, int64_t batch, int
 
   // FFN.
   MOETRAIN_ASSIGN_OR_RETURN(rstd_ffn_, workspace_.Get(kRstdFfn, DType::kF32, {t}));
-  MOETRAIN_ASSIGN_OR_RETURN(normed_ffn_, workspace_.Get(kNormedFfn, dtype_, {t, d}));
+  MOETRAIN_ASSIGN_OR_RETURN(normed_ffn_, scratch_.Get(kNormedFfn, dtype_, {t, d}));
   MOETRAIN_RETURN_IF_ERROR(
       ops::RmsNormForward(ctx_, mid_, w.post_attention_norm, eps, normed_ffn_, rstd_ffn_));
   if (!is_moe()) {
     const int64_t f = config_.ffn_dim;
     MOETRAIN_ASSIGN_OR_RETURN(gate_up_, ffn_workspace_.Get(kGateUp, DType::kF32, {t, 2 * f}));
     MOETRAIN_RETURN_IF_ERROR(mlp_gate_up_.Forward(normed_ffn_, w.mlp_gate_up, gate_up_));
-    MOETRAIN_ASSIGN_OR_RETURN(activated_, ffn_workspace_.Get(kActivated, dtype_, {t, f}));
+    MOETRAIN_ASSIGN_OR_RETURN(activated_, ffn_scratch_.Get(kActivated, dtype_, {t, f}));
     MOETRAIN_RETURN_IF_ERROR(ops::SwigluForward(ctx_, gate_up_, activated_));
     MOETRAIN_RETURN_IF_ERROR(ops::ConvertTensor(ctx_, mid_, y));
     MOETRAIN_RETURN_IF_ERROR(mlp_down_.Forward(activated_, w.mlp_down, y, /*accumulate=*/true));
   } else {
-    MOETRAIN_ASSIGN_OR_RETURN(TensorView moe_out, workspace_.Get(kMoeOut, dtype_, {t, d}));
+    MOETRAIN_ASSIGN_OR_RETURN(TensorView moe_out, scratch_.Get(kMoeOut, dtype_, {t, d}));
     MOETRAIN_RETURN_IF_ERROR(moe_->Forward(w.moe, normed_ffn_, seq_len, moe_out, stats, rerun));
     // The MoE output is in the compute dtype, so no GEMM can accumulate it into the residual.
     MOETRAIN_RETURN_IF_ERROR(ops::Add(ctx_, mid_, moe_out, y));
@@ -157,6 +163,35 @@ absl::Status TransformerBlock::GqaForward(const BlockWeights& w, int64_t batch, 
   return o_proj_.Forward(attn_out_act_, w.o_proj, mid_, /*accumulate=*/true);
 }
 
+absl::Status TransformerBlock::Recompute(const BlockWeights& w) {
+  if (!has_forward_) {
+    return absl::FailedPreconditionError("TransformerBlock::Recompute needs a successful Forward");
+  }
+  has_forward_ = false;
+  const int64_t t = x_.dim(0), d = config_.hidden_size;
+  const float eps = config_.rms_norm_eps;
+  MOETRAIN_ASSIGN_OR_RETURN(normed_attn_, scratch_.Get(kNormedAttn, dtype_, {t, d}));
+  MOETRAIN_RETURN_IF_ERROR(
+      ops::RmsNormForward(ctx_, x_, w.input_norm, eps, normed_attn_, rstd_attn_));
+  if (mla_.has_value()) {
+    MOETRAIN_RETURN_IF_ERROR(mla_->Recompute(w.mla, normed_attn_));
+  } else {
+    MOETRAIN_ASSIGN_OR_RETURN(attn_out_act_, ToCompute(attn_out_, kAttnOutAct));
+  }
+  MOETRAIN_ASSIGN_OR_RETURN(normed_ffn_, scratch_.Get(kNormedFfn, dtype_, {t, d}));
+  MOETRAIN_RETURN_IF_ERROR(
+      ops::RmsNormForward(ctx_, mid_, w.post_attention_norm, eps, normed_ffn_, rstd_ffn_));
+  if (is_moe()) {
+    MOETRAIN_RETURN_IF_ERROR(moe_->Recompute(normed_ffn_));
+  } else {
+    MOETRAIN_ASSIGN_OR_RETURN(activated_,
+                              ffn_scratch_.Get(kActivated, dtype_, {t, config_.ffn_dim}));
+    MOETRAIN_RETURN_IF_ERROR(ops::SwigluForward(ctx_, gate_up_, activated_));
+  }
+  has_forward_ = true;
+  return absl::OkStatus();
+}
+
 absl::Status TransformerBlock::Backward(const BlockWeights& w, TensorView d, BlockGrads* grads,
                                         float loss_scale) {
   if (!has_forward_) {
@@ -172,18 +207,17 @@ absl::Status TransformerBlock::Backward(const BlockWeights& w, TensorView d, Blo
   if (!is_moe()) {
     const int64_t f = config_.ffn_dim;
     MOETRAIN_ASSIGN_OR_RETURN(TensorView d_hidden,
-                              ffn_workspace_.Get(kDFfnHidden, DType::kF32, {t, f}));
+                              ffn_scratch_.Get(kDFfnHidden, DType::kF32, {t, f}));
     MOETRAIN_RETURN_IF_ERROR(mlp_down_.BackwardData(d_act, w.mlp_down, d_hidden));
     MOETRAIN_RETURN_IF_ERROR(mlp_down_.BackwardWeight(d_act, activated_, grads->mlp_down));
-    MOETRAIN_ASSIGN_OR_RETURN(TensorView d_gate_up,
-                              ffn_workspace_.Get(kDGateUp, dtype_, {t, 2 * f}));
+    MOETRAIN_ASSIGN_OR_RETURN(TensorView d_gate_up, ffn_scratch_.Get(kDGateUp, dtype_, {t, 2 * f}));
     MOETRAIN_RETURN_IF_ERROR(ops::SwigluBackward(ctx_, gate_up_, d_hidden, d_gate_up));
-    MOETRAIN_ASSIGN_OR_RETURN(d_normed_ffn, workspace_.Get(kDNormed, DType::kF32, {t, dim}));
+    MOETRAIN_ASSIGN_OR_RETURN(d_normed_ffn, scratch_.Get(kDNormed, DType::kF32, {t, dim}));
     MOETRAIN_RETURN_IF_ERROR(mlp_gate_up_.BackwardData(d_gate_up, w.mlp_gate_up, d_normed_ffn));
     MOETRAIN_RETURN_IF_ERROR(
         mlp_gate_up_.BackwardWeight(d_gate_up, normed_ffn_, grads->mlp_gate_up));
   } else {
-    MOETRAIN_ASSIGN_OR_RETURN(d_normed_ffn, workspace_.Get(kDNormedAct, dtype_, {t, dim}));
+    MOETRAIN_ASSIGN_OR_RETURN(d_normed_ffn, scratch_.Get(kDNormedAct, dtype_, {t, dim}));
     MOETRAIN_RETURN_IF_ERROR(moe_->Backward(w.moe, d_act, d_normed_ffn, &grads->moe, loss_scale));
   }
   MOETRAIN_RETURN_IF_ERROR(ops::RmsNormBackward(ctx_, {.x = mid_,
@@ -197,7 +231,7 @@ absl::Status TransformerBlock::Backward(const BlockWeights& w, TensorView d, Blo
   // Attention: d holds dL/da; the input norm's backward adds its part, giving dL/dx.
   MOETRAIN_ASSIGN_OR_RETURN(d_act, ToCompute(d, kDAct));
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_normed_attn,
-                            workspace_.Get(kDNormed, DType::kF32, {t, dim}));
+                            scratch_.Get(kDNormed, DType::kF32, {t, dim}));
   if (mla_.has_value()) {
     MOETRAIN_RETURN_IF_ERROR(mla_->Backward(w.mla, d_act, d_normed_attn, &grads->mla));
   } else {
@@ -215,12 +249,12 @@ absl::Status TransformerBlock::Backward(const BlockWeights& w, TensorView d, Blo
 absl::Status TransformerBlock::GqaBackward(const BlockWeights& w, TensorView d_act,
                                            TensorView d_normed_attn, BlockGrads* grads) {
   const int64_t t = x_.dim(0), q_dim = q_.dim(1), kv_dim = k_.dim(1);
-  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_attn, workspace_.Get(kDAttn, DType::kF32, {t, q_dim}));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_attn, scratch_.Get(kDAttn, DType::kF32, {t, q_dim}));
   MOETRAIN_RETURN_IF_ERROR(o_proj_.BackwardData(d_act, w.o_proj, d_attn));
   MOETRAIN_RETURN_IF_ERROR(o_proj_.BackwardWeight(d_act, attn_out_act_, grads->o_proj));
-  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_q, workspace_.Get(kDQ, DType::kF32, {t, q_dim}));
-  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_k, workspace_.Get(kDK, DType::kF32, {t, kv_dim}));
-  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_v, workspace_.Get(kDV, DType::kF32, {t, kv_dim}));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_q, scratch_.Get(kDQ, DType::kF32, {t, q_dim}));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_k, scratch_.Get(kDK, DType::kF32, {t, kv_dim}));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_v, scratch_.Get(kDV, DType::kF32, {t, kv_dim}));
   MOETRAIN_RETURN_IF_ERROR(ops::CausalAttentionBackward(ctx_, shape_, q_, k_, v_, attn_out_, lse_,
                                                         d_attn, d_q, d_k, d_v));
   MOETRAIN_RETURN_IF_ERROR(ops::ApplyRope(ctx_, shape_, config_.rope_theta, /*inverse=*/true, d_q));

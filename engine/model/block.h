@@ -82,6 +82,13 @@ class TransformerBlock {
   absl::Status Forward(const BlockWeights& weights, int64_t batch, int64_t seq_len, TensorView x,
                        TensorView y, MoeStats* stats, bool rerun = false);
 
+  // Selective recompute (transformer.h): after the last Forward's scratch buffers were
+  // overwritten (by other blocks sharing them) and before Backward, rebuilds them from what Forward
+  // kept: the two norms' outputs, the compute copy of the attention output, the dense FFN's SwiGLU
+  // output, then MLA's (MlaAttention::Recompute) and the MoE layer's (MoeLayer::Recompute). Same
+  // weights, x unchanged.
+  absl::Status Recompute(const BlockWeights& weights);
+
   // d (T, D) f32: the gradient of y on entry, of x on return. Grads accumulated. The MoE aux and
   // z losses of the last Forward enter the objective with weight `loss_scale` (the micro-batch's
   // loss scale, already in d).
@@ -91,8 +98,9 @@ class TransformerBlock {
   // Activation recompute (transformer.h): each of this block's buffers that `other` has too (the
   // block's own, MLA's, the MoE layer's; a dense FFN's take the first of other's MoE layer's, or
   // other's dense FFN's) becomes other's, so that a Forward of either overwrites what the other
-  // kept: the caller re-runs Forward before Backward.
-  absl::Status ShareWorkspacesOf(const TransformerBlock& other);
+  // kept. `kept_too` false (selective): only the scratch buffers, and the caller runs Recompute
+  // before Backward; true (full): every buffer, and the caller re-runs Forward.
+  absl::Status ShareWorkspacesOf(const TransformerBlock& other, bool kept_too);
   // Its workspaces, for Workspace::DistinctBytes, and the bytes Forward keeps outside them.
   void AppendWorkspaces(std::vector<const Workspace*>* out) const;
   int64_t kept_bytes() const { return moe_.has_value() ? moe_->routing_bytes() : 0; }
@@ -108,8 +116,10 @@ class TransformerBlock {
         o_proj_(ctx),
         mlp_gate_up_(ctx),
         mlp_down_(ctx),
-        workspace_(kNumBuffers, ctx.allocator()),
-        ffn_workspace_(kNumFfnBuffers, ctx.allocator()) {}
+        workspace_(kNumKept, ctx.allocator()),
+        scratch_(kNumScratch, ctx.allocator()),
+        ffn_workspace_(kNumFfnKept, ctx.allocator()),
+        ffn_scratch_(kNumFfnScratch, ctx.allocator()) {}
 
   // The grouped-query attention branch: mid_ (holding x) += o_proj(attention(normed_attn_)).
   absl::Status GqaForward(const BlockWeights& weights, int64_t batch, int64_t seq_len);
@@ -118,7 +128,7 @@ class TransformerBlock {
                            BlockGrads* grads);
 
   // `src` (T, cols) f32 as a compute-dtype tensor: src itself for f32, else converted into
-  // workspace slot `slot`.
+  // scratch slot `slot`.
   absl::StatusOr<TensorView> ToCompute(TensorView src, int slot);
 
   ModelConfig config_;
@@ -145,18 +155,22 @@ class TransformerBlock {
   TensorView gate_up_;       // (T, 2F) f32: dense FFN pre-activations
   TensorView activated_;     // (T, F) act: silu(gate) ⊙ up
 
-  // Storage behind the views above, and scratch, by purpose.
+  // Storage behind the views above, by purpose: what Forward keeps (`workspace_`), and what
+  // selective recompute rebuilds or only Forward or Backward uses (`scratch_`).
+  enum Kept { kRstdAttn, kQ, kK, kV, kAttnOut, kLse, kMid, kRstdFfn, kNumKept };
   // clang-format off
-  enum Buffer {
-    kRstdAttn, kNormedAttn, kQ, kK, kV, kAttnOut, kAttnOutAct, kLse, kMid, kRstdFfn, kNormedFfn,
-    kMoeOut, kDAct, kDNormed, kDNormedAct, kDAttn, kDQ, kDK, kDV, kDQAct, kDKAct, kDVAct,
-    kNumBuffers
+  enum Scratch {
+    kNormedAttn, kAttnOutAct, kNormedFfn, kMoeOut, kDAct, kDNormed, kDNormedAct, kDAttn, kDQ, kDK,
+    kDV, kDQAct, kDKAct, kDVAct, kNumScratch
   };
   // clang-format on
   Workspace workspace_;
+  Workspace scratch_;
   // The dense FFN's, apart: with recompute they share an MoE layer's first slots.
-  enum FfnBuffer { kGateUp, kActivated, kDFfnHidden, kDGateUp, kNumFfnBuffers };
+  enum FfnKept { kGateUp, kNumFfnKept };
+  enum FfnScratch { kActivated, kDFfnHidden, kDGateUp, kNumFfnScratch };
   Workspace ffn_workspace_;
+  Workspace ffn_scratch_;
 };
 
 }  // namespace moetrain

@@ -19,7 +19,8 @@ MlaAttention::MlaAttention(const ModelConfig& config, DType compute_dtype, const
       kv_a_rope_(ctx),
       kv_b_proj_(ctx),
       o_proj_(ctx),
-      workspace_(kNumBuffers, ctx.allocator()) {
+      workspace_(kNumKept, ctx.allocator()),
+      scratch_(kNumScratch, ctx.allocator()) {
   if (fp8 == nullptr) return;
   const auto linear = [&](const char* name) {
     return Linear(ctx, fp8, fp8->Register(prefix + name, 1));
@@ -37,7 +38,12 @@ MlaAttention::MlaAttention(const ModelConfig& config, DType compute_dtype, const
 }
 
 absl::StatusOr<TensorView> MlaAttention::ToCompute(TensorView src, int slot) {
-  return ComputeCopy(ctx_, workspace_, dtype_, src, slot);
+  return ComputeCopy(ctx_, scratch_, dtype_, src, slot);
+}
+
+absl::Status MlaAttention::ShareWorkspaceOf(const MlaAttention& other) {
+  MOETRAIN_RETURN_IF_ERROR(workspace_.ShareSlotsOf(other.workspace_));
+  return scratch_.ShareSlotsOf(other.scratch_);
 }
 
 absl::Status MlaAttention::Forward(const MlaWeights& w, int64_t batch, int64_t seq_len,
@@ -45,7 +51,6 @@ absl::Status MlaAttention::Forward(const MlaWeights& w, int64_t batch, int64_t s
   has_forward_ = false;
   const MlaConfig& m = config_.mla;
   const int64_t t = batch * seq_len, h = config_.num_heads, dqk = m.qk_head_dim();
-  const float eps = config_.rms_norm_eps;
   shape_ = {.batch = batch,
             .seq_len = seq_len,
             .num_heads = h,
@@ -54,48 +59,71 @@ absl::Status MlaAttention::Forward(const MlaWeights& w, int64_t batch, int64_t s
             .v_head_dim = m.v_head_dim};
   core_ = {.batch = batch, .seq_len = seq_len, .num_heads = h, .num_kv_heads = h, .head_dim = dqk};
 
-  MOETRAIN_ASSIGN_OR_RETURN(TensorView q_full, workspace_.Get(kQFull, DType::kF32, {t, h * dqk}));
+  // The down-projections, whose outputs (the latents) are kept.
+  if (m.q_lora_rank > 0) {
+    MOETRAIN_ASSIGN_OR_RETURN(q_a_, workspace_.Get(kQA, DType::kF32, {t, m.q_lora_rank}));
+    MOETRAIN_RETURN_IF_ERROR(q_a_proj_.Forward(n, w.q_a_proj, q_a_));
+  }
+  MOETRAIN_ASSIGN_OR_RETURN(latent_, workspace_.Get(kLatent, DType::kF32, {t, m.kv_lora_rank}));
+  MOETRAIN_RETURN_IF_ERROR(kv_a_latent_.Forward(n, LatentRows(w.kv_a_proj), latent_));
+  MOETRAIN_RETURN_IF_ERROR(UpProject(w, n));
+  MOETRAIN_ASSIGN_OR_RETURN(attn_out_, workspace_.Get(kAttnOut, DType::kF32, {t, h * dqk}));
+  MOETRAIN_ASSIGN_OR_RETURN(lse_, workspace_.Get(kLse, DType::kF32, {batch, h, seq_len}));
+  MOETRAIN_RETURN_IF_ERROR(ops::CausalAttentionForward(ctx_, core_, q_, k_, v_, attn_out_, lse_));
+  MOETRAIN_RETURN_IF_ERROR(NarrowOutput());
+  MOETRAIN_RETURN_IF_ERROR(o_proj_.Forward(o_in_act_, w.o_proj, out, /*accumulate=*/true));
+  n_ = n;
+  has_forward_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status MlaAttention::UpProject(const MlaWeights& w, TensorView n) {
+  const MlaConfig& m = config_.mla;
+  const int64_t t = shape_.tokens(), h = shape_.num_heads, dqk = m.qk_head_dim();
+  const float eps = config_.rms_norm_eps;
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView q_full, scratch_.Get(kQFull, DType::kF32, {t, h * dqk}));
   if (m.q_lora_rank == 0) {
     MOETRAIN_RETURN_IF_ERROR(q_proj_.Forward(n, w.q_proj, q_full));
   } else {
-    const int64_t rq = m.q_lora_rank;
-    MOETRAIN_ASSIGN_OR_RETURN(q_a_, workspace_.Get(kQA, DType::kF32, {t, rq}));
     MOETRAIN_ASSIGN_OR_RETURN(rstd_q_, workspace_.Get(kRstdQ, DType::kF32, {t}));
-    MOETRAIN_ASSIGN_OR_RETURN(q_a_normed_, workspace_.Get(kQANormed, dtype_, {t, rq}));
-    MOETRAIN_RETURN_IF_ERROR(q_a_proj_.Forward(n, w.q_a_proj, q_a_));
+    MOETRAIN_ASSIGN_OR_RETURN(q_a_normed_, scratch_.Get(kQANormed, dtype_, {t, m.q_lora_rank}));
     MOETRAIN_RETURN_IF_ERROR(
         ops::RmsNormForward(ctx_, q_a_, w.q_a_norm, eps, q_a_normed_, rstd_q_));
     MOETRAIN_RETURN_IF_ERROR(q_b_proj_.Forward(q_a_normed_, w.q_b_proj, q_full));
   }
-
-  const int64_t rkv = m.kv_lora_rank;
-  MOETRAIN_ASSIGN_OR_RETURN(latent_, workspace_.Get(kLatent, DType::kF32, {t, rkv}));
   MOETRAIN_ASSIGN_OR_RETURN(TensorView k_rope,
-                            workspace_.Get(kKRope, DType::kF32, {t, m.qk_rope_head_dim}));
-  MOETRAIN_RETURN_IF_ERROR(kv_a_latent_.Forward(n, LatentRows(w.kv_a_proj), latent_));
+                            scratch_.Get(kKRope, DType::kF32, {t, m.qk_rope_head_dim}));
   MOETRAIN_RETURN_IF_ERROR(kv_a_rope_.Forward(n, RopeRows(w.kv_a_proj), k_rope));
   MOETRAIN_ASSIGN_OR_RETURN(rstd_kv_, workspace_.Get(kRstdKv, DType::kF32, {t}));
-  MOETRAIN_ASSIGN_OR_RETURN(latent_normed_, workspace_.Get(kLatentNormed, dtype_, {t, rkv}));
+  MOETRAIN_ASSIGN_OR_RETURN(latent_normed_,
+                            scratch_.Get(kLatentNormed, dtype_, {t, m.kv_lora_rank}));
   MOETRAIN_RETURN_IF_ERROR(
       ops::RmsNormForward(ctx_, latent_, w.kv_a_norm, eps, latent_normed_, rstd_kv_));
   MOETRAIN_ASSIGN_OR_RETURN(
-      TensorView kv,
-      workspace_.Get(kKv, DType::kF32, {t, h * (m.qk_nope_head_dim + m.v_head_dim)}));
+      TensorView kv, scratch_.Get(kKv, DType::kF32, {t, h * (m.qk_nope_head_dim + m.v_head_dim)}));
   MOETRAIN_RETURN_IF_ERROR(kv_b_proj_.Forward(latent_normed_, w.kv_b_proj, kv));
+  MOETRAIN_ASSIGN_OR_RETURN(q_, scratch_.Get(kQ, DType::kF32, {t, h * dqk}));
+  MOETRAIN_ASSIGN_OR_RETURN(k_, scratch_.Get(kK, DType::kF32, {t, h * dqk}));
+  MOETRAIN_ASSIGN_OR_RETURN(v_, scratch_.Get(kV, DType::kF32, {t, h * dqk}));
+  return ops::MlaQkvForward(ctx_, shape_, config_.rope_theta, q_full, k_rope, kv, q_, k_, v_);
+}
 
-  MOETRAIN_ASSIGN_OR_RETURN(q_, workspace_.Get(kQ, DType::kF32, {t, h * dqk}));
-  MOETRAIN_ASSIGN_OR_RETURN(k_, workspace_.Get(kK, DType::kF32, {t, h * dqk}));
-  MOETRAIN_ASSIGN_OR_RETURN(v_, workspace_.Get(kV, DType::kF32, {t, h * dqk}));
-  MOETRAIN_RETURN_IF_ERROR(
-      ops::MlaQkvForward(ctx_, shape_, config_.rope_theta, q_full, k_rope, kv, q_, k_, v_));
-  MOETRAIN_ASSIGN_OR_RETURN(attn_out_, workspace_.Get(kAttnOut, DType::kF32, {t, h * dqk}));
-  MOETRAIN_ASSIGN_OR_RETURN(lse_, workspace_.Get(kLse, DType::kF32, {batch, h, seq_len}));
-  MOETRAIN_RETURN_IF_ERROR(ops::CausalAttentionForward(ctx_, core_, q_, k_, v_, attn_out_, lse_));
+absl::Status MlaAttention::NarrowOutput() {
+  const int64_t t = shape_.tokens(), h = shape_.num_heads;
   MOETRAIN_ASSIGN_OR_RETURN(TensorView o_in,
-                            workspace_.Get(kOIn, DType::kF32, {t, h * m.v_head_dim}));
+                            scratch_.Get(kOIn, DType::kF32, {t, h * config_.mla.v_head_dim}));
   MOETRAIN_RETURN_IF_ERROR(ops::MlaNarrowHeads(ctx_, shape_, attn_out_, o_in));
   MOETRAIN_ASSIGN_OR_RETURN(o_in_act_, ToCompute(o_in, kOInAct));
-  MOETRAIN_RETURN_IF_ERROR(o_proj_.Forward(o_in_act_, w.o_proj, out, /*accumulate=*/true));
+  return absl::OkStatus();
+}
+
+absl::Status MlaAttention::Recompute(const MlaWeights& w, TensorView n) {
+  if (!has_forward_) {
+    return absl::FailedPreconditionError("MlaAttention::Recompute needs a successful Forward");
+  }
+  has_forward_ = false;
+  MOETRAIN_RETURN_IF_ERROR(UpProject(w, n));
+  MOETRAIN_RETURN_IF_ERROR(NarrowOutput());
   n_ = n;
   has_forward_ = true;
   return absl::OkStatus();
@@ -111,34 +139,33 @@ absl::Status MlaAttention::Backward(const MlaWeights& w, TensorView d_out, Tenso
   const float theta = config_.rope_theta;
 
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_o_in,
-                            workspace_.Get(kDOIn, DType::kF32, {t, h * m.v_head_dim}));
+                            scratch_.Get(kDOIn, DType::kF32, {t, h * m.v_head_dim}));
   MOETRAIN_RETURN_IF_ERROR(o_proj_.BackwardData(d_out, w.o_proj, d_o_in));
   MOETRAIN_RETURN_IF_ERROR(o_proj_.BackwardWeight(d_out, o_in_act_, grads->o_proj));
-  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_attn, workspace_.Get(kDAttn, DType::kF32, {t, h * dqk}));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_attn, scratch_.Get(kDAttn, DType::kF32, {t, h * dqk}));
   MOETRAIN_RETURN_IF_ERROR(ops::MlaWidenHeads(ctx_, shape_, d_o_in, d_attn));
-  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_q, workspace_.Get(kDQ, DType::kF32, {t, h * dqk}));
-  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_k, workspace_.Get(kDK, DType::kF32, {t, h * dqk}));
-  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_v, workspace_.Get(kDV, DType::kF32, {t, h * dqk}));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_q, scratch_.Get(kDQ, DType::kF32, {t, h * dqk}));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_k, scratch_.Get(kDK, DType::kF32, {t, h * dqk}));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_v, scratch_.Get(kDV, DType::kF32, {t, h * dqk}));
   MOETRAIN_RETURN_IF_ERROR(ops::CausalAttentionBackward(ctx_, core_, q_, k_, v_, attn_out_, lse_,
                                                         d_attn, d_q, d_k, d_v));
-  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_q_full,
-                            workspace_.Get(kDQFull, DType::kF32, {t, h * dqk}));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_q_full, scratch_.Get(kDQFull, DType::kF32, {t, h * dqk}));
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_k_rope,
-                            workspace_.Get(kDKRope, DType::kF32, {t, m.qk_rope_head_dim}));
+                            scratch_.Get(kDKRope, DType::kF32, {t, m.qk_rope_head_dim}));
   MOETRAIN_ASSIGN_OR_RETURN(
       TensorView d_kv,
-      workspace_.Get(kDKv, DType::kF32, {t, h * (m.qk_nope_head_dim + m.v_head_dim)}));
+      scratch_.Get(kDKv, DType::kF32, {t, h * (m.qk_nope_head_dim + m.v_head_dim)}));
   MOETRAIN_RETURN_IF_ERROR(
       ops::MlaQkvBackward(ctx_, shape_, theta, d_q, d_k, d_v, d_q_full, d_k_rope, d_kv));
 
   // Key/value: kv_b_proj, its norm, then both row ranges of kv_a_proj_with_mqa into d_n.
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_kv_act, ToCompute(d_kv, kDKvAct));
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_latent_normed,
-                            workspace_.Get(kDLatentNormed, DType::kF32, {t, m.kv_lora_rank}));
+                            scratch_.Get(kDLatentNormed, DType::kF32, {t, m.kv_lora_rank}));
   MOETRAIN_RETURN_IF_ERROR(kv_b_proj_.BackwardData(d_kv_act, w.kv_b_proj, d_latent_normed));
   MOETRAIN_RETURN_IF_ERROR(kv_b_proj_.BackwardWeight(d_kv_act, latent_normed_, grads->kv_b_proj));
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_latent,
-                            workspace_.Get(kDLatent, DType::kF32, {t, m.kv_lora_rank}));
+                            scratch_.Get(kDLatent, DType::kF32, {t, m.kv_lora_rank}));
   MOETRAIN_RETURN_IF_ERROR(ops::RmsNormBackward(ctx_, {.x = latent_,
                                                        .weight = w.kv_a_norm,
                                                        .rstd = rstd_kv_,
@@ -162,11 +189,10 @@ absl::Status MlaAttention::Backward(const MlaWeights& w, TensorView d_out, Tenso
     return q_proj_.BackwardWeight(d_q_full_act, n_, grads->q_proj);
   }
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_q_a_normed,
-                            workspace_.Get(kDQANormed, DType::kF32, {t, m.q_lora_rank}));
+                            scratch_.Get(kDQANormed, DType::kF32, {t, m.q_lora_rank}));
   MOETRAIN_RETURN_IF_ERROR(q_b_proj_.BackwardData(d_q_full_act, w.q_b_proj, d_q_a_normed));
   MOETRAIN_RETURN_IF_ERROR(q_b_proj_.BackwardWeight(d_q_full_act, q_a_normed_, grads->q_b_proj));
-  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_q_a,
-                            workspace_.Get(kDQA, DType::kF32, {t, m.q_lora_rank}));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_q_a, scratch_.Get(kDQA, DType::kF32, {t, m.q_lora_rank}));
   MOETRAIN_RETURN_IF_ERROR(ops::RmsNormBackward(ctx_, {.x = q_a_,
                                                        .weight = w.q_a_norm,
                                                        .rstd = rstd_q_,

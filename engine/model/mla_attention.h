@@ -50,21 +50,37 @@ class MlaAttention {
   MlaAttention(const ModelConfig& config, DType compute_dtype, const ExecContext& ctx,
                Fp8State* fp8, const std::string& prefix);
 
-  // n (T, D) act, T = batch·seq_len: the normed input, kept unchanged until Backward.
+  // n (T, D) act, T = batch·seq_len: the normed input, kept unchanged until Backward (or given
+  // again to Recompute).
   // out (T, D) f32 += the branch's output.
   absl::Status Forward(const MlaWeights& w, int64_t batch, int64_t seq_len, TensorView n,
                        TensorView out);
   // d_out (T, D) act: the gradient of out. d_n (T, D) f32 is written; grads accumulated.
   absl::Status Backward(const MlaWeights& w, TensorView d_out, TensorView d_n, MlaWeights* grads);
 
-  // Activation recompute: this branch's buffers become `other`'s (MoeLayer::ShareWorkspaceOf).
-  absl::Status ShareWorkspaceOf(const MlaAttention& other) {
-    return workspace_.ShareSlotsOf(other.workspace_);
+  // Selective recompute, after the last Forward's scratch was overwritten and before Backward, on
+  // the same weights and n's values (which may now lie elsewhere): the two latent norms, the
+  // up-projections to q, k and v (DeepSeek-V3's recompute of MLA's up-projections) and the core's
+  // narrowed output, from the latents and the core's output Forward kept. The same ops on the
+  // same inputs: the same bits.
+  absl::Status Recompute(const MlaWeights& w, TensorView n);
+
+  // Activation recompute (MoeLayer's): ShareScratchOf makes this branch's scratch buffers (what
+  // Recompute rebuilds, and Backward's) `other`'s, ShareWorkspaceOf every buffer.
+  absl::Status ShareScratchOf(const MlaAttention& other) {
+    return scratch_.ShareSlotsOf(other.scratch_);
   }
+  absl::Status ShareWorkspaceOf(const MlaAttention& other);
   const Workspace& workspace() const { return workspace_; }
+  const Workspace& scratch() const { return scratch_; }
 
  private:
   absl::StatusOr<TensorView> ToCompute(TensorView src, int slot);
+  // q_, k_, v_ from n and the latents (q_a_ when q_lora_rank > 0, latent_): the norms, the
+  // up-projections, the shared key, RoPE.
+  absl::Status UpProject(const MlaWeights& w, TensorView n);
+  // o_in_act_: attn_out_'s value heads, narrowed and in the compute dtype.
+  absl::Status NarrowOutput();
   // Weight rows of kv_a_proj: the latent's, or the shared key's.
   TensorView LatentRows(TensorView kv_a) const { return kv_a.Slice(0, config_.mla.kv_lora_rank); }
   TensorView RopeRows(TensorView kv_a) const {
@@ -86,15 +102,18 @@ class MlaAttention {
   TensorView q_, k_, v_, attn_out_, lse_;        // (T, H·Dqk) f32 ×4, (B, H, S) f32
   TensorView o_in_act_;                          // (T, H·v) act
 
+  // What Forward keeps (`workspace_`) and what selective recompute rebuilds or Backward only
+  // uses (`scratch_`), by purpose.
+  enum Kept { kQA, kRstdQ, kLatent, kRstdKv, kAttnOut, kLse, kNumKept };
   // clang-format off
-  enum Buffer {
-    kQA, kRstdQ, kQANormed, kQFull, kLatent, kKRope, kRstdKv, kLatentNormed, kKv, kQ, kK, kV,
-    kAttnOut, kLse, kOIn, kOInAct, kDOIn, kDAttn, kDQ, kDK, kDV, kDQFull, kDKRope, kDKv, kDKvAct,
-    kDLatentNormed, kDLatent, kDLatentAct, kDKRopeAct, kDQFullAct, kDQANormed, kDQA, kDQAAct,
-    kNumBuffers
+  enum Scratch {
+    kQANormed, kQFull, kKRope, kLatentNormed, kKv, kQ, kK, kV, kOIn, kOInAct, kDOIn, kDAttn, kDQ,
+    kDK, kDV, kDQFull, kDKRope, kDKv, kDKvAct, kDLatentNormed, kDLatent, kDLatentAct, kDKRopeAct,
+    kDQFullAct, kDQANormed, kDQA, kDQAAct, kNumScratch
   };
   // clang-format on
   Workspace workspace_;
+  Workspace scratch_;
 };
 
 }  // namespace moetrain

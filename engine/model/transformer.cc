@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/core/status.h"
 #include "engine/ops/elementwise/elementwise.h"
@@ -42,16 +43,18 @@ absl::StatusOr<Transformer> Transformer::Create(const ModelConfig& config, DType
     model.blocks_.push_back(std::move(block));
   }
   model.recompute_ = recompute;
-  if (recompute == Recompute::kFull) {
-    // One set of buffers for all blocks: the first block's, and the first MoE block's MoE layer's
-    // (which the dense FFNs' share too).
+  if (recompute != Recompute::kNone) {
+    // One set of buffers (FULL) or of scratch buffers (SELECTIVE) for all blocks: the first
+    // block's, and the first MoE block's MoE layer's (which the dense FFNs' share too).
+    const bool kept_too = recompute == Recompute::kFull;
     const int64_t first_moe = std::min(config.first_dense_layers, config.total_blocks() - 1);
     for (int64_t l = 1; l < config.total_blocks(); ++l) {
-      MOETRAIN_RETURN_IF_ERROR(model.blocks_[l].ShareWorkspacesOf(model.blocks_[0]));
+      MOETRAIN_RETURN_IF_ERROR(model.blocks_[l].ShareWorkspacesOf(model.blocks_[0], kept_too));
     }
     for (int64_t l = 0; l < config.total_blocks(); ++l) {
       if (l == first_moe) continue;
-      MOETRAIN_RETURN_IF_ERROR(model.blocks_[l].ShareWorkspacesOf(model.blocks_[first_moe]));
+      MOETRAIN_RETURN_IF_ERROR(
+          model.blocks_[l].ShareWorkspacesOf(model.blocks_[first_moe], kept_too));
     }
   }
   if (model.fp8_ != nullptr) MOETRAIN_RETURN_IF_ERROR(model.fp8_->Allocate());
@@ -122,12 +125,19 @@ absl::Status Transformer::BlockForward(int64_t l, TensorView x, TensorView y, Mo
 }
 
 absl::Status Transformer::RecomputeBlock(int64_t l, TensorView x, TensorView y) {
-  if (recompute_ != Recompute::kFull || last_forward_ == l) return absl::OkStatus();
+  if (recompute_ == Recompute::kNone || last_forward_ == l) return absl::OkStatus();
   const bool recording = fp8_ != nullptr && fp8_->recording();
   if (recording) fp8_->set_recording(false);
-  const absl::Status forward = BlockForward(l, x, y, /*stats=*/nullptr, /*rerun=*/true);
+  absl::Status status;
+  if (recompute_ == Recompute::kFull) {
+    status = BlockForward(l, x, y, /*stats=*/nullptr, /*rerun=*/true);
+  } else {
+    last_forward_ = -1;
+    status = blocks_[l].Recompute(block_weights_[l]);
+    if (status.ok()) last_forward_ = l;
+  }
   if (recording) fp8_->set_recording(true);
-  return forward;
+  return status;
 }
 
 int64_t Transformer::activation_bytes() const {
@@ -142,7 +152,24 @@ int64_t Transformer::activation_bytes() const {
 }
 
 const char* RecomputeName(Recompute recompute) {
-  return recompute == Recompute::kFull ? "FULL" : "NONE";
+  switch (recompute) {
+    case Recompute::kFull:
+      return "FULL";
+    case Recompute::kSelective:
+      return "SELECTIVE";
+    case Recompute::kNone:
+      break;
+  }
+  return "NONE";
+}
+
+std::optional<Recompute> RecomputeFromName(std::string_view name) {
+  for (const Recompute mode : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    if (absl::EqualsIgnoreCase(absl::string_view(name.data(), name.size()), RecomputeName(mode))) {
+      return mode;
+    }
+  }
+  return std::nullopt;
 }
 
 ops::LmHeadLossArgs Transformer::LmHeadArgs() const {

@@ -25,6 +25,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -63,9 +64,19 @@ struct GradStage {
 };
 
 // What backward finds of the forward's activations (train.recompute).
+// In order of what it lets go of (the layout search relies on it).
 enum class Recompute : uint8_t {
   // Every block keeps what its backward reads, in buffers of its own.
   kNone,
+  // Each block keeps what is costly to compute again (the projections' and the attention core's
+  // outputs, the experts' pre-activations and rows, the routing) and lets go of what is cheap:
+  // the RMSNorm outputs, the SwiGLU outputs, the compute-dtype copies, and MLA's up-projected q, k
+  // and v (as DeepSeek-V3 trains). Those live in scratch buffers all blocks share with their
+  // backward scratch, and backward rebuilds them just before a block's backward
+  // (TransformerBlock::Recompute; not for the block whose forward ran last), with the same ops on
+  // the same kept inputs: the same bits. The attention core keeps no softmax (only its row
+  // logsumexp), so there is none to drop. No exchange or routing runs again.
+  kSelective,
   // Each block keeps only its input (the residual stream, which the model keeps anyway); all
   // blocks, MTP modules' included, share one set of buffers, and backward re-runs a block's forward
   // just before its backward (not for the block whose forward ran last). The re-run is the same
@@ -78,8 +89,10 @@ enum class Recompute : uint8_t {
   // (those of the first forward count once).
   kFull,
 };
-// "NONE", "FULL" (the job spec's names).
+// "NONE", "FULL", "SELECTIVE" (the job spec's names).
 const char* RecomputeName(Recompute recompute);
+// The mode of such a name, in any case ("full", "Selective"); nullopt for any other text.
+std::optional<Recompute> RecomputeFromName(std::string_view name);
 
 // How ForwardBackward runs one micro-batch.
 struct BackwardOptions {
@@ -201,7 +214,8 @@ class Transformer {
   // `rerun` as TransformerBlock::Forward's.
   absl::Status BlockForward(int64_t l, TensorView x, TensorView y, MoeStats* stats,
                             bool rerun = false);
-  // With Recompute::kFull, block l's forward again (same x and y) unless it ran last.
+  // Block l's scratch (kSelective) or its whole forward (kFull, same x and y) again, unless its
+  // forward ran last; nothing for kNone.
   absl::Status RecomputeBlock(int64_t l, TensorView x, TensorView y);
 
   // Builds the flat buffers and every view into them (parameters.cc).

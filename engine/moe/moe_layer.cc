@@ -24,7 +24,8 @@ MoeLayer::MoeLayer(const MoeConfig& config, int64_t hidden_size, DType dtype,
       experts_down_(ctx),
       shared_gate_up_proj_(ctx),
       shared_down_proj_(ctx),
-      workspace_(kNumBuffers, ctx.allocator()) {
+      workspace_(kNumKept, ctx.allocator()),
+      scratch_(kNumScratch, ctx.allocator()) {
   const int ep = parallel.expert_group != nullptr ? parallel.expert_group->size() : 1;
   if (ep > 1) {
     num_local_experts_ = config.num_experts / ep;
@@ -152,7 +153,7 @@ absl::Status MoeLayer::RoutedExpertsBackward(const MoeWeights& weights, TensorVi
 
   // Down projection, SwiGLU, gate/up projection.
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_activated,
-                            workspace_.Get(kDActivated, DType::kF32, {total, f}));
+                            scratch_.Get(kDActivated, DType::kF32, {total, f}));
   d_activated = d_activated.Slice(begin, end);
   const int64_t first_group = first_local_expert_ + first;
   MOETRAIN_RETURN_IF_ERROR(
@@ -160,7 +161,7 @@ absl::Status MoeLayer::RoutedExpertsBackward(const MoeWeights& weights, TensorVi
   MOETRAIN_RETURN_IF_ERROR(
       experts_down_.BackwardWeight(d_out, activated_.Slice(begin, end), relative, first_group,
                                    grads->expert_down.Slice(first, last), /*accumulate=*/true));
-  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_gate_up, workspace_.Get(kDGateUp, dtype_, {total, 2 * f}));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_gate_up, scratch_.Get(kDGateUp, dtype_, {total, 2 * f}));
   d_gate_up = d_gate_up.Slice(begin, end);
   MOETRAIN_RETURN_IF_ERROR(
       ops::SwigluBackward(ctx_, gate_up_.Slice(begin, end), d_activated, d_gate_up));
@@ -179,9 +180,9 @@ absl::StatusOr<TensorView> MoeLayer::SharedExpertsForward(const MoeWeights& weig
                             workspace_.Get(kSharedGateUp, DType::kF32, {t, 2 * sf}));
   MOETRAIN_RETURN_IF_ERROR(
       shared_gate_up_proj_.Forward(x_, weights.shared_gate_up, shared_gate_up_));
-  MOETRAIN_ASSIGN_OR_RETURN(shared_activated_, workspace_.Get(kSharedActivated, dtype_, {t, sf}));
+  MOETRAIN_ASSIGN_OR_RETURN(shared_activated_, scratch_.Get(kSharedActivated, dtype_, {t, sf}));
   MOETRAIN_RETURN_IF_ERROR(ops::SwigluForward(ctx_, shared_gate_up_, shared_activated_));
-  MOETRAIN_ASSIGN_OR_RETURN(TensorView shared_out, workspace_.Get(kSharedOut, DType::kF32, {t, d}));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView shared_out, scratch_.Get(kSharedOut, DType::kF32, {t, d}));
   MOETRAIN_RETURN_IF_ERROR(
       shared_down_proj_.Forward(shared_activated_, weights.shared_down, shared_out));
   return shared_out;
@@ -193,16 +194,16 @@ absl::StatusOr<TensorView> MoeLayer::SharedExpertsBackward(const MoeWeights& wei
   const int64_t sf = config_.num_shared_experts * config_.expert_ffn_dim;
   if (sf == 0) return TensorView();
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_shared_activated,
-                            workspace_.Get(kDSharedActivated, DType::kF32, {t, sf}));
+                            scratch_.Get(kDSharedActivated, DType::kF32, {t, sf}));
   MOETRAIN_RETURN_IF_ERROR(
       shared_down_proj_.BackwardData(d_out, weights.shared_down, d_shared_activated));
   MOETRAIN_RETURN_IF_ERROR(
       shared_down_proj_.BackwardWeight(d_out, shared_activated_, grads->shared_down));
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_shared_gate_up,
-                            workspace_.Get(kDSharedGateUp, dtype_, {t, 2 * sf}));
+                            scratch_.Get(kDSharedGateUp, dtype_, {t, 2 * sf}));
   MOETRAIN_RETURN_IF_ERROR(
       ops::SwigluBackward(ctx_, shared_gate_up_, d_shared_activated, d_shared_gate_up));
-  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_x_shared, workspace_.Get(kDXShared, DType::kF32, {t, d}));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_x_shared, scratch_.Get(kDXShared, DType::kF32, {t, d}));
   MOETRAIN_RETURN_IF_ERROR(
       shared_gate_up_proj_.BackwardData(d_shared_gate_up, weights.shared_gate_up, d_x_shared));
   MOETRAIN_RETURN_IF_ERROR(
@@ -214,7 +215,7 @@ absl::StatusOr<TensorView> MoeLayer::RouterBackwardPart(const MoeWeights& weight
                                                         TensorView d_weights, MoeGrads* grads,
                                                         float loss_weight) {
   const int64_t t = x_.dim(0), d = hidden_size_, e = config_.num_experts;
-  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_logits, workspace_.Get(kDLogits, DType::kF32, {t, e}));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_logits, scratch_.Get(kDLogits, DType::kF32, {t, e}));
   const ops::RouterArgs router_args = {logits_, weights.expert_bias, tokens_per_sequence_};
   MOETRAIN_RETURN_IF_ERROR(
       ops::RouterBackward(ctx_, config_, router_args, routing_, d_weights, d_logits, loss_weight));
@@ -223,7 +224,7 @@ absl::StatusOr<TensorView> MoeLayer::RouterBackwardPart(const MoeWeights& weight
                                             .c = grads->router,
                                             .trans_a = true,
                                             .accumulate = true}));
-  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_x_router, workspace_.Get(kDXRouter, DType::kF32, {t, d}));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_x_router, scratch_.Get(kDXRouter, DType::kF32, {t, d}));
   MOETRAIN_RETURN_IF_ERROR(ops::Gemm(ctx_, {.a = d_logits, .b = weights.router, .c = d_x_router}));
   return d_x_router;
 }
@@ -234,7 +235,7 @@ absl::Status MoeLayer::Route(const MoeWeights& weights, bool rerun) {
   if (dtype_ == DType::kF32) {
     router_input_ = x_;
   } else {
-    MOETRAIN_ASSIGN_OR_RETURN(router_input_, workspace_.Get(kRouterInput, DType::kF32, {t, d}));
+    MOETRAIN_ASSIGN_OR_RETURN(router_input_, scratch_.Get(kRouterInput, DType::kF32, {t, d}));
     MOETRAIN_RETURN_IF_ERROR(ops::ConvertTensor(ctx_, x_, router_input_));
   }
   MOETRAIN_ASSIGN_OR_RETURN(logits_, workspace_.Get(kLogits, DType::kF32, {t, e}));
@@ -318,7 +319,7 @@ absl::Status MoeLayer::Forward(const MoeWeights& weights, TensorView x, int64_t 
     MOETRAIN_ASSIGN_OR_RETURN(permuted_x_, workspace_.Get(kPermutedX, dtype_, {r, d}));
     MOETRAIN_RETURN_IF_ERROR(ops::GatherRows(ctx_, x, permutation_.row_token, permuted_x_));
     MOETRAIN_ASSIGN_OR_RETURN(gate_up_, workspace_.Get(kGateUp, DType::kF32, {r, 2 * f}));
-    MOETRAIN_ASSIGN_OR_RETURN(activated_, workspace_.Get(kActivated, dtype_, {r, f}));
+    MOETRAIN_ASSIGN_OR_RETURN(activated_, scratch_.Get(kActivated, dtype_, {r, f}));
     MOETRAIN_ASSIGN_OR_RETURN(expert_out_, workspace_.Get(kExpertOut, DType::kF32, {r, d}));
     MOETRAIN_RETURN_IF_ERROR(RoutedExpertsForward(weights, permuted_x_, 0, e, offsets_));
     // Shared experts see every token.
@@ -337,6 +338,39 @@ absl::Status MoeLayer::Forward(const MoeWeights& weights, TensorView x, int64_t 
     const double mean_load = static_cast<double>(t * config_.top_k) / static_cast<double>(e);
     stats->max_mean_load_ratio = t > 0 ? static_cast<float>(max_load / mean_load) : 0.0f;
   }
+  return absl::OkStatus();
+}
+
+absl::Status MoeLayer::ShareWorkspaceOf(const MoeLayer& other) {
+  MOETRAIN_RETURN_IF_ERROR(workspace_.ShareSlotsOf(other.workspace_));
+  return scratch_.ShareSlotsOf(other.scratch_);
+}
+
+absl::Status MoeLayer::Recompute(TensorView x) {
+  if (!has_forward_) {
+    return absl::FailedPreconditionError("MoeLayer::Recompute needs a successful Forward first");
+  }
+  MOETRAIN_RETURN_IF_ERROR(CheckTensor(x, "x", dtype_, {x_.dim(0), hidden_size_}));
+  if (!x.is_contiguous()) return absl::InvalidArgumentError("x must be contiguous");
+  has_forward_ = false;
+  x_ = x;
+  const int64_t t = x_.dim(0), f = config_.expert_ffn_dim;
+  if (dtype_ == DType::kF32) {
+    router_input_ = x_;
+  } else {
+    MOETRAIN_ASSIGN_OR_RETURN(router_input_,
+                              scratch_.Get(kRouterInput, DType::kF32, {t, hidden_size_}));
+    MOETRAIN_RETURN_IF_ERROR(ops::ConvertTensor(ctx_, x_, router_input_));
+  }
+  // SwiGLU is row by row: over all rows at once it gives each row what Forward's blocks gave.
+  MOETRAIN_ASSIGN_OR_RETURN(activated_, scratch_.Get(kActivated, dtype_, {gate_up_.dim(0), f}));
+  MOETRAIN_RETURN_IF_ERROR(ops::SwigluForward(ctx_, gate_up_, activated_));
+  if (config_.num_shared_experts > 0) {
+    MOETRAIN_ASSIGN_OR_RETURN(shared_activated_, scratch_.Get(kSharedActivated, dtype_,
+                                                              {t, config_.num_shared_experts * f}));
+    MOETRAIN_RETURN_IF_ERROR(ops::SwigluForward(ctx_, shared_gate_up_, shared_activated_));
+  }
+  has_forward_ = true;
   return absl::OkStatus();
 }
 
@@ -361,13 +395,13 @@ absl::Status MoeLayer::Backward(const MoeWeights& weights, TensorView d_out, Ten
   const int64_t r = offsets_.back();
 
   // Combine → routed rows and combine weights.
-  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_expert_out, workspace_.Get(kDExpertOut, dtype_, {r, d}));
-  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_weights, workspace_.Get(kDWeights, DType::kF32, {t, k}));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_expert_out, scratch_.Get(kDExpertOut, dtype_, {r, d}));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_weights, scratch_.Get(kDWeights, DType::kF32, {t, k}));
   MOETRAIN_RETURN_IF_ERROR(ops::CombineRowsBackward(ctx_, d_out, expert_out_, permutation_.pair_row,
                                                     routing_.topk_weights, d_expert_out,
                                                     d_weights));
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_permuted_x,
-                            workspace_.Get(kDPermutedX, DType::kF32, {r, d}));
+                            scratch_.Get(kDPermutedX, DType::kF32, {r, d}));
   MOETRAIN_RETURN_IF_ERROR(RoutedExpertsBackward(weights, permuted_x_, d_expert_out, 0, e, offsets_,
                                                  d_permuted_x, grads));
   MOETRAIN_ASSIGN_OR_RETURN(const TensorView d_x_shared,

@@ -131,12 +131,21 @@ class MoeLayer {
   absl::Status Backward(const MoeWeights& weights, TensorView d_out, TensorView d_x,
                         MoeGrads* grads, float loss_weight = 1.0f);
 
-  // Activation recompute (engine/model/transformer.h): this layer's buffers become `other`'s, so
+  // Selective recompute (engine/model/transformer.h), after the last Forward's scratch was
+  // overwritten and before Backward, on x of the same values (which may now lie elsewhere): the
+  // router's f32 input and the SwiGLU outputs of the routed and shared experts, from x and the
+  // pre-activations Forward kept. The same ops on the same inputs: the same bits.
+  absl::Status Recompute(TensorView x);
+
+  // Activation recompute (engine/model/transformer.h): ShareScratchOf makes this layer's scratch
+  // buffers (what Recompute rebuilds, and Backward's) `other`'s, ShareWorkspaceOf every buffer, so
   // that a Forward of either overwrites what the other kept.
-  absl::Status ShareWorkspaceOf(const MoeLayer& other) {
-    return workspace_.ShareSlotsOf(other.workspace_);
+  absl::Status ShareScratchOf(const MoeLayer& other) {
+    return scratch_.ShareSlotsOf(other.scratch_);
   }
+  absl::Status ShareWorkspaceOf(const MoeLayer& other);
   const Workspace& workspace() const { return workspace_; }
+  const Workspace& scratch() const { return scratch_; }
   // The bytes Forward keeps outside the workspace, per layer: the routing and the permutation.
   int64_t routing_bytes() const;
 
@@ -222,16 +231,31 @@ class MoeLayer {
   TensorView shared_gate_up_;     // (T, 2SF) f32
   TensorView shared_activated_;   // (T, SF) compute dtype
 
-  // Storage behind the views above, and scratch of Backward, by purpose.
+  // Storage behind the views above: what Forward keeps (`workspace_`), and what selective
+  // recompute rebuilds or only Forward or Backward uses (`scratch_`), by purpose. With expert
+  // parallelism the permuted rows and the experts' outputs are only sent (kSentX, kSentOut):
+  // backward reads the received rows and the combined outputs instead.
+  // (The first of each a dense FFN's buffers share under recompute: like for like.)
+  enum Kept {
+    kGateUp,
+    kLogits,
+    kPermutedX,
+    kExpertOut,
+    kSharedGateUp,
+    kSendOrder,
+    kReceivedX,
+    kCombined,
+    kNumKept
+  };
   // clang-format off
-  enum Buffer {
-    kRouterInput, kLogits, kPermutedX, kGateUp, kActivated, kExpertOut, kSharedGateUp,
-    kSharedActivated, kSharedOut, kDExpertOut, kDWeights, kDActivated, kDGateUp, kDPermutedX,
-    kDSharedActivated, kDSharedGateUp, kDXShared, kDLogits, kDXRouter,
-    kSendOrder, kReceivedX, kCombined, kDReceived, kDReceivedX, kNumBuffers
+  enum Scratch {
+    kActivated, kDActivated, kDGateUp, kRouterInput, kSharedActivated, kSharedOut, kDExpertOut,
+    kDWeights, kDPermutedX, kDSharedActivated, kDSharedGateUp, kDXShared, kDLogits, kDXRouter,
+    kDReceived, kDReceivedX, kSentX, kSentOut, kNumScratch
   };
   // clang-format on
   Workspace workspace_;
+  Workspace scratch_;
 };
 
 }  // namespace moetrain

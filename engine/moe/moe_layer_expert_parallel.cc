@@ -77,12 +77,12 @@ absl::Status MoeLayer::ForwardExpertParallel(const MoeWeights& weights, TensorVi
   const int64_t r = handle_.num_send_rows(), n = handle_.num_received_rows();
   dropped_ = t * k - r;
 
-  MOETRAIN_ASSIGN_OR_RETURN(permuted_x_, workspace_.Get(kPermutedX, dtype_, {r, d}));
+  MOETRAIN_ASSIGN_OR_RETURN(permuted_x_, scratch_.Get(kSentX, dtype_, {r, d}));
   MOETRAIN_RETURN_IF_ERROR(ops::GatherRows(ctx_, x_, permutation_.row_token, permuted_x_));
   MOETRAIN_ASSIGN_OR_RETURN(received_x_, workspace_.Get(kReceivedX, dtype_, {n, d}));
   MOETRAIN_ASSIGN_OR_RETURN(gate_up_, workspace_.Get(kGateUp, DType::kF32, {n, 2 * f}));
-  MOETRAIN_ASSIGN_OR_RETURN(activated_, workspace_.Get(kActivated, dtype_, {n, f}));
-  MOETRAIN_ASSIGN_OR_RETURN(expert_out_, workspace_.Get(kExpertOut, DType::kF32, {n, d}));
+  MOETRAIN_ASSIGN_OR_RETURN(activated_, scratch_.Get(kActivated, dtype_, {n, f}));
+  MOETRAIN_ASSIGN_OR_RETURN(expert_out_, scratch_.Get(kSentOut, DType::kF32, {n, d}));
   MOETRAIN_ASSIGN_OR_RETURN(combined_, workspace_.Get(kCombined, DType::kF32, {r, d}));
 
   // With fp8_dispatch the rows travel as FP8 and arrive dequantised, so everything after the
@@ -115,18 +115,18 @@ absl::Status MoeLayer::BackwardExpertParallel(const MoeWeights& weights, TensorV
   const int64_t r = handle_.num_send_rows(), n = handle_.num_received_rows();
 
   // Combine → the rows in permuted order and the combine weights.
-  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_combined, workspace_.Get(kDExpertOut, dtype_, {r, d}));
-  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_weights, workspace_.Get(kDWeights, DType::kF32, {t, k}));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_combined, scratch_.Get(kDExpertOut, dtype_, {r, d}));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_weights, scratch_.Get(kDWeights, DType::kF32, {t, k}));
   MOETRAIN_RETURN_IF_ERROR(ops::CombineRowsBackward(ctx_, d_out, combined_, permutation_.pair_row,
                                                     routing_.topk_weights, d_combined, d_weights));
 
   // Their gradients travel to the experts (the backward of combine is a dispatch) and the input
   // rows' gradients back (the backward of dispatch is a combine), in the forward's layout.
-  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_received, workspace_.Get(kDReceived, dtype_, {n, d}));
+  MOETRAIN_ASSIGN_OR_RETURN(TensorView d_received, scratch_.Get(kDReceived, dtype_, {n, d}));
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_received_x,
-                            workspace_.Get(kDReceivedX, DType::kF32, {n, d}));
+                            scratch_.Get(kDReceivedX, DType::kF32, {n, d}));
   MOETRAIN_ASSIGN_OR_RETURN(TensorView d_permuted_x,
-                            workspace_.Get(kDPermutedX, DType::kF32, {r, d}));
+                            scratch_.Get(kDPermutedX, DType::kF32, {r, d}));
   TensorView d_x_shared, d_x_router;
   MOETRAIN_RETURN_IF_ERROR(RunChunks(
       {.handle = &handle_, .rows = d_combined, .received = d_received},

@@ -127,13 +127,15 @@ absl::StatusOr<TrainerConfig> TrainBenchConfig(const Json& root) {
   // Files from before train_bench printed it kept every activation.
   const Json& bench = root.at("train_bench");
   if (bench.contains("recompute")) {
-    if (!bench["recompute"].is_string() ||
-        (bench["recompute"] != "NONE" && bench["recompute"] != "FULL")) {
+    const std::optional<Recompute> mode =
+        bench["recompute"].is_string() ? RecomputeFromName(bench["recompute"].get<std::string>())
+                                       : std::nullopt;
+    if (!mode.has_value()) {
       return absl::InvalidArgumentError(
           absl::StrCat("calibration file: train_bench.recompute = ", bench["recompute"].dump(),
-                       " is not \"NONE\" or \"FULL\""));
+                       " is not \"NONE\", \"SELECTIVE\" or \"FULL\""));
     }
-    c.recompute = bench["recompute"] == "FULL" ? Recompute::kFull : Recompute::kNone;
+    c.recompute = *mode;
   }
   return c;
 }

@@ -115,18 +115,35 @@ absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout&
   const double activation_bytes = EstimateTrainingMemory(kept).activations;
   const double elementwise_s = kActivationPasses * activation_bytes * micro_batches /
                                (device.memory_bandwidth_bytes_per_s * efficiency.memory_bound);
-  // Recompute: the blocks' forward once more, but the last block's (whose buffers still hold
-  // it): a third of their matmuls (the LM heads' stay once) and another forward pass of the work
-  // between them (all of it counted: this errs long).
+  // Recompute, for every block but the last (whose buffers still hold its forward). FULL: the
+  // blocks' forward once more: a third of their matmuls (the LM heads' stay once) and another
+  // forward pass of the work between them (all of it counted: this errs long). SELECTIVE: the
+  // activation bytes it lets go of written once more, and with MLA the up-projections' GEMMs.
   const bool recompute = layout.recompute == Recompute::kFull;
   const double blocks = static_cast<double>(model.num_layers + model.mtp_depth);
+  const double again = blocks > 0 ? (blocks - 1) / blocks : 0.0;
   if (recompute) {
     const double lm_heads = 6.0 * static_cast<double>(model.vocab_size) *
                             static_cast<double>(model.hidden_size) *
                             static_cast<double>(1 + model.mtp_depth);
     const double block_dense_s = dense_s * std::max(0.0, split.dense - lm_heads) / split.dense;
-    plan.recompute_s =
-        ((block_dense_s + experts_s + attention_s) / 3 + elementwise_s / 2) * (blocks - 1) / blocks;
+    plan.recompute_s = ((block_dense_s + experts_s + attention_s) / 3 + elementwise_s / 2) * again;
+  } else if (layout.recompute == Recompute::kSelective) {
+    const double dropped = std::max(0.0, activation_bytes - plan.memory.activations);
+    plan.recompute_s = elementwise_s / 2 * dropped / std::max(1.0, activation_bytes) * again;
+    if (model.is_mla()) {
+      const MlaConfig& mla = model.mla;
+      const double heads = static_cast<double>(model.num_heads);
+      const double query_in =
+          static_cast<double>(mla.q_lora_rank > 0 ? mla.q_lora_rank : model.hidden_size);
+      const double per_token =
+          2.0 * (query_in * heads * static_cast<double>(mla.qk_head_dim()) +
+                 static_cast<double>(mla.kv_lora_rank) * heads *
+                     static_cast<double>(mla.qk_nope_head_dim + mla.v_head_dim) +
+                 static_cast<double>(model.hidden_size * mla.qk_rope_head_dim));
+      plan.recompute_s +=
+          rank_tokens * blocks * per_token / (gemm_peak * efficiency.dense_gemm) * again;
+    }
   }
   plan.dense_gemm_s = dense_s;
   plan.grouped_gemm_s = experts_s;
@@ -167,10 +184,10 @@ absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout&
     plan.all_to_all_exposed_s = ExposedExchange(forward_s, experts_s / 3, chunks) +
                                 ExposedExchange(backward_s, experts_s * 2 / 3, chunks);
     if (recompute) {  // the recomputed forwards' exchanges: every MoE block's but the last's
-      const double again = (MoeBlocks(model) - 1) / MoeBlocks(model);
-      const double again_s = seconds(dispatch_row, again) + seconds(f32_row, again);
+      const double share = (MoeBlocks(model) - 1) / MoeBlocks(model);
+      const double again_s = seconds(dispatch_row, share) + seconds(f32_row, share);
       plan.all_to_all_s += again_s;
-      plan.all_to_all_exposed_s += ExposedExchange(again_s, experts_s / 3 * again, chunks);
+      plan.all_to_all_exposed_s += ExposedExchange(again_s, experts_s / 3 * share, chunks);
     }
   }
 
@@ -231,9 +248,11 @@ std::vector<LayoutPlan> PlanLayouts(const TrainerConfig& config, int gpus,
       if (sharding != Sharding::kNone && gpus == 1) continue;  // no replicas to shard over
       absl::StatusOr<LayoutPlan> plan =
           PlanLayout(config, {gpus / ep, ep, sharding, config.recompute}, cluster);
-      if (plan.ok() && !plan->fits && config.recompute != Recompute::kFull) {
+      // Where the spec's recompute does not fit: the cheaper recompute that does, selective first.
+      for (const Recompute more : {Recompute::kSelective, Recompute::kFull}) {
+        if (!plan.ok() || plan->fits || more <= config.recompute) continue;
         absl::StatusOr<LayoutPlan> recomputed =
-            PlanLayout(config, {gpus / ep, ep, sharding, Recompute::kFull}, cluster);
+            PlanLayout(config, {gpus / ep, ep, sharding, more}, cluster);
         if (recomputed.ok() && recomputed->fits) plan = recomputed;
       }
       if (plan.ok()) plans.push_back(*plan);

@@ -176,16 +176,6 @@ MemoryEstimate EstimateTrainingMemory(const TrainerConfig& config) {
 
   const double n = ParameterCount(m, config.parallel.expert_parallel);
   const double untrainable = UntrainableCount(m);
-  // MLA, per block: its saved tensors and scratch (mla_attention.h): q, k, v, the core's output
-  // and their gradients at the query/key width, the projections' outputs and latents twice (value
-  // and gradient, plus compute copies).
-  double mla_block = 0;
-  if (m.is_mla()) {
-    const MlaWidths w = MlaWidthsOf(m);
-    const double narrow = w.rq + w.rkv + w.rope + w.kv_width + w.wide + w.dv;  // per token, once
-    mla_block = 4 * t * (8 * w.wide + 2 * narrow + w.h) + act_copy * t * (2 * narrow);
-  }
-
   MemoryEstimate estimate;
   estimate.parameters = n * (4 + act_copy);
   estimate.gradients = 4 * n;
@@ -218,47 +208,89 @@ MemoryEstimate EstimateTrainingMemory(const TrainerConfig& config) {
                                           std::numeric_limits<int64_t>::max(), m.vocab_size)));
   double activations = 3 * 4 * t + 4 * (layers + 1) * t * d + 4 * t + act * t * d + 2 * 4 * t * d +
                        (4 + act) * lm_chunk * v + 4 * t;
-  // Every block: attention's saved tensors and backward scratch, and the norms.
-  const double gqa_block = 4 * t * (2 * q + 2 * kv) + act_copy * t * q +
-                           4 * t * as_double(m.num_heads) + 4 * t * (2 * q + 2 * kv) +
-                           act_copy * t * (q + 2 * kv);
-  const double block = 4 * t + act * t * d + (m.is_mla() ? mla_block : gqa_block) + 4 * t * d +
-                       4 * t + act * t * d + act_copy * t * d + 4 * t * d;
-  // Dense FFN blocks: pre-activations, the activated rows and their gradients.
-  const double dense_block = 4 * t * 2 * f + act * t * f + 4 * t * f + act * t * 2 * f;
-  // MoE blocks: routing, the permuted rows through the experts and back, the shared experts. The
-  // routing (scores, top-k experts and weights, the permutation's rows) is kept per layer even
-  // when the blocks share their buffers.
+  // Each part of a block in two: what its forward keeps for backward (`kept`), and its scratch:
+  // what selective recompute lets go of and rebuilds, and what only forward or backward uses
+  // (the Kept and Scratch buffers of block.h, mla_attention.h and moe_layer.h).
+  struct Part {
+    double kept = 0, scratch = 0;
+  };
+  // The block's own: its norms' rstd, the residual after attention and the attention's tensors,
+  // then the norms' outputs and the stream's gradient (as f32, and in the compute dtype).
+  Part block = {.kept = 4 * t + 4 * t * d + 4 * t,
+                .scratch = 2 * act * t * d + act_copy * t * d + 4 * t * d};
+  if (m.is_mla()) {
+    // MLA keeps its two latents (and the query latent's rstd), the key/value latent's rstd and
+    // the core's output and logsumexp. Scratch: the latents' norms (compute dtype), the query,
+    // the shared key, kv_b_proj's output, q, k and v, the narrowed output, and the gradients of
+    // each (f32, and their compute copies below f32).
+    const MlaWidths w = MlaWidthsOf(m);
+    block.kept += 4 * t * (w.rq + (w.rq > 0 ? 1 : 0) + w.rkv + 1 + w.wide + w.h);
+    block.scratch += act * t * (w.rq + w.rkv) +
+                     4 * t * (9 * w.wide + 2 * (w.rope + w.kv_width + w.dv + w.rkv + w.rq)) +
+                     act_copy * t * (w.dv + w.kv_width + w.rkv + w.rope + w.wide + w.rq);
+  } else {
+    // Grouped-query attention keeps q, k, v and the core's output and logsumexp.
+    block.kept += 4 * t * (2 * q + 2 * kv) + 4 * t * as_double(m.num_heads);
+    block.scratch += act_copy * t * q + 4 * t * (2 * q + 2 * kv) + act_copy * t * (q + 2 * kv);
+  }
+  // Dense FFN blocks: the pre-activations kept; the activated rows and the gradients scratch.
+  const double dense_scratch_slots[3] = {act * t * f, 4 * t * f, act * t * 2 * f};
+  const Part dense = {
+      .kept = 4 * t * 2 * f,
+      .scratch = dense_scratch_slots[0] + dense_scratch_slots[1] + dense_scratch_slots[2]};
+  // MoE blocks: the router's logits, the permuted rows, the experts' pre-activations and outputs
+  // (with expert parallelism the received and combined rows instead of the rows sent), the shared
+  // experts' pre-activations kept; the block's MoE output and its gradient, the router's f32 input,
+  // the SwiGLU outputs and every gradient scratch. The routing (scores, top-k experts and weights,
+  // the permutation's rows) is kept per layer even when the blocks share their buffers.
   const double rows = RoutedRows(moe, t);
   const double k = as_double(moe.top_k);
   const double routing = 4 * t * e + 12 * t * k + 4 * rows;
-  double moe_block =
-      2 * act * t * d + (f32 ? 0.0 : 4 * t * d) + 2 * 4 * t * e + 4 * t * d + 4 * t * k;
-  moe_block +=
-      rows * (act * d + 4 * 2 * fe + act * fe + 4 * d + 4 * fe + act * 2 * fe + act * d + 4 * d);
-  if (ep > 1) moe_block += rows * (2 * act * d + 2 * 4 * d);  // received rows, combine, their grads
-  if (shared_f > 0) {
-    moe_block += 4 * t * 2 * shared_f + act * t * shared_f + 2 * 4 * t * d + 4 * t * shared_f +
-                 act * t * 2 * shared_f;
+  // The experts' pre-activations, SwiGLU outputs and their gradients come first: a dense FFN's
+  // share them under recompute.
+  const double moe_gate_up = 4 * rows * 2 * fe;
+  const double moe_scratch_slots[3] = {act * rows * fe, 4 * rows * fe, act * rows * 2 * fe};
+  Part moe_part = {.kept = moe_gate_up + 4 * t * e + rows * (act * d + 4 * d),
+                   .scratch = moe_scratch_slots[0] + moe_scratch_slots[1] + moe_scratch_slots[2] +
+                              2 * act * t * d + (f32 ? 0.0 : 4 * t * d) + 4 * t * e + 4 * t * d +
+                              4 * t * k + rows * (act * d + 4 * d)};
+  if (ep > 1) {
+    // The permuted rows and the experts' outputs are only sent: scratch. The received rows and
+    // the combined outputs kept, their gradients scratch.
+    moe_part.scratch += 2 * rows * (act * d + 4 * d);
   }
-  // Without recompute every block has buffers of its own. With FULL they all share one set and
-  // keep only their inputs, the residual stream counted above: one attention's, and one MoE
-  // layer's whose first four slots the dense FFN's four share (block.h), each as large as the
-  // larger user needs. (With expert parallelism a shared row slot grows to the busiest layer's
-  // received rows, which the even spread counted here can fall short of.)
-  if (config.recompute != Recompute::kFull) {
-    activations += layers * block + dense_layers * dense_block + moe_layers * moe_block;
-  } else {
-    const double has_dense = dense_layers > 0 ? 1 : 0, has_moe = moe_layers > 0 ? 1 : 0;
-    const double dense_slots[4] = {4 * t * 2 * f, act * t * f, 4 * t * f, act * t * 2 * f};
-    const double moe_slots[4] = {f32 ? 0.0 : 4 * t * d, 4 * t * e, act * rows * d,
-                                 4 * rows * 2 * fe};
-    double shared = 0;
-    for (int i = 0; i < 4; ++i) {
-      shared += std::max(has_dense * dense_slots[i], has_moe * moe_slots[i]);
-      moe_block -= moe_slots[i];
-    }
-    activations += block + shared + has_moe * moe_block;
+  if (shared_f > 0) {
+    moe_part.kept += 4 * t * 2 * shared_f;
+    moe_part.scratch +=
+        act * t * shared_f + 2 * 4 * t * d + 4 * t * shared_f + act * t * 2 * shared_f;
+  }
+  // Without recompute every block has buffers of its own. Recomputing, all blocks share one set
+  // of scratch buffers (SELECTIVE), or of all buffers (FULL: each block then keeps only its input,
+  // the residual stream counted above): one attention's, and one MoE layer's whose first slots a
+  // dense FFN's share (block.h), each as large as the larger user needs. (With expert
+  // parallelism a shared row slot grows to the busiest layer's received rows, which the even
+  // spread counted here can fall short of.)
+  const double has_dense = dense_layers > 0 ? 1 : 0, has_moe = moe_layers > 0 ? 1 : 0;
+  double shared_scratch = block.scratch + has_moe * moe_part.scratch;
+  for (int i = 0; i < 3; ++i) {
+    shared_scratch += std::max(has_dense * dense_scratch_slots[i], has_moe * moe_scratch_slots[i]) -
+                      has_moe * moe_scratch_slots[i];
+  }
+  switch (config.recompute) {
+    case Recompute::kNone:
+      activations += layers * (block.kept + block.scratch) +
+                     dense_layers * (dense.kept + dense.scratch) +
+                     moe_layers * (moe_part.kept + moe_part.scratch);
+      break;
+    case Recompute::kSelective:
+      activations += layers * block.kept + dense_layers * dense.kept + moe_layers * moe_part.kept +
+                     shared_scratch;
+      break;
+    case Recompute::kFull:
+      // The dense FFN's one kept slot shares the MoE layer's first (the pre-activations).
+      activations += block.kept + shared_scratch + has_moe * (moe_part.kept - moe_gate_up) +
+                     std::max(has_dense * dense.kept, has_moe * moe_gate_up);
+      break;
   }
   activations += moe_layers * routing;
   // Each MTP module's own tensors (mtp.cc): tokens, embedding, norms, the concatenation, the

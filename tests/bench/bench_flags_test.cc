@@ -66,7 +66,7 @@ std::vector<Binary> Binaries() {
         {{"--ranks", "0"}, "--ranks"},
         {{"--sharding", "full"}, "--sharding"},
         {{"--moment-dtype", "f16"}, "--moment-dtype"},
-        {{"--recompute", "selective"}, "--recompute"},
+        {{"--recompute", "partial"}, "--recompute"},
         {{"--grad-reduce-dtype", "f16"}, "--grad-reduce-dtype"},
         {{"--ranks", "3", "--ep", "2"}, "--ep"},
         {{"--json", "--steps"}, "--steps"}}},

@@ -174,7 +174,8 @@ if sorted(summary.get("bench", {})) != ["moe_layer_bench", "train_bench"]:
 runs = summary.get("training", {}).get("runs", {})
 recipes = ["delayed", "current", "blockwise", "mxfp8"]
 want_runs = sorted(["cpu_bf16", "cpu_f32", "cuda_bf16", "cuda_f32", "cuda_f32_repeat",
-                    "cuda_f32_recompute", "cpu_mla_f32", "cuda_mla_f32"] +
+                    "cuda_f32_recompute", "cpu_mla_f32", "cuda_mla_f32",
+                    "cuda_mla_f32_selective"] +
                    ["%s_fp8_%s" % (device, r) for device in ("cpu", "cuda") for r in recipes])
 if sorted(runs) != want_runs:
     problems.append("training runs %s, want %s" % (sorted(runs), want_runs))
@@ -185,7 +186,7 @@ for name, run in runs.items():
     elif run.get("exit") == 0:
         problems.append("the CUDA run %s succeeded without a GPU: %s" % (name, run))
 for precision, value in ([("f32", "FP32"), ("bf16", "BF16"), ("mla-f32", "FP32"),
-                          ("f32-recompute", "FP32")] +
+                          ("f32-recompute", "FP32"), ("mla-f32-selective", "FP32")] +
                          [("fp8-" + r, "FP8") for r in recipes]):
     text = open(os.path.join(logs, "train-%s.yaml" % precision)).read()
     lines = ["  precision: " + value, "  steps: 20", "  log_every: 1"]
@@ -193,6 +194,8 @@ for precision, value in ([("f32", "FP32"), ("bf16", "BF16"), ("mla-f32", "FP32")
         lines.append("    recipe: " + precision[4:].upper())
     if precision == "f32-recompute":
         lines.append("  recompute: FULL")
+    if precision == "mla-f32-selective":
+        lines.append("  recompute: SELECTIVE")
     for line in lines:
         if not re.search("^%s$" % line, text, re.M):
             problems.append("train-%s.yaml lacks '%s'" % (precision, line))
@@ -200,12 +203,13 @@ checks = summary.get("checks", {})
 fp8_checks = ["loss_fp8_%s_cuda_vs_cpu" % r for r in recipes]
 want_checks = sorted(["cuda_f32_bit_identical", "cuda_f32_recompute_bit_identical",
                       "loss_bf16_cuda_vs_cpu", "loss_f32_cuda_vs_cpu",
-                      "loss_mla_f32_cuda_vs_cpu",
+                      "loss_mla_f32_cuda_vs_cpu", "cuda_mla_f32_selective_bit_identical",
                       "moe_layer_bench", "tests", "train_bench"] + fp8_checks)
 if sorted(checks) != want_checks:
     problems.append("checks %s, want %s" % (sorted(checks), want_checks))
 for name in ["loss_f32_cuda_vs_cpu", "loss_bf16_cuda_vs_cpu", "cuda_f32_bit_identical",
-             "cuda_f32_recompute_bit_identical", "loss_mla_f32_cuda_vs_cpu"] + fp8_checks:
+             "cuda_f32_recompute_bit_identical", "loss_mla_f32_cuda_vs_cpu",
+             "cuda_mla_f32_selective_bit_identical"] + fp8_checks:
     check = checks.get(name, {})
     reason = check.get("reason", "")
     if check.get("pass") is not False or not re.search(r"run cuda_(f32|bf16|mla_f32|fp8_\w+): exit 2",

@@ -1,6 +1,6 @@
-// Activation recompute (train.recompute = FULL): the same bits as keeping every block's
-// activations, in the gradients, the losses, the MoE statistics and the FP8 statistics, while the
-// activation buffers shrink to one block's.
+// Activation recompute (train.recompute = SELECTIVE or FULL): the same bits as keeping every
+// block's activations, in the gradients, the losses, the MoE statistics and the FP8 statistics,
+// while the activation buffers shrink (FULL: to one block's).
 #include <cstdint>
 #include <cstdio>
 #include <optional>
@@ -80,12 +80,11 @@ class RecomputeTest : public ::testing::TestWithParam<Case> {};
 
 // Three steps of two micro-batches each (the optimizer's place taken by a fixed nudge of the
 // masters, so that later steps see other weights): everything the step reports and accumulates
-// is bit-identical.
-TEST_P(RecomputeTest, FullRecomputeGivesTheSameBits) {
-  const Case& c = GetParam();
+// is bit-identical with `mode` as without recompute.
+void ExpectRecomputeGivesTheSameBits(const Case& c, Recompute mode) {
   Transformer keep = Make(c, Recompute::kNone);
-  Transformer redo = Make(c, Recompute::kFull);
-  EXPECT_EQ(redo.recompute(), Recompute::kFull);
+  Transformer redo = Make(c, mode);
+  EXPECT_EQ(redo.recompute(), mode);
   const int64_t seq = 7;  // not a power of two
   for (int step = 0; step < 3; ++step) {
     SCOPED_TRACE(absl::StrCat("step ", step));
@@ -157,6 +156,24 @@ TEST_P(RecomputeTest, FullRecomputeGivesTheSameBits) {
   EXPECT_LT(redo.activation_bytes(), keep.activation_bytes());
 }
 
+TEST_P(RecomputeTest, FullRecomputeGivesTheSameBits) {
+  ExpectRecomputeGivesTheSameBits(GetParam(), Recompute::kFull);
+}
+
+TEST_P(RecomputeTest, SelectiveRecomputeGivesTheSameBits) {
+  ExpectRecomputeGivesTheSameBits(GetParam(), Recompute::kSelective);
+}
+
+TEST(RecomputeNameTest, NamesRoundTripInAnyCase) {
+  for (const Recompute mode : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    EXPECT_EQ(RecomputeFromName(RecomputeName(mode)), mode);
+  }
+  EXPECT_EQ(RecomputeFromName("selective"), Recompute::kSelective);
+  EXPECT_EQ(RecomputeFromName("Full"), Recompute::kFull);
+  EXPECT_EQ(RecomputeFromName("partial"), std::nullopt);
+  EXPECT_EQ(RecomputeFromName(""), std::nullopt);
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, RecomputeTest, ::testing::ValuesIn(Cases()),
                          [](const auto& info) { return info.param.name; });
 
@@ -175,16 +192,23 @@ TEST(RecomputeMemoryTest, FullRecomputeCutsActivationsOfEightBlocksFiveTimes) {
   c.moe.expert_ffn_dim = 128;
   const Case keep_case{"keep", c, DType::kBF16, std::nullopt};
   Transformer keep = Make(keep_case, Recompute::kNone);
+  Transformer some = Make(keep_case, Recompute::kSelective);
   Transformer redo = Make(keep_case, Recompute::kFull);
   const Tensor tokens = RandomTokens(4, 64, c.vocab_size, 5);
   ASSERT_OK(keep.ForwardBackward(tokens.view()).status());
+  ASSERT_OK(some.ForwardBackward(tokens.view()).status());
   ASSERT_OK(redo.ForwardBackward(tokens.view()).status());
   const double ratio =
       static_cast<double>(keep.activation_bytes()) / static_cast<double>(redo.activation_bytes());
-  std::printf("activation bytes: NONE %lld, FULL %lld (%.2fx)\n",
+  std::printf("activation bytes: NONE %lld, SELECTIVE %lld, FULL %lld (%.2fx)\n",
               static_cast<long long>(keep.activation_bytes()),
+              static_cast<long long>(some.activation_bytes()),
               static_cast<long long>(redo.activation_bytes()), ratio);
   EXPECT_GE(ratio, 5.0);
+  // Selective lets go of the norms' and SwiGLU's outputs and shares every backward scratch: it
+  // lies between the two.
+  EXPECT_LT(some.activation_bytes(), keep.activation_bytes());
+  EXPECT_GT(some.activation_bytes(), redo.activation_bytes());
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "engine/model/transformer.h"
 #include "gtest/gtest.h"
+#include "tests/engine/train/parallel_test_config.h"
 #include "tests/engine/train/tiny_trainer_config.h"
 #include "tests/testing/testing.h"
 
@@ -122,14 +123,60 @@ TEST(PlanTest, RecomputeTradesAForwardForActivations) {
   EXPECT_NEAR(full_ep.all_to_all_s, again * none_ep.all_to_all_s, 1e-9 * full_ep.all_to_all_s);
   EXPECT_NEAR(full_ep.all_to_all_bytes, again * none_ep.all_to_all_bytes, 1.0);
 
+  ASSERT_OK_AND_ASSIGN(const LayoutPlan selective,
+                       PlanLayout(config, {1, 1, Sharding::kNone, Recompute::kSelective}, cluster));
   ClusterSpec tight = cluster;
-  tight.device.memory_bytes = (full.memory.on_device() + none.memory.on_device()) / 2;
+  tight.device.memory_bytes = (full.memory.on_device() + selective.memory.on_device()) / 2;
   const std::optional<LayoutPlan> best = Fastest(PlanLayouts(config, 1, tight));
   ASSERT_TRUE(best.has_value());
   EXPECT_EQ(best->layout.recompute, Recompute::kFull);
   const std::optional<LayoutPlan> roomy = Fastest(PlanLayouts(config, 1, cluster));
   ASSERT_TRUE(roomy.has_value());
   EXPECT_EQ(roomy->layout.recompute, Recompute::kNone);
+}
+
+// Selective recompute: fewer activations than keeping them all, more than full recompute; what
+// it adds is one more write of the bytes it lets go of (half an elementwise pass over them), for
+// every block but the last, and with MLA the up-projections' GEMMs; no exchange runs again. Where
+// it fits and keeping everything does not, it is chosen before full recompute.
+TEST(PlanTest, SelectiveRecomputeSitsBetweenKeepingAndFull) {
+  for (const bool mla : {false, true}) {
+    SCOPED_TRACE(mla ? "MLA" : "GQA");
+    TrainerConfig config = TinyTrainerConfig("");
+    config.model.num_layers = 4;
+    config.model.moe.num_experts = 4;
+    if (mla) config = parallel_test::WithDeepseekV3(config);  // MLA and an MTP module
+    const ClusterSpec cluster = RoundCluster();
+    ASSERT_OK_AND_ASSIGN(const LayoutPlan none, PlanLayout(config, {1, 2}, cluster));
+    ASSERT_OK_AND_ASSIGN(
+        const LayoutPlan selective,
+        PlanLayout(config, {1, 2, Sharding::kNone, Recompute::kSelective}, cluster));
+    ASSERT_OK_AND_ASSIGN(const LayoutPlan full,
+                         PlanLayout(config, {1, 2, Sharding::kNone, Recompute::kFull}, cluster));
+    EXPECT_LT(selective.memory.activations, none.memory.activations);
+    EXPECT_GT(selective.memory.activations, full.memory.activations);
+    const double dropped = none.memory.activations - selective.memory.activations;
+    const double elementwise_s = none.elementwise_s / 2 * dropped / none.memory.activations * 3 / 4;
+    if (mla) {
+      EXPECT_GT(selective.recompute_s, elementwise_s * (1 + 1e-6));
+    } else {
+      EXPECT_NEAR(selective.recompute_s, elementwise_s, 1e-9 * selective.recompute_s);
+    }
+    EXPECT_LT(selective.recompute_s, full.recompute_s);
+    EXPECT_DOUBLE_EQ(selective.all_to_all_bytes, none.all_to_all_bytes);
+
+    // On one GPU, whose only layout is 1 × 1.
+    ASSERT_OK_AND_ASSIGN(const LayoutPlan none_1, PlanLayout(config, {1, 1}, cluster));
+    ASSERT_OK_AND_ASSIGN(
+        const LayoutPlan selective_1,
+        PlanLayout(config, {1, 1, Sharding::kNone, Recompute::kSelective}, cluster));
+    ClusterSpec tight = cluster;
+    tight.device.memory_bytes = (selective_1.memory.on_device() + none_1.memory.on_device()) / 2;
+    const std::optional<LayoutPlan> best = Fastest(PlanLayouts(config, 1, tight));
+    ASSERT_TRUE(best.has_value());
+    EXPECT_TRUE(best->fits);
+    EXPECT_EQ(best->layout.recompute, Recompute::kSelective);
+  }
 }
 
 // Gradients reduced in bf16: half the bytes of the gradients' all-reduce (or reduce-scatter), the

@@ -181,15 +181,16 @@ TEST(MemoryEstimateTest, ActivationsAreWhatTheModelHoldsWithAndWithoutRecompute)
         for (int64_t i = 0; i < tokens.numel(); ++i) {
           tokens.data<int32_t>()[i] = static_cast<int32_t>((i * 7919 + 13) % 2048);
         }
-        std::vector<int64_t> held[2];
-        for (const Recompute recompute : {Recompute::kNone, Recompute::kFull}) {
+        std::vector<int64_t> held[3];
+        for (const Recompute recompute :
+             {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
           config.recompute = recompute;
           SCOPED_TRACE(absl::StrCat(is_mla ? "MLA+MTP " : "GQA ", std::string(DTypeName(dtype)),
                                     " ep ", ep, " recompute ", RecomputeName(recompute)));
           testutil::TempDir dir;
           std::vector<std::unique_ptr<GlooCommunicator>> group =
               comm_test::MakeGlooWorld(dir.path(), ep);
-          std::vector<int64_t>& bytes = held[recompute == Recompute::kFull];
+          std::vector<int64_t>& bytes = held[static_cast<int>(recompute)];
           bytes.assign(ep, 0);
           comm_test::RunRanks(ep, [&](int rank) {
             absl::StatusOr<Transformer> model =
@@ -206,7 +207,9 @@ TEST(MemoryEstimateTest, ActivationsAreWhatTheModelHoldsWithAndWithoutRecompute)
                 << "rank " << rank;
           }
         }
-        EXPECT_LT(2 * held[1][0], held[0][0]);
+        EXPECT_LT(held[1][0], held[0][0]);
+        EXPECT_LT(held[2][0], held[1][0]);
+        EXPECT_LT(2 * held[2][0], held[0][0]);
       }
     }
   }

@@ -5,7 +5,7 @@
 //                       [--steps N] [--micro M] [--resume] [--hang-after-checkpoint S]
 //                       [--poison] [--fp8 delayed|current|blockwise|mxfp8] [--deepseek]
 //                       [--bf16] [--bf16-moments] [--sharding none|optimizer]
-//                       [--recompute none|full] [--layers L] [--bf16-grad-reduce]
+//                       [--recompute none|selective|full] [--layers L] [--bf16-grad-reduce]
 //
 // Joins the world through a FileKeyValueStore in the store directory (Gloo over 127.0.0.1),
 // builds the trainer of parallel_test_config.h, resumes when asked, trains, and prints one JSON
@@ -141,10 +141,12 @@ int Main(int argc, char** argv) {
     return Fail(absl::InvalidArgumentError("--sharding " + sharding + ": none or optimizer"));
   }
   config.parallel.sharding = sharding == "optimizer" ? Sharding::kOptimizer : Sharding::kNone;
-  if (recompute != "none" && recompute != "full") {
-    return Fail(absl::InvalidArgumentError("--recompute " + recompute + ": none or full"));
+  const std::optional<Recompute> mode = RecomputeFromName(recompute);
+  if (!mode.has_value()) {
+    return Fail(
+        absl::InvalidArgumentError("--recompute " + recompute + ": none, selective or full"));
   }
-  config.recompute = recompute == "full" ? Recompute::kFull : Recompute::kNone;
+  config.recompute = *mode;
   if (!fp8.empty()) {
     absl::StatusOr<TrainerConfig> with_fp8 = parallel_test::WithFp8(config, fp8);
     if (!with_fp8.ok()) return Fail(with_fp8.status());

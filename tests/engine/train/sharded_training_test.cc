@@ -114,19 +114,21 @@ struct RecomputeCase {
   bool deepseek, bf16;
   std::string name = "";               // of the flags below
   std::vector<std::string> more = {};  // flags of both runs
+  std::string mode = "full";           // --recompute
 };
 
 void PrintTo(const RecomputeCase& c, std::ostream* os) {
-  *os << "dp " << c.dp << " ep " << c.ep << (c.deepseek ? " deepseek" : " tiny")
+  *os << c.mode << " dp " << c.dp << " ep " << c.ep << (c.deepseek ? " deepseek" : " tiny")
       << (c.bf16 ? " bf16 " : " f32 ") << c.name;
 }
 
 class RecomputeTrainingTest : public ::testing::TestWithParam<RecomputeCase> {};
 
-// Full recompute against keeping the activations, 20 steps: every number of every step and the
-// final checkpoints are the same bits (the recomputed forward is the same forward; with expert
-// parallelism its exchange sends the kept routing's rows again). tiny-moe's job gets a third
-// block, so that an MoE block is recomputed (the last block's forward is not re-run); the
+// Full or selective recompute against keeping the activations, 20 steps: every number of every
+// step and the final checkpoints are the same bits (the recomputed forward, or the rebuilt norm
+// and SwiGLU outputs and MLA up-projections, are the same ops on the same inputs; with expert
+// parallelism full recompute's exchange sends the kept routing's rows again). tiny-moe's job gets
+// a third block, so that an MoE block is recomputed (the last block's forward is not re-run); the
 // DeepSeek job's MTP block runs last, so all of its main blocks are.
 TEST_P(RecomputeTrainingTest, TrainsBitIdenticallyToKeepingActivations) {
   const RecomputeCase c = GetParam();
@@ -134,7 +136,7 @@ TEST_P(RecomputeTrainingTest, TrainsBitIdenticallyToKeepingActivations) {
   if (c.deepseek) flags.push_back("--deepseek");
   if (c.bf16) flags.push_back("--bf16");
   TempDir recompute_dir;
-  ExpectTrainsBitIdentically(c.dp, c.ep, flags, {"--recompute", "full"}, 0.0, recompute_dir);
+  ExpectTrainsBitIdentically(c.dp, c.ep, flags, {"--recompute", c.mode}, 0.0, recompute_dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -145,11 +147,15 @@ INSTANTIATE_TEST_SUITE_P(
         RecomputeCase{2, 2, true, true, "MicroBatches", {"--micro", "4"}},
         RecomputeCase{
             4, 1, false, true, "ShardedThreeLayers", {"--sharding", "optimizer", "--layers", "3"}},
-        RecomputeCase{1, 2, false, true, "Fp8ThreeLayers", {"--fp8", "current", "--layers", "3"}}),
+        RecomputeCase{1, 2, false, true, "Fp8ThreeLayers", {"--fp8", "current", "--layers", "3"}},
+        RecomputeCase{2, 1, false, false, "ThreeLayers", {"--layers", "3"}, "selective"},
+        RecomputeCase{1, 4, true, false, "", {}, "selective"},
+        RecomputeCase{2, 2, true, true, "MicroBatches", {"--micro", "4"}, "selective"},
+        RecomputeCase{4, 1, false, true, "ThreeLayers", {"--layers", "3"}, "selective"}),
     [](const auto& info) {
       const RecomputeCase& c = info.param;
-      return absl::StrCat("dp", c.dp, "ep", c.ep, c.deepseek ? "Deepseek" : "Tiny",
-                          c.bf16 ? "Bf16" : "F32", c.name);
+      return absl::StrCat(c.mode == "full" ? "" : "Selective", "dp", c.dp, "ep", c.ep,
+                          c.deepseek ? "Deepseek" : "Tiny", c.bf16 ? "Bf16" : "F32", c.name);
     });
 
 // Gradients summed in bf16 (parallel.grad_reduce_dtype = BF16) against f32, 20 steps, unsharded
