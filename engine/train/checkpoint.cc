@@ -12,7 +12,10 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <string>
 #include <system_error>
+#include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -315,58 +318,72 @@ absl::Status VerifyStep(const std::string& dir, int64_t step) {
   return absl::OkStatus();
 }
 
-// The step directories this process has verified good, by path, with the size and modification
-// time their manifest had then: pruning hashes each older step once, not at every save.
+// What a step directory holds: each regular file's name, size and modification time, sorted by
+// name. Writing any file of the step (or replacing it) changes it.
+using StepStamp = std::vector<std::tuple<std::string, uintmax_t, fs::file_time_type>>;
+
+// The step directories this process has verified good, by path, with the stamp they had then:
+// pruning hashes each older step once, not at every save, and again once any of its files
+// changed.
 struct VerifiedSteps {
   std::mutex mutex;
-  std::map<std::string, std::pair<uintmax_t, fs::file_time_type>> manifests;
+  std::map<std::string, StepStamp> steps;
 };
 VerifiedSteps& Verified() {
   static VerifiedSteps* const verified = new VerifiedSteps;
   return *verified;
 }
 
-// The manifest's size and modification time, or nullopt when it cannot be read.
-std::optional<std::pair<uintmax_t, fs::file_time_type>> ManifestStamp(const std::string& dir) {
+// The directory's stamp, or nullopt when it cannot be listed or a file cannot be read.
+std::optional<StepStamp> ReadStepStamp(const std::string& dir) {
   std::error_code ec;
-  const fs::path manifest = fs::path(dir) / kManifestName;
-  const uintmax_t size = fs::file_size(manifest, ec);
+  StepStamp stamp;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (!it->is_regular_file(ec) || ec) continue;
+    const uintmax_t size = it->file_size(ec);
+    if (ec) return std::nullopt;
+    const fs::file_time_type mtime = it->last_write_time(ec);
+    if (ec) return std::nullopt;
+    stamp.emplace_back(it->path().filename().string(), size, mtime);
+  }
   if (ec) return std::nullopt;
-  const fs::file_time_type mtime = fs::last_write_time(manifest, ec);
-  if (ec) return std::nullopt;
-  return std::make_pair(size, mtime);
+  std::sort(stamp.begin(), stamp.end());
+  return stamp;
 }
 
 void RememberVerified(const std::string& dir) {
-  const auto stamp = ManifestStamp(dir);
+  std::optional<StepStamp> stamp = ReadStepStamp(dir);
   VerifiedSteps& verified = Verified();
   std::lock_guard<std::mutex> lock(verified.mutex);
   if (stamp.has_value()) {
-    verified.manifests[dir] = *stamp;
+    verified.steps[dir] = *std::move(stamp);
   } else {
-    verified.manifests.erase(dir);
+    verified.steps.erase(dir);
   }
 }
 
 void ForgetVerified(const std::string& dir) {
   VerifiedSteps& verified = Verified();
   std::lock_guard<std::mutex> lock(verified.mutex);
-  verified.manifests.erase(dir);
+  verified.steps.erase(dir);
 }
 
-// VerifyStep, skipped for a step this process verified good with the same manifest.
+// VerifyStep, skipped for a step this process verified good none of whose files changed since.
 absl::Status VerifyStepOnce(const std::string& dir, int64_t step) {
-  if (const auto stamp = ManifestStamp(dir); stamp.has_value()) {
-    VerifiedSteps& verified = Verified();
+  // Taken before hashing, so that a file changed while it is hashed is not vouched for.
+  std::optional<StepStamp> stamp = ReadStepStamp(dir);
+  VerifiedSteps& verified = Verified();
+  if (stamp.has_value()) {
     std::lock_guard<std::mutex> lock(verified.mutex);
-    const auto it = verified.manifests.find(dir);
-    if (it != verified.manifests.end() && it->second == *stamp) return absl::OkStatus();
+    const auto it = verified.steps.find(dir);
+    if (it != verified.steps.end() && it->second == *stamp) return absl::OkStatus();
   }
   const absl::Status status = VerifyStep(dir, step);
-  if (status.ok()) {
-    RememberVerified(dir);
+  std::lock_guard<std::mutex> lock(verified.mutex);
+  if (status.ok() && stamp.has_value()) {
+    verified.steps[dir] = *std::move(stamp);
   } else {
-    ForgetVerified(dir);
+    verified.steps.erase(dir);
   }
   return status;
 }

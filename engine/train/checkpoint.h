@@ -111,7 +111,8 @@ absl::StatusOr<std::vector<int64_t>> ListCheckpointSteps(const std::string& root
 // step that verification finds damaged (DataLoss) is removed; one it cannot judge (a manifest
 // from a newer build, a failed read) is kept, logged, and not counted. `committed_step`, the step
 // just committed by this process, counts as good unverified and is never removed. A step this
-// process verified good is not hashed again while its manifest's size and mtime are unchanged.
+// process verified good is not hashed again while none of its files changed (each file's name,
+// size and modification time as they were before it was hashed).
 // Not to be run while a write is in flight.
 absl::Status PruneCheckpoints(const std::string& root, int keep_last, int64_t committed_step = -1);
 
