@@ -74,15 +74,21 @@ GradSync::GradSync(const ParallelGroups& groups, const Transformer& model, const
   }
 }
 
+std::pair<int64_t, int64_t> GradSync::KeptRange(const Bucket& bucket) const {
+  if (!sharded_) return {bucket.begin, bucket.end};
+  const int rank = bucket.group->rank();
+  int64_t begin = bucket.begin;
+  for (int j = 0; j < rank; ++j) begin += bucket.blocks[j];
+  return {begin, begin + bucket.blocks[rank]};
+}
+
 std::vector<std::pair<int64_t, int64_t>> GradSync::OwnedRanges() const {
   if (!sharded_) return {{0, size_}};
   // Every element of the buffer is in at most one bucket; those in none are this rank's.
   std::vector<std::pair<int64_t, int64_t>> covered, owned;
   for (const Bucket& bucket : buckets_) {
     covered.push_back({bucket.begin, bucket.end});
-    int64_t begin = bucket.begin;
-    for (int j = 0; j < bucket.group->rank(); ++j) begin += bucket.blocks[j];
-    const int64_t end = begin + bucket.blocks[bucket.group->rank()];
+    const auto [begin, end] = KeptRange(bucket);
     if (begin < end) owned.push_back({begin, end});
   }
   std::sort(covered.begin(), covered.end());
@@ -193,11 +199,7 @@ absl::Status GradSync::Finish() {
     bucket.request.reset();
     if (!status.ok() || reduce_dtype_ != DType::kBF16) continue;
     // The sums this rank keeps, back into its f32 grads.
-    int64_t begin = bucket.begin, end = bucket.end;
-    if (sharded_) {
-      for (int j = 0; j < bucket.group->rank(); ++j) begin += bucket.blocks[j];
-      end = begin + bucket.blocks[bucket.group->rank()];
-    }
+    const auto [begin, end] = KeptRange(bucket);
     if (begin < end) {
       status = ops::ConvertTensor(ctx_, StagingView(begin, end), GradView(begin, end));
     }

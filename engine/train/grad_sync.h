@@ -87,6 +87,9 @@ class GradSync {
     std::unique_ptr<CommRequest> request;  // in flight, from its start to Finish
   };
 
+  // The elements [begin, end) of the buffer whose sums this rank keeps of `bucket`: all of them
+  // unsharded, its own block sharded.
+  std::pair<int64_t, int64_t> KeptRange(const Bucket& bucket) const;
   // Starts buckets_[next_ …] while their last stage is ≤ `stage`.
   absl::Status StartThrough(int64_t stage);
 
