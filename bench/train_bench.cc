@@ -4,7 +4,8 @@
 //
 //   train_bench [--json] [--steps N (default 4)] [--dtype bf16|f32] [--device cpu|cuda|cuda:N]
 //               [--config default|d2048] [--layers L] [--hidden D] [--batch B]
-//               [--ranks N [--ep E]] [--sharding none|optimizer] [--moment-dtype f32|bf16]
+//               [--ranks N [--ep E]] [--sharding none|optimizer|gradients]
+//               [--moment-dtype f32|bf16]
 //               [--recompute none|selective|full] [--grad-reduce-dtype f32|bf16] (--help: all)
 //
 // Configs (synthetic data; the first step, a warm-up, is not timed):
@@ -22,7 +23,9 @@
 // --ranks N (CPU only) trains the job on N ranks, threads of this process with a Gloo
 // communicator each over TCP loopback (dp = N / ep): tokens/s and the phases are rank 0's (every
 // rank's step is the same global step), and "ranks" lists each rank's state bytes, exactly, from
-// its buffers and its AdamW's moments (parameters, grads, optimizer), and the bytes its activation
+// its buffers and its AdamW's moments (parameters, grads, optimizer; the grads measured after the
+// run: the resident pages of the gradient buffer, by mincore, and the sharded gradients'
+// accumulator, so that GRADIENTS shows what it let go of), and the bytes its activation
 // buffers hold after the run (Transformer::activation_bytes: what forward kept, backward's scratch,
 // the LM head's chunk), beside what the memory estimate (engine/train/memory_estimate.h) predicts
 // for a rank of the layout ("estimated_state_bytes"; one rank runs the same way). The ranks share
@@ -54,6 +57,8 @@
 #include "engine/backend/device_query.h"
 #include "engine/comm/file_kv_store.h"
 #include "engine/comm/gloo_communicator.h"
+#include "engine/core/host_pages.h"
+#include "engine/core/status.h"
 #include "engine/model/transformer.h"
 #include "engine/ops/gemm/gemm.h"
 #include "engine/train/memory_estimate.h"
@@ -88,6 +93,15 @@ StateBytes StatesOf(const Trainer& trainer, DType dtype) {
   return bytes;
 }
 
+// What a CPU rank's gradients hold in memory, measured: the resident pages of its gradient buffer
+// (mincore) and the sharded gradients' accumulator.
+absl::StatusOr<int64_t> ResidentGradBytes(const Trainer& trainer) {
+  const TensorView grads = trainer.model().grad_buffer();
+  MOETRAIN_ASSIGN_OR_RETURN(const int64_t resident,
+                            ResidentHostBytes(grads.raw(), grads.numel() * sizeof(float)));
+  return resident + trainer.grad_sync().accumulator().view().numel() * int64_t{4};
+}
+
 // Trains `config` on config.parallel.world_size() ranks (threads, Gloo over loopback); rank 0's
 // timer into `timer`, each rank's states into `states`. A rank that fails leaves the others
 // waiting in a collective until the 300 s timeout: a bench, not a service.
@@ -115,7 +129,11 @@ absl::Status RunRanks(const TrainerConfig& config, Timer* timer, std::vector<Sta
       (*states)[rank] = StatesOf(**trainer, config.compute_dtype);
       const absl::Status run = (*trainer)->Run(&timers[rank]);
       (*states)[rank].activations = (*trainer)->model().activation_bytes();
-      return run;
+      if (!run.ok()) return run;
+      absl::StatusOr<int64_t> grads = ResidentGradBytes(**trainer);
+      if (!grads.ok()) return grads.status();
+      (*states)[rank].grads = *grads;
+      return absl::OkStatus();
     }));
   }
   absl::Status status;
@@ -189,9 +207,10 @@ int Main(int argc, char** argv) {
   app.add_option("--ep", ep, "expert-parallel ranks of --ranks (dp = ranks / ep)")
       ->capture_default_str()
       ->check(bench::AtLeast(1));
-  app.add_option("--sharding", sharding_name, "parallel.sharding: none or optimizer (ZeRO-1)")
+  app.add_option("--sharding", sharding_name,
+                 "parallel.sharding: none, optimizer (ZeRO-1) or gradients (ZeRO-2)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"none", "optimizer"}));
+      ->check(CLI::IsMember({"none", "optimizer", "gradients"}));
   app.add_option("--moment-dtype", moment_name, "train.optimizer.moment_dtype")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
@@ -241,7 +260,7 @@ int Main(int argc, char** argv) {
   c.log_every = 1;
   c.parallel.data_parallel = static_cast<int>(ranks / ep);
   c.parallel.expert_parallel = static_cast<int>(ep);
-  c.parallel.sharding = sharding_name == "optimizer" ? Sharding::kOptimizer : Sharding::kNone;
+  c.parallel.sharding = *ShardingFromName(sharding_name);
   c.optimizer.moment_dtype = moment_name == "bf16" ? DType::kBF16 : DType::kF32;
   c.recompute = *RecomputeFromName(recompute_name);
   c.parallel.grad_reduce_dtype = grad_reduce_name == "bf16" ? DType::kBF16 : DType::kF32;

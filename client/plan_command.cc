@@ -88,10 +88,13 @@ void PrintLayoutTable(const std::vector<LayoutPlan>& plans) {
 
 namespace {
 
-// "4x2", with " OPTIM" for a sharded optimizer, " RC" for full and " SRC" for selective recompute.
+// "4x2", with " OPTIM" for a sharded optimizer, " GRADS" for sharded gradients, " RC" for full
+// and " SRC" for selective recompute.
 std::string LayoutName(const Layout& layout) {
   return absl::StrCat(layout.data_parallel, "x", layout.expert_parallel,
-                      layout.sharding == Sharding::kOptimizer ? " OPTIM" : "",
+                      layout.sharding == Sharding::kOptimizer   ? " OPTIM"
+                      : layout.sharding == Sharding::kGradients ? " GRADS"
+                                                                : "",
                       layout.recompute == Recompute::kFull        ? " RC"
                       : layout.recompute == Recompute::kSelective ? " SRC"
                                                                   : "");

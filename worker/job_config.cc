@@ -175,9 +175,16 @@ absl::StatusOr<TrainerConfig> ConvertSpec(const v1::JobSpec& raw_spec,
   c.parallel.expert_parallel = static_cast<int>(spec.parallel().expert_parallel());
   c.parallel.data_parallel = static_cast<int>(spec.parallel().data_parallel());
   c.parallel.overlap_chunks = static_cast<int>(spec.parallel().overlap_chunks());
-  c.parallel.sharding = spec.parallel().sharding() == v1::ParallelConfig::OPTIMIZER
-                            ? Sharding::kOptimizer
-                            : Sharding::kNone;
+  switch (spec.parallel().sharding()) {
+    case v1::ParallelConfig::OPTIMIZER:
+      c.parallel.sharding = Sharding::kOptimizer;
+      break;
+    case v1::ParallelConfig::GRADIENTS:
+      c.parallel.sharding = Sharding::kGradients;
+      break;
+    default:
+      c.parallel.sharding = Sharding::kNone;
+  }
   c.parallel.grad_reduce_dtype =
       spec.parallel().grad_reduce_dtype() == v1::ParallelConfig::BF16 ? DType::kBF16 : DType::kF32;
   const v1::OptimizerConfig& opt = train.optimizer();

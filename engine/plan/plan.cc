@@ -87,7 +87,10 @@ absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout&
   plan.layout = layout;
   plan.memory = EstimateTrainingMemory(at);
   plan.fits = plan.memory.on_device() <= device.memory_bytes;
-  const bool sharded = layout.sharding == Sharding::kOptimizer;
+  const bool sharded = layout.sharding != Sharding::kNone;
+  // Sharded gradients are reduce-scattered every micro-batch, the others once a step.
+  const double reductions =
+      layout.sharding == Sharding::kGradients ? static_cast<double>(at.micro_batches()) : 1.0;
 
   // Compute.
   const double micro_batches = static_cast<double>(at.micro_batches());
@@ -207,20 +210,22 @@ absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout&
   };
   plan.all_reduce_s = ring_s(grad_share);
   if (plan.all_reduce_s > 0) {
-    // Sharded: the grads' reduce-scatter (half a ring) runs under backward, the weights'
-    // all-gather (the other half) after the optimizer.
+    // Sharded: the grads' reduce-scatter (half a ring) runs under backward (every micro-batch's
+    // with GRADIENTS), the weights' all-gather (the other half) after the optimizer.
     if (sharded) {
       plan.all_gather_s = ring_s(1.0) / 2;
-      plan.all_reduce_s = plan.all_reduce_s / 2 + plan.all_gather_s;
+      plan.all_reduce_s = plan.all_reduce_s / 2 * reductions + plan.all_gather_s;
     }
-    const double overlapped_s = plan.all_reduce_s - plan.all_gather_s;
-    const double last_backward_s =
+    // Each reduction hides under its micro-batch's backward but for its last bucket.
+    const double reduction_s = (plan.all_reduce_s - plan.all_gather_s) / reductions;
+    const double backward_s =
         ((dense_s + experts_s + attention_s) * 2 / 3 + plan.recompute_s) / micro_batches;
     const double last_bucket = std::min(
         1.0, static_cast<double>(at.parallel.grad_bucket_bytes) / (dense_bytes + expert_bytes));
     plan.all_reduce_exposed_s =
-        plan.all_gather_s + std::min(overlapped_s, std::max(0.0, overlapped_s - last_backward_s) +
-                                                       overlapped_s * last_bucket);
+        plan.all_gather_s +
+        reductions * std::min(reduction_s,
+                              std::max(0.0, reduction_s - backward_s) + reduction_s * last_bucket);
   }
 
   plan.step_s = plan.compute_s + plan.all_to_all_exposed_s + plan.all_reduce_exposed_s;
@@ -244,7 +249,7 @@ std::vector<LayoutPlan> PlanLayouts(const TrainerConfig& config, int gpus,
   }
   std::sort(eps.begin(), eps.end());
   for (int ep : eps) {
-    for (Sharding sharding : {Sharding::kNone, Sharding::kOptimizer}) {
+    for (Sharding sharding : {Sharding::kNone, Sharding::kOptimizer, Sharding::kGradients}) {
       if (sharding != Sharding::kNone && gpus == 1) continue;  // no replicas to shard over
       absl::StatusOr<LayoutPlan> plan =
           PlanLayout(config, {gpus / ep, ep, sharding, config.recompute}, cluster);

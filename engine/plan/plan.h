@@ -18,6 +18,8 @@
 //                (Layout::sharding) it is the grads' reduce-scatter (half a ring) and the
 //                updated f32 weights' all-gather (half a ring of f32) after the optimizer, which
 //                nothing overlaps; AdamW then updates the rank's share of the parameters only.
+//                With sharded gradients (GRADIENTS) the reduce-scatter runs every micro-batch,
+//                each under its own backward.
 //   recompute    with train.recompute = FULL (Layout::recompute): the blocks' forward once more in
 //                backward, all but the last block's (a third of their matmuls, not the LM head's;
 //                another forward pass of the work between them; another forward all-to-all), and

@@ -4,6 +4,7 @@
 #include <limits>
 #include <utility>
 
+#include "engine/core/host_pages.h"
 #include "engine/core/status.h"
 #include "engine/ops/elementwise/elementwise.h"
 
@@ -39,7 +40,8 @@ std::vector<Range> CutBuckets(int64_t num_stages, int64_t bucket_elements, Range
 
 GradSync::GradSync(const ParallelGroups& groups, const Transformer& model, const ExecContext& ctx)
     : ctx_(ctx),
-      sharded_(groups.config().sharding == Sharding::kOptimizer),
+      sharded_(groups.config().sharding != Sharding::kNone),
+      frees_(groups.config().sharding == Sharding::kGradients),
       reduce_dtype_(groups.config().grad_reduce_dtype),
       size_(model.grad_buffer().numel()),
       grads_(static_cast<float*>(model.grad_buffer().raw())) {
@@ -70,7 +72,12 @@ GradSync::GradSync(const ParallelGroups& groups, const Transformer& model, const
       const int64_t n = group->size(), length = r.end - r.begin;
       for (int64_t j = 0; j < n; ++j) blocks.push_back(length / n + (j < length % n ? 1 : 0));
     }
-    buckets_.push_back({group, r.begin, r.end, r.last_stage, std::move(blocks), nullptr});
+    buckets_.push_back({group, r.begin, r.end, r.last_stage, std::move(blocks), 0, nullptr});
+    if (frees_) {
+      const auto [begin, end] = KeptRange(buckets_.back());
+      buckets_.back().accumulated_at = kept_elements_;
+      kept_elements_ += end - begin;
+    }
   }
 }
 
@@ -188,24 +195,108 @@ absl::Status GradSync::StartThrough(int64_t stage) {
   return absl::OkStatus();
 }
 
-absl::Status GradSync::StageDone(int64_t stage) { return StartThrough(stage); }
+void GradSync::BeginMicroBatch(bool last) {
+  last_ = last;
+  reducing_ = last || frees_;
+}
+
+absl::Status GradSync::StageDone(int64_t stage) {
+  if (!reducing_) return absl::OkStatus();
+  MOETRAIN_RETURN_IF_ERROR(StartThrough(stage));
+  // Two stages back: its sums are most likely done, and waiting for them bounds what is held.
+  return frees_ ? EndThrough(stage - 2) : absl::OkStatus();
+}
+
+absl::Status GradSync::EndMicroBatch() {
+  if (!frees_ || last_) return absl::OkStatus();
+  MOETRAIN_RETURN_IF_ERROR(StartThrough(std::numeric_limits<int64_t>::max()));
+  const absl::Status status = EndThrough(std::numeric_limits<int64_t>::max());
+  next_ = ended_ = 0;
+  accumulating_ = true;  // the next micro-batch's sums add to this one's
+  return status;
+}
 
 absl::Status GradSync::Finish() {
+  last_ = true;  // the micro-batch backward stopped early in is the step's last
   absl::Status status = StartThrough(std::numeric_limits<int64_t>::max());
+  if (status.ok()) {
+    status = EndThrough(std::numeric_limits<int64_t>::max());
+  }
+  // After an error: every request started is still waited for, as the buffers must outlive it.
   for (Bucket& bucket : buckets_) {
     if (bucket.request == nullptr) continue;
-    const absl::Status waited = bucket.request->Wait();
-    if (status.ok()) status = waited;
+    (void)bucket.request->Wait();
     bucket.request.reset();
-    if (!status.ok() || reduce_dtype_ != DType::kBF16) continue;
+  }
+  next_ = ended_ = 0;
+  accumulating_ = false;
+  return status;
+}
+
+absl::Status GradSync::EndThrough(int64_t stage) {
+  while (ended_ < next_ && buckets_[ended_].last_stage <= stage) {
+    Bucket& bucket = buckets_[ended_++];
+    const absl::Status waited = bucket.request->Wait();
+    bucket.request.reset();
+    MOETRAIN_RETURN_IF_ERROR(waited);
+    MOETRAIN_RETURN_IF_ERROR(EndBucket(bucket));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GradSync::EndBucket(Bucket& bucket) {
+  const auto [begin, end] = KeptRange(bucket);
+  if (reduce_dtype_ == DType::kBF16 && begin < end) {
     // The sums this rank keeps, back into its f32 grads.
-    const auto [begin, end] = KeptRange(bucket);
-    if (begin < end) {
-      status = ops::ConvertTensor(ctx_, StagingView(begin, end), GradView(begin, end));
+    MOETRAIN_RETURN_IF_ERROR(
+        ops::ConvertTensor(ctx_, StagingView(begin, end), GradView(begin, end)));
+  }
+  if (!frees_) return absl::OkStatus();
+  if (begin < end && (accumulating_ || !last_)) {
+    if (accumulated_.empty()) {
+      MOETRAIN_ASSIGN_OR_RETURN(accumulated_,
+                                Tensor::Allocate(ctx_.allocator(), DType::kF32, {kept_elements_}));
+    }
+    // (1, n) rows, as ops::Add takes them.
+    const TensorView kept = GradView(begin, end).Reshape({1, end - begin});
+    const TensorView accumulated =
+        accumulated_.view()
+            .Slice(bucket.accumulated_at, bucket.accumulated_at + end - begin)
+            .Reshape({1, end - begin});
+    if (last_) {  // the earlier micro-batches' sums, added to the last one's
+      MOETRAIN_RETURN_IF_ERROR(ops::Add(ctx_, kept, accumulated, kept));
+    } else if (accumulating_) {
+      MOETRAIN_RETURN_IF_ERROR(ops::Add(ctx_, accumulated, kept, accumulated));
+    } else {  // the step's first
+      MOETRAIN_RETURN_IF_ERROR(ops::CopyTensor(ctx_, kept, accumulated));
     }
   }
-  next_ = 0;
-  return status;
+  if (reduce_dtype_ == DType::kBF16 && ctx_.device().is_cpu()) {
+    // The staging copy is only needed while the bucket travels.
+    MOETRAIN_RETURN_IF_ERROR(DiscardHostRange(StagingView(bucket.begin, bucket.end).raw(),
+                                              (bucket.end - bucket.begin) * sizeof(uint16_t)));
+  }
+  if (!last_) return Discard(bucket.begin, bucket.end);  // its kept sums are in the accumulator
+  MOETRAIN_RETURN_IF_ERROR(Discard(bucket.begin, begin));
+  return Discard(end, bucket.end);
+}
+
+absl::Status GradSync::Discard(int64_t begin, int64_t end) {
+  if (begin >= end) return absl::OkStatus();
+  const TensorView grads = GradView(begin, end);
+  if (ctx_.device().is_cpu()) return DiscardHostRange(grads.raw(), (end - begin) * sizeof(float));
+  return ops::Fill(ctx_, grads, 0.0f);
+}
+
+absl::Status GradSync::ZeroGrads() {
+  if (!frees_) return ops::Fill(ctx_, GradView(0, size_), 0.0f);
+  int64_t at = 0;
+  for (const auto& [begin, end] : OwnedRanges()) {
+    MOETRAIN_RETURN_IF_ERROR(Discard(at, begin));
+    MOETRAIN_RETURN_IF_ERROR(ops::Fill(ctx_, GradView(begin, end), 0.0f));
+    at = end;
+  }
+  return Discard(at, size_);
 }
 
 }  // namespace moetrain

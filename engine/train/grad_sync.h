@@ -18,6 +18,19 @@
 // brings every rank the others' updated blocks. On Gloo both sums add the ranks' values in rank
 // order, so the sharded gradients are the unsharded ones, bit for bit.
 //
+// With Sharding::kGradients (ZeRO-2) as kOptimizer, and a rank keeps the summed gradients of its
+// own blocks only. Every micro-batch's backward reduces (BeginMicroBatch), not the last one's
+// alone: a bucket's reduce-scatter starts once backward has finished it, and once it is done
+// (waited for when backward has gone two stages further, or at the micro-batch's end) the
+// elements of the bucket this rank does not keep are let go of (on the CPU their pages go back to
+// the system: DiscardHostRange; on a device they are zeroed) and read as zero at the next
+// backward. The sums of a step's earlier micro-batches are added up in f32 in an accumulator as
+// large as the kept blocks, and added to the last micro-batch's sums, so a rank holds its
+// blocks, the accumulator and the buckets in flight, not the whole buffer. With one micro-batch a
+// step the sums are kOptimizer's bits; with several, each micro-batch is summed over the ranks
+// before the micro-batches are added (kOptimizer adds each rank's micro-batches first), which
+// rounds differently.
+//
 // With ParallelConfig::grad_reduce_dtype = bf16 a bucket is rounded to bf16 into a staging
 // buffer (2 bytes a gradient element of the buckets) when it starts, summed there in bf16
 // (Communicator::StartAllReduceSum: on Gloo in f32 and rounded once), and the sums this rank keeps
@@ -49,12 +62,25 @@ class GradSync {
   GradSync& operator=(const GradSync&) = delete;
   ~GradSync();
 
-  // Backward stage `stage` of the step's last micro-batch is done: starts the buckets it
-  // completes (BackwardOptions::on_stage_done).
+  // A micro-batch's forward and backward begin; `last`: the step's last one. Its backward reduces
+  // when it is the last or the gradients are sharded (kGradients).
+  void BeginMicroBatch(bool last);
+  // Backward stage `stage` of a micro-batch that reduces is done: starts the buckets it completes
+  // (BackwardOptions::on_stage_done); with kGradients, ends those two stages older.
   absl::Status StageDone(int64_t stage);
-  // Starts the buckets not started yet (all of them when backward stopped early), then waits for
-  // every one. After it the grads are summed; the next step starts from no bucket in flight.
+  // A micro-batch but the step's last is done: with kGradients, starts and ends its remaining
+  // buckets, adding the sums this rank keeps into the accumulator; else nothing to do.
+  absl::Status EndMicroBatch();
+  // The step's last micro-batch (or the one backward stopped early in) is done: starts the
+  // buckets not started yet (all of them when backward stopped early), then waits for every one.
+  // After it the grads are summed; the next step starts from no bucket in flight.
   absl::Status Finish();
+  // Zeros the grads for the next step: the whole buffer, or with kGradients the ranges this rank
+  // keeps (OwnedRanges), the others let go of.
+  absl::Status ZeroGrads();
+  // With kGradients, the f32 accumulator of the kept sums of a step's earlier micro-batches
+  // (allocated at the first step with several); else empty.
+  const Tensor& accumulator() const { return accumulated_; }
 
   int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
 
@@ -84,7 +110,8 @@ class GradSync {
     int64_t begin, end;                    // elements of the grad buffer
     int64_t last_stage;                    // the backward stage that completes it
     std::vector<int64_t> blocks;           // sharded: elements of each group rank's block
-    std::unique_ptr<CommRequest> request;  // in flight, from its start to Finish
+    int64_t accumulated_at = 0;            // kGradients: its kept block's offset in accumulated_
+    std::unique_ptr<CommRequest> request;  // in flight, from its start to its end
   };
 
   // The elements [begin, end) of the buffer whose sums this rank keeps of `bucket`: all of them
@@ -92,19 +119,37 @@ class GradSync {
   std::pair<int64_t, int64_t> KeptRange(const Bucket& bucket) const;
   // Starts buckets_[next_ …] while their last stage is ≤ `stage`.
   absl::Status StartThrough(int64_t stage);
+  // Waits for the started buckets buckets_[ended_ …] while their last stage is ≤ `stage`, and
+  // ends each (EndBucket).
+  absl::Status EndThrough(int64_t stage);
+  // After its collective: the bf16 sums this rank keeps widened into the f32 grads; with
+  // kGradients, the kept sums added into the accumulator (not the last micro-batch) or the
+  // accumulator's added to them (the last), and the rest of the bucket let go of.
+  absl::Status EndBucket(Bucket& bucket);
+  // Elements [begin, end) of the grads read as zero, their memory let go of where it can be.
+  absl::Status Discard(int64_t begin, int64_t end);
 
   // The grads of [begin, end) as f32 and their staging copy as bf16, on ctx_'s device.
   TensorView GradView(int64_t begin, int64_t end) const;
   TensorView StagingView(int64_t begin, int64_t end) const;
 
   ExecContext ctx_;
-  bool sharded_;
+  bool sharded_;                 // kOptimizer or kGradients
+  bool frees_;                   // kGradients
   DType reduce_dtype_;           // f32 or bf16
   Tensor staging_;               // (N) bf16, allocated at the first bf16 start
   int64_t size_;                 // N, the grad buffer's elements
   float* grads_;                 // (N) f32: the model's grad buffer, on ctx_'s device
   std::vector<Bucket> buckets_;  // in start order
   size_t next_ = 0;              // the first bucket not started
+  size_t ended_ = 0;             // the first bucket not ended
+  bool reducing_ = true;         // this micro-batch's backward reduces
+  bool last_ = true;             // this micro-batch is the step's last
+  // kGradients: Σ of the kept blocks' elements, and their sums over the step's micro-batches so
+  // far (f32, on ctx_'s device); `accumulating_`: it holds some this step.
+  int64_t kept_elements_ = 0;
+  Tensor accumulated_;
+  bool accumulating_ = false;
 };
 
 }  // namespace moetrain

@@ -176,28 +176,43 @@ MemoryEstimate EstimateTrainingMemory(const TrainerConfig& config) {
 
   const double n = ParameterCount(m, config.parallel.expert_parallel);
   const double untrainable = UntrainableCount(m);
+  const Sharding sharding = config.parallel.sharding;
+  const double dp = std::max(1, config.parallel.data_parallel);
+  const double expert_params = moe_layers * local_experts * 3 * fe * d;
+  // The parameters this rank's share of the sharded state covers: 1/W of the dense ones and 1/dp
+  // of its experts' (grad_sync.h).
+  const double share = (n - expert_params) / world + expert_params / dp;
+  // The largest gradient bucket, in bytes: buckets hold whole backward stages, at least the
+  // embedding's V·D (or a block's dense and expert parameters, if larger).
+  const double blocks = std::max(1.0, layers + mtp);
+  const double bucket = std::max({static_cast<double>(config.parallel.grad_bucket_bytes), 4 * v * d,
+                                  4 * (n - 2 * v * d) / blocks});
+  const bool bf16_reduce = config.parallel.grad_reduce_dtype == DType::kBF16 && world > 1;
   MemoryEstimate estimate;
   estimate.parameters = n * (4 + act_copy);
   estimate.gradients = 4 * n;
   // Reduced in bf16 over several ranks: a bf16 staging copy of the grads (grad_sync.h).
-  if (config.parallel.grad_reduce_dtype == DType::kBF16 && world > 1) estimate.gradients += 2 * n;
-  // AdamW's two moments of each trainable parameter this rank updates: with a sharded optimizer
-  // 1/W of the dense ones and 1/dp of its experts' (grad_sync.h).
-  const double moment = static_cast<double>(DTypeSize(config.optimizer.moment_dtype));
-  const double expert_params = moe_layers * local_experts * 3 * fe * d;
-  double updated = n - untrainable;
-  if (config.parallel.sharding == Sharding::kOptimizer) {
-    updated = (n - untrainable - expert_params) / world +
-              expert_params / std::max(1, config.parallel.data_parallel);
+  if (bf16_reduce) estimate.gradients += 2 * n;
+  if (sharding == Sharding::kGradients && world > 1) {
+    // With several micro-batches, the accumulator of the earlier ones' sums (grad_sync.h).
+    const double accumulator = config.micro_batches() > 1 ? 4 * share : 0.0;
+    // On the CPU, this rank's blocks and the buckets backward has written but not yet had summed:
+    // those of the stage being written, the bucket filling and two stages in flight (three
+    // buckets at most, the tied embedding's written from the first stage on), each with its
+    // staging copy when bf16. A device zeroes what it lets go of: the whole buffer stays.
+    const double in_flight = std::min(4 * n, 3 * bucket) * (bf16_reduce ? 1.5 : 1.0);
+    estimate.gradients +=
+        accumulator + (config.device.is_cpu() ? 4 * share + in_flight - estimate.gradients : 0.0);
   }
+  // AdamW's two moments of each trainable parameter this rank updates: all of them, or its share
+  // when sharded.
+  const double moment = static_cast<double>(DTypeSize(config.optimizer.moment_dtype));
+  const double updated =
+      sharding == Sharding::kNone ? n - untrainable : share - untrainable / world;
   estimate.optimizer = 2 * moment * updated;
   // A checkpoint that gathers the moments (sharded, or bf16): an f32 scratch of the largest
-  // gradient bucket on the rank's device (buckets hold whole backward stages: at least the
-  // embedding's V·D), and the two whole f32 moments it fills in host memory.
-  if (config.parallel.sharding == Sharding::kOptimizer ||
-      config.optimizer.moment_dtype != DType::kF32) {
-    const double bucket =
-        std::max(static_cast<double>(config.parallel.grad_bucket_bytes), 4 * v * d);
+  // gradient bucket on the rank's device, and the two whole f32 moments it fills in host memory.
+  if (sharding != Sharding::kNone || config.optimizer.moment_dtype != DType::kF32) {
     estimate.checkpoint_gather_host = 2 * 4 * n;
     estimate.checkpoint_gather = std::min(4 * n, bucket) + estimate.checkpoint_gather_host;
   }
@@ -388,18 +403,19 @@ absl::Status CheckMemoryEstimate(const MemoryEstimate& estimate, int64_t limit_b
       FormatBytes(static_cast<double>(limit_bytes)), " available (",
       absl::string_view(limit_name.data(), limit_name.size()),
       "): make the model or train.micro_batch_size smaller, use more expert-parallel ranks, "
-      "shard the optimizer state (parallel.sharding = OPTIMIZER), or recompute activations "
+      "shard the optimizer state and gradients (parallel.sharding = OPTIMIZER or GRADIENTS), "
+      "or recompute activations "
       "(train.recompute = FULL)"));
 }
 
 MemoryPlacement PlaceTrainingMemory(const TrainerConfig& config, const MemoryEstimate& estimate) {
   if (config.device.is_cpu()) return {.host = estimate.total(), .device = 0};
-  // The snapshot holds the f32 masters (as many bytes as the f32 grads) and both moments: a copy
-  // of the optimizer state, or the gathered moments.
+  // The snapshot holds the f32 masters and both moments: a copy of the optimizer state, or the
+  // gathered moments.
+  const double masters = 4 * ParameterCount(config.model, config.parallel.expert_parallel);
   const double moments =
       estimate.checkpoint_gather > 0 ? estimate.checkpoint_gather_host : estimate.optimizer;
-  return {.host = estimate.gradients + moments + estimate.fp8_state_host,
-          .device = estimate.on_device()};
+  return {.host = masters + moments + estimate.fp8_state_host, .device = estimate.on_device()};
 }
 
 absl::Status CheckTrainingMemory(const TrainerConfig& config, const MemoryEstimate& estimate,

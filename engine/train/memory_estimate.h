@@ -26,10 +26,14 @@ namespace moetrain {
 struct MemoryEstimate {
   double parameters = 0;  // the f32 masters, plus their compute-dtype copies (bf16)
   // f32, one per parameter; with parallel.grad_reduce_dtype = BF16 over several ranks, and a bf16
-  // staging copy for the reduction.
+  // staging copy for the reduction. With parallel.sharding = GRADIENTS on the CPU, this rank's
+  // share (as the optimizer's below) and the buckets backward has written and not yet had summed
+  // (three of the largest, with their staging copies): the most held at once, during backward (a
+  // device zeroes what it lets go of and keeps the whole buffer); and with several micro-batches
+  // an accumulator as large as the share.
   double gradients = 0;
   // AdamW's two moments (train.optimizer.moment_dtype) per trainable parameter this rank updates:
-  // all of its own, or with parallel.sharding = OPTIMIZER 1/W of the dense ones and 1/dp of its
+  // all of its own, or sharded (OPTIMIZER, GRADIENTS) 1/W of the dense ones and 1/dp of its
   // experts'.
   double optimizer = 0;
   // What forward keeps for backward, backward's scratch, the LM head's chunk, and with an FP8
@@ -98,8 +102,8 @@ absl::Status CheckMemoryEstimate(const MemoryEstimate& estimate, int64_t limit_b
 // Where one rank's estimated memory lives. On the CPU all of it is host memory. On a device
 // (config.device) all of it is device memory, since parameters, grads, moments and activations
 // live there, and the host holds only, while a checkpoint is written, a copy of the f32 masters
-// (as large as the gradients) and of the moments (the optimizer state; when the checkpoint
-// gathers them, checkpoint_gather_host instead); and the FP8 state's host part.
+// and of the moments (the optimizer state; when the checkpoint gathers them,
+// checkpoint_gather_host instead); and the FP8 state's host part.
 struct MemoryPlacement {
   double host = 0;
   double device = 0;  // 0 on the CPU

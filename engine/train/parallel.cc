@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/comm/local_communicator.h"
 #include "engine/core/status.h"
@@ -11,7 +12,25 @@
 namespace moetrain {
 
 const char* ShardingName(Sharding sharding) {
-  return sharding == Sharding::kOptimizer ? "OPTIMIZER" : "NONE";
+  switch (sharding) {
+    case Sharding::kNone:
+      return "NONE";
+    case Sharding::kOptimizer:
+      return "OPTIMIZER";
+    case Sharding::kGradients:
+      return "GRADIENTS";
+  }
+  return "?";
+}
+
+std::optional<Sharding> ShardingFromName(std::string_view name) {
+  for (const Sharding sharding : {Sharding::kNone, Sharding::kOptimizer, Sharding::kGradients}) {
+    if (absl::EqualsIgnoreCase(absl::string_view(name.data(), name.size()),
+                               ShardingName(sharding))) {
+      return sharding;
+    }
+  }
+  return std::nullopt;
 }
 
 std::string ParallelConfig::DebugString() const {

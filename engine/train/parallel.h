@@ -13,7 +13,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -31,15 +33,20 @@ inline constexpr int kMaxRanks = 1 << 30;
 
 // What the data-parallel replicas of a parameter split among themselves (JobSpec's
 // parallel.sharding): the replicas of a dense parameter are the whole world, those of an expert
-// its expert-data group.
-enum class Sharding {
+// its expert-data group. In order of what a rank lets go of (the layout search relies on it).
+enum class Sharding : uint8_t {
   kNone,       // each replica keeps the whole optimizer state; gradients are all-reduced
   kOptimizer,  // ZeRO-1: each keeps the AdamW moments of its part of the parameters only;
                // gradients are reduce-scattered, each updates its part, the updated weights are
                // all-gathered (grad_sync.h)
+  kGradients,  // ZeRO-2: as kOptimizer, and each keeps the summed gradients of its part only:
+               // every micro-batch's gradients are reduce-scattered during its backward, and
+               // the others' parts let go of once summed (grad_sync.h)
 };
-// "NONE", "OPTIMIZER".
+// "NONE", "OPTIMIZER", "GRADIENTS".
 const char* ShardingName(Sharding sharding);
+// The stage named `name` (ShardingName's, in any case), or nullopt.
+std::optional<Sharding> ShardingFromName(std::string_view name);
 
 // Field names mirror JobSpec.parallel.
 struct ParallelConfig {

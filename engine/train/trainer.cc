@@ -123,7 +123,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& co
   MOETRAIN_ASSIGN_OR_RETURN(DataLoader data,
                             DataLoader::Create(data_config, groups.rank(), groups.world_size()));
   trainer->data_ = std::make_unique<DataLoader>(std::move(data));
-  MOETRAIN_RETURN_IF_ERROR(trainer->model_->ZeroGrads());
+  MOETRAIN_RETURN_IF_ERROR(trainer->grad_sync_->ZeroGrads());
   return trainer;
 }
 
@@ -151,15 +151,15 @@ absl::Status Trainer::ForwardBackward(const Tensor& batch, StepStats* stats,
   for (int64_t m = 0; m < micro_batches; ++m) {
     // Stage 0 ends the forward phase (StepPhaseSeconds::forward says what it holds). During the
     // last micro-batch's backward the grads are summed over the ranks (grad_sync.h).
-    const bool last = m == micro_batches - 1;
-    options.on_stage_done = [&, last](int64_t stage) {
+    grad_sync_->BeginMicroBatch(m == micro_batches - 1);
+    options.on_stage_done = [&](int64_t stage) {
       if (stage == 0) {
         const double now = Seconds();
         phases->forward += now - phase_start;
         phase_start = now;
         in_forward = false;
       }
-      return last ? grad_sync_->StageDone(stage) : absl::OkStatus();
+      return grad_sync_->StageDone(stage);
     };
     TensorView rows =
         batch.view().Slice(m * local_batch / micro_batches, (m + 1) * local_batch / micro_batches);
@@ -174,6 +174,12 @@ absl::Status Trainer::ForwardBackward(const Tensor& batch, StepStats* stats,
       break;
     }
     stats->Add(*result);
+    // With sharded gradients, what is left of this micro-batch's sums (grad_sync.h).
+    if (m < micro_batches - 1) {
+      const double end_start = Seconds();
+      MOETRAIN_RETURN_IF_ERROR(grad_sync_->EndMicroBatch());
+      phases->communication += Seconds() - end_start;
+    }
   }
   const double sync_start = Seconds();
   const absl::Status synced = grad_sync_->Finish();
@@ -251,7 +257,7 @@ absl::StatusOr<StepReport> Trainer::TrainStep(StepPhaseSeconds* phases) {
     report.grad_norm = grad_norm;
     MOETRAIN_RETURN_IF_ERROR(UpdateWeights(grad_norm, stats, &report));
   }
-  MOETRAIN_RETURN_IF_ERROR(model_->ZeroGrads());
+  MOETRAIN_RETURN_IF_ERROR(grad_sync_->ZeroGrads());
   // The FP8 amaxes of the step, over every rank, give the next step's delayed scales.
   if (Fp8State* fp8 = model_->fp8_state(); fp8 != nullptr) {
     MOETRAIN_RETURN_IF_ERROR(fp8->EndStep(&groups_->world()));

@@ -212,6 +212,7 @@ class Trainer {
   Transformer& model() { return *model_; }
   const Transformer& model() const { return *model_; }
   const ParallelGroups& groups() const { return *groups_; }
+  const GradSync& grad_sync() const { return *grad_sync_; }
   // This rank's AdamW: over the trainable parameters, or its pieces of them when sharded.
   const AdamW& optimizer() const { return *optimizer_; }
   // The best possible loss of synthetic data (its entropy rate), if the data is synthetic.
@@ -265,7 +266,7 @@ class Trainer {
   // m and v GatherMoments made, or null for the optimizer's own (unsharded, f32).
   CheckpointContents CheckpointContentsOfRank(const std::vector<Tensor>* moments) const;
   // Sharded optimizer (trainer_sharding.cc). Whether the AdamW state is sharded over the replicas.
-  bool sharded() const { return config_.parallel.sharding == Sharding::kOptimizer; }
+  bool sharded() const { return config_.parallel.sharding != Sharding::kNone; }
   // Whether a checkpoint gathers the moments (GatherMoments): sharded, or not f32.
   bool gathers_moments() const {
     return sharded() || config_.optimizer.moment_dtype != DType::kF32;

@@ -492,7 +492,7 @@ absl::Status Trainer::RestoreFrom(const LoadedCheckpoint& loaded) {
   MOETRAIN_ASSIGN_OR_RETURN(DataPosition position,
                             DataPosition::FromJson(manifest.value("data_position", Json())));
   MOETRAIN_RETURN_IF_ERROR(data_->Restore(position));
-  MOETRAIN_RETURN_IF_ERROR(model_->ZeroGrads());
+  MOETRAIN_RETURN_IF_ERROR(grad_sync_->ZeroGrads());
   step_ = loaded.step;
   tokens_seen_ = loaded.tokens_seen;
   return absl::OkStatus();

@@ -1,5 +1,5 @@
 // The trainer's AdamW moments in checkpoints. With a sharded optimizer (parallel.sharding =
-// OPTIMIZER) each rank's AdamW holds the moments of its pieces of the parameters only
+// OPTIMIZER or GRADIENTS) each rank's AdamW holds the moments of its pieces of the parameters only
 // (Trainer::pieces_); with bf16 moments they are bf16. Checkpoints hold whole f32 moments either
 // way, as an unsharded f32 run writes them: GatherMoments assembles them for the writers, and
 // RestoreMomentPieces takes each rank's pieces back out (rounded to bf16 when the moments are).

@@ -79,7 +79,7 @@ TEST_F(CliPlanTest, PlansDeepSeekV3On256H200s) {
 }
 
 // --recompute plans every layout recomputing: DeepSeek-V3's activations at ep 64 shrink to one
-// block's (and the residual stream), and the recomputed forward shows in the step.
+// block's (and the residual stream), and the recomputed forward shows in the compute.
 TEST_F(CliPlanTest, RecomputeFlagPlansEveryLayoutRecomputing) {
   const std::string spec = std::string(MOETRAIN_SOURCE_DIR) + "/examples/deepseek-v3-671b.yaml";
   const Finished keep =
@@ -99,7 +99,10 @@ TEST_F(CliPlanTest, RecomputeFlagPlansEveryLayoutRecomputing) {
     EXPECT_LT(10 * b["memory_bytes"]["activations"].get<double>(),
               a["memory_bytes"]["activations"].get<double>());
     EXPECT_GT(b["compute_parts_seconds"]["recompute"].get<double>(), 0);
-    EXPECT_GT(b["step_seconds"].get<double>(), a["step_seconds"].get<double>());
+    EXPECT_GT(b["compute_seconds"].get<double>(), a["compute_seconds"].get<double>());
+    // Never faster; no slower where the gradients' reduce-scatters outlast every backward
+    // (GRADIENTS at dp 256: the recomputed forward hides under them).
+    EXPECT_GE(b["step_seconds"].get<double>(), a["step_seconds"].get<double>());
   }
 }
 

@@ -88,6 +88,34 @@ TEST(PlanTest, ShardingTradesAnExposedWeightGatherForMemory) {
               1e-12 * none.step_s);
 }
 
+// ZeRO-2 at dp 4: the moments as ZeRO-1's, and of the gradients the rank's quarter and three
+// buckets in flight; with several micro-batches an accumulator of the quarter, and a
+// reduce-scatter every micro-batch instead of one a step (the weights' all-gather stays one).
+TEST(PlanTest, ShardedGradientsTradeAReduceScatterPerMicroBatchForMemory) {
+  TrainerConfig config = TinyTrainerConfig("");
+  config.model.moe.num_experts = 4;
+  config.model.num_layers = 8;  // buckets of a block: a small part of the gradients each
+  config.parallel.grad_bucket_bytes = 1 << 10;
+  const ClusterSpec cluster = RoundCluster();
+  ASSERT_OK_AND_ASSIGN(const LayoutPlan zero1,
+                       PlanLayout(config, {4, 1, Sharding::kOptimizer}, cluster));
+  ASSERT_OK_AND_ASSIGN(const LayoutPlan zero2,
+                       PlanLayout(config, {4, 1, Sharding::kGradients}, cluster));
+  EXPECT_DOUBLE_EQ(zero2.memory.optimizer, zero1.memory.optimizer);
+  EXPECT_LT(zero2.memory.gradients, zero1.memory.gradients);
+  EXPECT_GT(zero2.memory.gradients, zero1.memory.gradients / 4);
+  ASSERT_EQ(config.micro_batches(), 2);
+  EXPECT_DOUBLE_EQ(zero2.all_gather_s, zero1.all_gather_s);
+  EXPECT_NEAR(zero2.all_reduce_s - zero2.all_gather_s,
+              2 * (zero1.all_reduce_s - zero1.all_gather_s), 1e-12 * zero1.all_reduce_s);
+  config.micro_batch_size = 0;  // one micro-batch: one reduce-scatter, no accumulator
+  ASSERT_OK_AND_ASSIGN(const LayoutPlan once,
+                       PlanLayout(config, {4, 1, Sharding::kGradients}, cluster));
+  EXPECT_DOUBLE_EQ(once.all_reduce_s, zero1.all_reduce_s);
+  const double share = zero1.memory.optimizer / 8;  // the f32 moments' two words a parameter
+  EXPECT_NEAR(zero2.memory.gradients - once.memory.gradients, 4 * share, 0.01 * share);
+}
+
 // Full recompute: the activations of one block instead of all; the blocks' forward once more, but
 // the last one's (a third of their matmuls, not the LM head's, and half the elementwise passes
 // again), which is all the step adds on one GPU; with expert parallelism the forward's exchange
@@ -289,11 +317,12 @@ TEST(PlanTest, SweepScalesWhenComputeDominates) {
 TEST(PlanTest, FastestSkipsWhatDoesNotFit) {
   ClusterSpec cluster = RoundCluster();
   std::vector<LayoutPlan> plans = PlanLayouts(TinyTrainerConfig(""), 4, cluster);
-  ASSERT_EQ(plans.size(), 6u);  // ep 1, 2, 4 of 4 experts, each unsharded and sharded
+  // ep 1, 2, 4 of 4 experts, each unsharded, with sharded moments and with sharded gradients
+  ASSERT_EQ(plans.size(), 9u);
   for (LayoutPlan& plan : plans) plan.fits = false;
   EXPECT_FALSE(Fastest(plans).has_value());
   ASSERT_TRUE(Fastest(plans, /*fitting_only=*/false).has_value());
-  plans[2].fits = true;  // ep 2, unsharded
+  plans[3].fits = true;  // ep 2, unsharded
   EXPECT_EQ(Fastest(plans)->layout.expert_parallel, 2);
   EXPECT_EQ(Fastest(plans)->layout.sharding, Sharding::kNone);
 }
@@ -330,11 +359,12 @@ TEST(PlanTest, HugeGpuCountsArePlannedOrRefusedWithoutOverflow) {
   EXPECT_TRUE(PlanLayouts(config, -4, cluster).empty());
   config.data.batch_size = config.micro_batch_size = kMaxPlanGpus;
   const std::vector<LayoutPlan> plans = PlanLayouts(config, kMaxPlanGpus, cluster);
-  ASSERT_EQ(plans.size(), 6u);  // ep 1, 2, 4 of 4 experts, each unsharded and sharded
-  EXPECT_EQ(plans[4].layout.expert_parallel, 4);
-  EXPECT_EQ(plans[4].layout.sharding, Sharding::kNone);
-  EXPECT_EQ(plans[5].layout.sharding, Sharding::kOptimizer);
-  EXPECT_EQ(plans[4].layout.gpus(), kMaxPlanGpus);
+  ASSERT_EQ(plans.size(), 9u);  // ep 1, 2, 4 of 4 experts, each at the three sharding stages
+  EXPECT_EQ(plans[6].layout.expert_parallel, 4);
+  EXPECT_EQ(plans[6].layout.sharding, Sharding::kNone);
+  EXPECT_EQ(plans[7].layout.sharding, Sharding::kOptimizer);
+  EXPECT_EQ(plans[8].layout.sharding, Sharding::kGradients);
+  EXPECT_EQ(plans[6].layout.gpus(), kMaxPlanGpus);
 
   config.data.batch_size = config.micro_batch_size = int64_t{1} << 62;
   const absl::StatusOr<TrainerConfig> overflow = AtGpuCount(config, 8, Scaling::kWeak);

@@ -1,7 +1,9 @@
 // GradSync on dp = 2 × ep = 2 ranks (threads of this process, Gloo over TCP loopback): every
 // bucket is summed over the right group, started in backward order, whatever stage backward
-// stopped at.
+// stopped at; sharded gradients keep only their blocks, over several micro-batches too.
 #include "engine/train/grad_sync.h"
+
+#include <unistd.h>
 
 #include <initializer_list>
 #include <memory>
@@ -9,6 +11,8 @@
 #include <vector>
 
 #include "engine/core/dtype_math.h"
+#include "engine/core/host_pages.h"
+#include "engine/core/status.h"
 #include "engine/train/parallel.h"
 #include "gtest/gtest.h"
 #include "tests/engine/comm/comm_test_util.h"
@@ -117,12 +121,28 @@ void ExpectSums(int stop_stage, DType reduce = DType::kF32, Sharding sharding = 
     // Sharded, each rank holds about a quarter of the dense sums and half of its experts'.
     EXPECT_GT(checked, sharding == Sharding::kNone ? model.grad_buffer().numel() - 1
                                                    : model.grad_buffer().numel() / 5);
+    // Sharded gradients: the rest was let go of, and reads zero.
+    if (sharding == Sharding::kGradients) {
+      int64_t at = 0;
+      for (const auto& [begin, end] : owned[rank]) {
+        for (int64_t i = at; i < begin; ++i) ASSERT_EQ(grads[i], 0.0f) << "element " << i;
+        at = end;
+      }
+      for (int64_t i = at; i < model.grad_buffer().numel(); ++i) ASSERT_EQ(grads[i], 0.0f) << i;
+    }
   }
 }
 
 TEST(GradSyncTest, SumsDenseOverTheWorldAndExpertsOverTheirReplicas) { ExpectSums(4); }
 
-TEST(GradSyncTest, FinishStartsWhatBackwardDidNotReach) { ExpectSums(1); }
+TEST(GradSyncTest, FinishStartsWhatBackwardDidNotReach) {
+  ExpectSums(1);
+  ExpectSums(1, DType::kF32, Sharding::kGradients);
+}
+
+TEST(GradSyncTest, ShardedGradientsKeepTheirBlocksAndLetGoOfTheRest) {
+  ExpectSums(4, DType::kF32, Sharding::kGradients);
+}
 
 // parallel.grad_reduce_dtype = BF16: each rank's grads rounded to bf16, summed in f32 in rank
 // order on Gloo and rounded once, widened back into the f32 grads; all-reduced or, sharded,
@@ -130,6 +150,75 @@ TEST(GradSyncTest, FinishStartsWhatBackwardDidNotReach) { ExpectSums(1); }
 TEST(GradSyncTest, Bf16ReductionRoundsEachRanksGradsAndTheSumOnce) {
   ExpectSums(4, DType::kBF16);
   ExpectSums(2, DType::kBF16, Sharding::kOptimizer);
+  ExpectSums(4, DType::kBF16, Sharding::kGradients);
+}
+
+// Sharded gradients over three micro-batches, as the trainer drives them (each backward adds its
+// grads; each micro-batch's stages reduce): every rank ends with the sum over the ranks and the
+// micro-batches of its blocks, the rest zero, and the pages of what it let go of out of memory.
+TEST(GradSyncTest, ShardedGradientsAddUpMicroBatchesAndLetTheirPagesGo) {
+  TempDir dir;
+  constexpr int kRanks = 4, kMicroBatches = 3;
+  std::vector<std::unique_ptr<GlooCommunicator>> world = MakeGlooWorld(dir.path(), kRanks);
+  ASSERT_EQ(world.size(), static_cast<size_t>(kRanks));
+  std::vector<absl::Status> statuses(kRanks);
+  RunRanks(kRanks, [&](int rank) {
+    const auto run = [&]() -> absl::Status {
+      const ParallelConfig config = {.expert_parallel = 2,
+                                     .data_parallel = 2,
+                                     .sharding = Sharding::kGradients,
+                                     .grad_bucket_bytes = 64 << 10};
+      MOETRAIN_ASSIGN_OR_RETURN(
+          std::unique_ptr<ParallelGroups> groups,
+          ParallelGroups::Create(config, std::shared_ptr<Communicator>(std::move(world[rank]))));
+      ModelConfig big = TinyModel();  // blocks of several pages
+      big.vocab_size = 2048;
+      big.hidden_size = 128;
+      big.ffn_dim = 512;
+      big.moe.expert_ffn_dim = 256;
+      MOETRAIN_ASSIGN_OR_RETURN(Transformer model,
+                                Transformer::Create(big, DType::kF32, groups->moe_parallel()));
+      GradSync sync(*groups, model, ExecContext::Cpu());
+      MOETRAIN_RETURN_IF_ERROR(sync.ZeroGrads());
+      float* grads = model.grad_buffer().data<float>();
+      const int64_t n = model.grad_buffer().numel();
+      const int64_t stages = static_cast<int64_t>(model.grad_stages().size());
+      for (int m = 0; m < kMicroBatches; ++m) {
+        sync.BeginMicroBatch(m == kMicroBatches - 1);
+        for (int64_t i = 0; i < n; ++i) grads[i] += Grad(rank, i);
+        for (int64_t stage = 0; stage < stages; ++stage) {
+          MOETRAIN_RETURN_IF_ERROR(sync.StageDone(stage));
+        }
+        MOETRAIN_RETURN_IF_ERROR(m == kMicroBatches - 1 ? sync.Finish() : sync.EndMicroBatch());
+      }
+      // Measured before the reads below, which map the kernel's zero page where they look.
+      MOETRAIN_ASSIGN_OR_RETURN(const int64_t resident,
+                                ResidentHostBytes(grads, n * sizeof(float)));
+      const int ep_rank = rank % 2;
+      int64_t at = 0, kept = 0;
+      for (const auto& [begin, end] : sync.OwnedRanges()) {
+        for (int64_t i = at; i < begin; ++i) EXPECT_EQ(grads[i], 0.0f) << "element " << i;
+        for (int64_t i = begin; i < end; ++i) {
+          const float once = i < model.dense_size()
+                                 ? Grad(0, i) + Grad(1, i) + Grad(2, i) + Grad(3, i)
+                                 : Grad(ep_rank, i) + Grad(ep_rank + 2, i);
+          EXPECT_EQ(grads[i], kMicroBatches * once) << "element " << i;
+        }
+        kept += end - begin;
+        at = end;
+      }
+      for (int64_t i = at; i < n; ++i) EXPECT_EQ(grads[i], 0.0f) << "element " << i;
+      EXPECT_EQ(sync.accumulator().view().numel(), kept);
+      // What stays in memory: the kept blocks and the pages they share with let-go neighbours.
+      EXPECT_GE(resident, kept * 4);
+      EXPECT_LT(resident, kept * 4 + 3 * sync.num_buckets() * sysconf(_SC_PAGESIZE))
+          << "of " << n * 4 << " bytes";
+      EXPECT_LT(kept, n * 2 / 5);
+      return absl::OkStatus();
+    };
+    statuses[rank] = run();
+  });
+  for (int rank = 0; rank < kRanks; ++rank) EXPECT_TRUE(statuses[rank].ok()) << statuses[rank];
 }
 
 }  // namespace

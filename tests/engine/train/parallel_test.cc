@@ -18,6 +18,16 @@ using testutil::TempDir;
 
 std::string Message(const absl::Status& status) { return std::string(status.message()); }
 
+TEST(ParallelConfigTest, ShardingStagesGoByTheirNamesInAnyCase) {
+  for (const Sharding sharding : {Sharding::kNone, Sharding::kOptimizer, Sharding::kGradients}) {
+    EXPECT_EQ(ShardingFromName(ShardingName(sharding)), sharding);
+  }
+  EXPECT_EQ(ShardingFromName("gradients"), Sharding::kGradients);
+  EXPECT_EQ(ShardingFromName("Optimizer"), Sharding::kOptimizer);
+  EXPECT_EQ(ShardingFromName("full"), std::nullopt);  // ZeRO-3 is not built
+  EXPECT_EQ(ShardingFromName(""), std::nullopt);
+}
+
 TEST(ParallelConfigTest, ErrorsNameTheFieldAndValue) {
   ModelConfig model;
   model.moe.num_experts = 8;

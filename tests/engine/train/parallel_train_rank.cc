@@ -4,7 +4,7 @@
 //   parallel_train_rank --rank R --dp D --ep E --store DIR --checkpoint-dir DIR
 //                       [--steps N] [--micro M] [--resume] [--hang-after-checkpoint S]
 //                       [--poison] [--fp8 delayed|current|blockwise|mxfp8] [--deepseek]
-//                       [--bf16] [--bf16-moments] [--sharding none|optimizer]
+//                       [--bf16] [--bf16-moments] [--sharding none|optimizer|gradients]
 //                       [--recompute none|selective|full] [--layers L] [--bf16-grad-reduce]
 //
 // Joins the world through a FileKeyValueStore in the store directory (Gloo over 127.0.0.1),
@@ -137,10 +137,12 @@ int Main(int argc, char** argv) {
   if (bf16) config.compute_dtype = DType::kBF16;
   if (bf16_moments) config.optimizer.moment_dtype = DType::kBF16;
   if (bf16_grad_reduce) config.parallel.grad_reduce_dtype = DType::kBF16;
-  if (sharding != "none" && sharding != "optimizer") {
-    return Fail(absl::InvalidArgumentError("--sharding " + sharding + ": none or optimizer"));
+  const std::optional<Sharding> stage = ShardingFromName(sharding);
+  if (!stage.has_value()) {
+    return Fail(
+        absl::InvalidArgumentError("--sharding " + sharding + ": none, optimizer or gradients"));
   }
-  config.parallel.sharding = sharding == "optimizer" ? Sharding::kOptimizer : Sharding::kNone;
+  config.parallel.sharding = *stage;
   const std::optional<Recompute> mode = RecomputeFromName(recompute);
   if (!mode.has_value()) {
     return Fail(
