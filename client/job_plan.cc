@@ -68,11 +68,11 @@ absl::StatusOr<JobMemoryPlan> PlanJobMemory(const v1::JobSpec& spec) {
   plan.workers = resolved.resources().workers();
   plan.devices_per_worker = resolved.resources().devices_per_worker();
   MOETRAIN_ASSIGN_OR_RETURN(plan.config, PlanTrainerConfig(resolved));
-  plan.estimate = EstimateTrainingMemory(plan.config);
-  // Where the memory lives on the job's own device: placed for a CUDA config, which is only
-  // read here (the device is never opened).
+  // Estimated and placed for the job's own device (a CUDA config is only read here, the device
+  // never opened): a device keeps memory the CPU gives back (sharded gradients).
   TrainerConfig placed = plan.config;
   if (plan.device == v1::ResourceConfig::CUDA) placed.device = Device::Cuda(0);
+  plan.estimate = EstimateTrainingMemory(placed);
   plan.device_bytes = PlaceTrainingMemory(placed, plan.estimate).device;
   plan.hint = MemoryHint(plan.config);
   return plan;

@@ -25,8 +25,8 @@
 namespace moetrain {
 
 // `spec` resolved (ResolveJobSpec) and converted with the CPU as its device
-// (TrainerConfigFromSpecOnCpu), so that a CUDA spec converts without a GPU here. The device does
-// not change the estimate; the ranks (resources.workers × devices_per_worker), the layout
+// (TrainerConfigFromSpecOnCpu), so that a CUDA spec converts without a GPU here (PlanJobMemory
+// estimates with the spec's device); the ranks (resources.workers × devices_per_worker), the layout
 // (dp × ep), the batch and the per-rank micro-batch stay the spec's. Errors name the spec's field
 // and its value.
 absl::StatusOr<TrainerConfig> PlanTrainerConfig(const v1::JobSpec& spec);

@@ -24,7 +24,10 @@
 namespace moetrain {
 
 struct DeviceSpec {
-  std::string model;
+  std::string model;  // "cpu" (the cpu preset: the host) or a GPU's name
+  // Whether the ranks run on the host: the estimate then counts the memory the CPU gives back
+  // (sharded gradients), which a GPU rank keeps.
+  bool is_cpu() const { return model == "cpu"; }
   double memory_bytes = 0;
   double dense_bf16_flops = 0;  // FLOP/s, dense (no sparsity)
   double dense_fp8_flops = 0;

@@ -74,6 +74,8 @@ absl::StatusOr<LayoutPlan> PlanLayout(const TrainerConfig& config, const Layout&
   at.parallel.expert_parallel = layout.expert_parallel;
   at.parallel.sharding = layout.sharding;
   at.recompute = layout.recompute;
+  // The memory of the cluster's device (the config is only read: nothing is opened).
+  at.device = cluster.device.is_cpu() ? Device::Cpu() : Device::Cuda(0);
   if (absl::Status status = at.parallel.Validate(at.model, at.data.batch_size, at.micro_batch_size);
       !status.ok()) {
     return status;

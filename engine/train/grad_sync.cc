@@ -195,16 +195,20 @@ absl::Status GradSync::StartThrough(int64_t stage) {
   return absl::OkStatus();
 }
 
-void GradSync::BeginMicroBatch(bool last) {
-  last_ = last;
-  reducing_ = last || frees_;
+void GradSync::BeginMicroBatch(int64_t m, int64_t micro_batches) {
+  micro_batch_ = m;
+  micro_batches_ = micro_batches;
+  last_ = m == micro_batches - 1;
+  reducing_ = last_ || frees_;
 }
 
 absl::Status GradSync::StageDone(int64_t stage) {
   if (!reducing_) return absl::OkStatus();
   MOETRAIN_RETURN_IF_ERROR(StartThrough(stage));
-  // Two stages back: its sums are most likely done, and waiting for them bounds what is held.
-  return frees_ ? EndThrough(stage - 2) : absl::OkStatus();
+  // Two stages back: its sums are most likely done, and waiting for them bounds what the CPU
+  // holds. A device keeps its memory anyway: it ends them at the micro-batch's end, without
+  // holding the host back from queueing backward.
+  return frees_ && ctx_.device().is_cpu() ? EndThrough(stage - 2) : absl::OkStatus();
 }
 
 absl::Status GradSync::EndMicroBatch() {
@@ -217,8 +221,14 @@ absl::Status GradSync::EndMicroBatch() {
 }
 
 absl::Status GradSync::Finish() {
-  last_ = true;  // the micro-batch backward stopped early in is the step's last
-  absl::Status status = StartThrough(std::numeric_limits<int64_t>::max());
+  absl::Status status;
+  // Stopped early with kGradients: this micro-batch's reduction, then each skipped one's.
+  while (frees_ && !last_ && status.ok()) {
+    status = EndMicroBatch();
+    BeginMicroBatch(micro_batch_ + 1, micro_batches_);
+  }
+  last_ = true;  // without kGradients, the micro-batch backward stopped early in is the last
+  if (status.ok()) status = StartThrough(std::numeric_limits<int64_t>::max());
   if (status.ok()) {
     status = EndThrough(std::numeric_limits<int64_t>::max());
   }
@@ -257,12 +267,15 @@ absl::Status GradSync::EndBucket(Bucket& bucket) {
       MOETRAIN_ASSIGN_OR_RETURN(accumulated_,
                                 Tensor::Allocate(ctx_.allocator(), DType::kF32, {kept_elements_}));
     }
-    // (1, n) rows, as ops::Add takes them.
-    const TensorView kept = GradView(begin, end).Reshape({1, end - begin});
+    // As rows for ops::Add, which takes them in parallel: of up to 4,096 elements, as many as
+    // divide the block.
+    int64_t row = 4096;
+    while ((end - begin) % row != 0) row /= 2;
+    const TensorView kept = GradView(begin, end).Reshape({(end - begin) / row, row});
     const TensorView accumulated =
         accumulated_.view()
             .Slice(bucket.accumulated_at, bucket.accumulated_at + end - begin)
-            .Reshape({1, end - begin});
+            .Reshape({(end - begin) / row, row});
     if (last_) {  // the earlier micro-batches' sums, added to the last one's
       MOETRAIN_RETURN_IF_ERROR(ops::Add(ctx_, kept, accumulated, kept));
     } else if (accumulating_) {

@@ -21,20 +21,21 @@
 // With Sharding::kGradients (ZeRO-2) as kOptimizer, and a rank keeps the summed gradients of its
 // own blocks only. Every micro-batch's backward reduces (BeginMicroBatch), not the last one's
 // alone: a bucket's reduce-scatter starts once backward has finished it, and once it is done
-// (waited for when backward has gone two stages further, or at the micro-batch's end) the
-// elements of the bucket this rank does not keep are let go of (on the CPU their pages go back to
-// the system: DiscardHostRange; on a device they are zeroed) and read as zero at the next
-// backward. The sums of a step's earlier micro-batches are added up in f32 in an accumulator as
-// large as the kept blocks, and added to the last micro-batch's sums, so a rank holds its
-// blocks, the accumulator and the buckets in flight, not the whole buffer. With one micro-batch a
-// step the sums are kOptimizer's bits; with several, each micro-batch is summed over the ranks
-// before the micro-batches are added (kOptimizer adds each rank's micro-batches first), which
-// rounds differently.
+// (waited for on the CPU when backward has gone two stages further, else at the micro-batch's
+// end) the elements of the bucket this rank does not keep are let go of (on the CPU their pages go
+// back to the system: DiscardHostRange; on a device they are zeroed, the memory kept) and read as
+// zero at the next backward. The sums of a step's earlier micro-batches are added up in f32 in an
+// accumulator as large as the kept blocks, and added to the last micro-batch's sums, so a rank
+// holds its blocks, the accumulator and the buckets in flight, not the whole buffer. With one
+// micro-batch a step the sums are kOptimizer's bits; with several, each micro-batch is summed over
+// the ranks before the micro-batches are added (kOptimizer adds each rank's micro-batches first),
+// which rounds differently.
 //
 // With ParallelConfig::grad_reduce_dtype = bf16 a bucket is rounded to bf16 into a staging
 // buffer (2 bytes a gradient element of the buckets) when it starts, summed there in bf16
 // (Communicator::StartAllReduceSum: on Gloo in f32 and rounded once), and the sums this rank keeps
-// widened back into the f32 grads by Finish.
+// widened back into the f32 grads once the bucket's collective is done. With kGradients that is
+// every micro-batch's gradients, each rounded and summed on its own (the accumulator is f32).
 #ifndef MOETRAIN_ENGINE_TRAIN_GRAD_SYNC_H_
 #define MOETRAIN_ENGINE_TRAIN_GRAD_SYNC_H_
 
@@ -62,9 +63,9 @@ class GradSync {
   GradSync& operator=(const GradSync&) = delete;
   ~GradSync();
 
-  // A micro-batch's forward and backward begin; `last`: the step's last one. Its backward reduces
-  // when it is the last or the gradients are sharded (kGradients).
-  void BeginMicroBatch(bool last);
+  // Micro-batch m of the step's `micro_batches` begins its forward and backward. Its backward
+  // reduces when it is the last or the gradients are sharded (kGradients).
+  void BeginMicroBatch(int64_t m, int64_t micro_batches);
   // Backward stage `stage` of a micro-batch that reduces is done: starts the buckets it completes
   // (BackwardOptions::on_stage_done); with kGradients, ends those two stages older.
   absl::Status StageDone(int64_t stage);
@@ -73,7 +74,10 @@ class GradSync {
   absl::Status EndMicroBatch();
   // The step's last micro-batch (or the one backward stopped early in) is done: starts the
   // buckets not started yet (all of them when backward stopped early), then waits for every one.
-  // After it the grads are summed; the next step starts from no bucket in flight.
+  // With kGradients, a step that stopped before its last micro-batch first runs the reductions of
+  // the micro-batches it skipped, as the ranks that did not stop run them: every rank's
+  // collectives pair up. After it the grads are summed; the next step starts from no bucket in
+  // flight.
   absl::Status Finish();
   // Zeros the grads for the next step: the whole buffer, or with kGradients the ranges this rank
   // keeps (OwnedRanges), the others let go of.
@@ -143,8 +147,10 @@ class GradSync {
   std::vector<Bucket> buckets_;  // in start order
   size_t next_ = 0;              // the first bucket not started
   size_t ended_ = 0;             // the first bucket not ended
-  bool reducing_ = true;         // this micro-batch's backward reduces
-  bool last_ = true;             // this micro-batch is the step's last
+  int64_t micro_batch_ = 0;      // the micro-batch under way, of micro_batches_
+  int64_t micro_batches_ = 1;
+  bool reducing_ = true;  // this micro-batch's backward reduces
+  bool last_ = true;      // this micro-batch is the step's last
   // kGradients: Σ of the kept blocks' elements, and their sums over the step's micro-batches so
   // far (f32, on ctx_'s device); `accumulating_`: it holds some this step.
   int64_t kept_elements_ = 0;

@@ -182,8 +182,9 @@ MemoryEstimate EstimateTrainingMemory(const TrainerConfig& config) {
   // The parameters this rank's share of the sharded state covers: 1/W of the dense ones and 1/dp
   // of its experts' (grad_sync.h).
   const double share = (n - expert_params) / world + expert_params / dp;
-  // The largest gradient bucket, in bytes: buckets hold whole backward stages, at least the
-  // embedding's V·D (or a block's dense and expert parameters, if larger).
+  // The largest gradient bucket, in bytes, roughly: a bucket holds the dense or the expert part of
+  // whole backward stages, at least grad_bucket_bytes, the embedding's V·D or an average block's
+  // parameters.
   const double blocks = std::max(1.0, layers + mtp);
   const double bucket = std::max({static_cast<double>(config.parallel.grad_bucket_bytes), 4 * v * d,
                                   4 * (n - 2 * v * d) / blocks});
@@ -196,13 +197,13 @@ MemoryEstimate EstimateTrainingMemory(const TrainerConfig& config) {
   if (sharding == Sharding::kGradients && world > 1) {
     // With several micro-batches, the accumulator of the earlier ones' sums (grad_sync.h).
     const double accumulator = config.micro_batches() > 1 ? 4 * share : 0.0;
-    // On the CPU, this rank's blocks and the buckets backward has written but not yet had summed:
-    // those of the stage being written, the bucket filling and two stages in flight (three
-    // buckets at most, the tied embedding's written from the first stage on), each with its
-    // staging copy when bf16. A device zeroes what it lets go of: the whole buffer stays.
-    const double in_flight = std::min(4 * n, 3 * bucket) * (bf16_reduce ? 1.5 : 1.0);
-    estimate.gradients +=
-        accumulator + (config.device.is_cpu() ? 4 * share + in_flight - estimate.gradients : 0.0);
+    // On the CPU, this rank's blocks and the buckets backward has written but not yet had summed
+    // (the stage being written, the bucket filling and two stages in flight, of the dense and of
+    // the expert part, the tied embedding's from the first stage on: four of the largest), each
+    // with its staging copy when bf16; never more than the unsharded buffers. A device zeroes
+    // what it lets go of: the whole buffer stays.
+    const double held = std::min(4 * share + 4 * bucket, 4 * n) * (bf16_reduce ? 1.5 : 1.0);
+    estimate.gradients = accumulator + (config.device.is_cpu() ? held : estimate.gradients);
   }
   // AdamW's two moments of each trainable parameter this rank updates: all of them, or its share
   // when sharded.

@@ -28,9 +28,9 @@ struct MemoryEstimate {
   // f32, one per parameter; with parallel.grad_reduce_dtype = BF16 over several ranks, and a bf16
   // staging copy for the reduction. With parallel.sharding = GRADIENTS on the CPU, this rank's
   // share (as the optimizer's below) and the buckets backward has written and not yet had summed
-  // (three of the largest, with their staging copies): the most held at once, during backward (a
-  // device zeroes what it lets go of and keeps the whole buffer); and with several micro-batches
-  // an accumulator as large as the share.
+  // (four of the largest, roughly, with their staging copies; at most the unsharded bytes): the
+  // most held at once, during backward (a device zeroes what it lets go of and keeps the whole
+  // buffer); and with several micro-batches an accumulator as large as the share.
   double gradients = 0;
   // AdamW's two moments (train.optimizer.moment_dtype) per trainable parameter this rank updates:
   // all of its own, or sharded (OPTIMIZER, GRADIENTS) 1/W of the dense ones and 1/dp of its

@@ -35,8 +35,8 @@ struct Parameter {
 absl::Status CheckParameters(absl::Span<const Parameter> params);
 
 // The part of a parameter a rank updates when the optimizer state is sharded over the replicas
-// (parallel.sharding = OPTIMIZER): elements [offset, offset + part.value.numel()) of the parameter,
-// row-major, as 1-D views of its value and grad.
+// (parallel.sharding = OPTIMIZER or GRADIENTS): elements [offset, offset + part.value.numel()) of
+// the parameter, row-major, as 1-D views of its value and grad.
 struct ParameterPiece {
   Parameter part;              // named "<parameter>[<offset>:<end>]"
   std::string parameter;       // the whole parameter's name

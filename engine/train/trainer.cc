@@ -150,8 +150,9 @@ absl::Status Trainer::ForwardBackward(const Tensor& batch, StepStats* stats,
   bool in_forward = true;
   for (int64_t m = 0; m < micro_batches; ++m) {
     // Stage 0 ends the forward phase (StepPhaseSeconds::forward says what it holds). During the
-    // last micro-batch's backward the grads are summed over the ranks (grad_sync.h).
-    grad_sync_->BeginMicroBatch(m == micro_batches - 1);
+    // last micro-batch's backward (every one's with sharded gradients) the grads are summed over
+    // the ranks (grad_sync.h).
+    grad_sync_->BeginMicroBatch(m, micro_batches);
     options.on_stage_done = [&](int64_t stage) {
       if (stage == 0) {
         const double now = Seconds();

@@ -4,8 +4,9 @@
 //
 // One optimizer step s (0-based), M = batch_size / micro_batch_size micro-batches:
 //   for each micro-batch: this rank's micro_batch_size / W sequences of it, ForwardBackward with
-//     grads scaled by 1 / (M·W), MoE token counts summed; during the last one's backward the
-//     grads are summed over the ranks (grad_sync.h), giving the single-process mean gradient;
+//     grads scaled by 1 / (M·W), MoE token counts summed; during the last one's backward (every
+//     one's with sharded gradients) the grads are summed over the ranks (grad_sync.h), giving the
+//     single-process mean gradient;
 //   losses, token counts and the expert load are summed over the ranks, so that every rank
 //     reports the global step;
 //   a NaN/Inf loss or grad on any rank fails the job with an error naming the step on every rank,

@@ -5,10 +5,11 @@
 //   rank 0                       the dense parameters and their optimizer moments
 //   ranks 0 … ep-1 (dp_rank 0)   their experts, [j·E/ep, (j+1)·E/ep), and their moments
 // in model-rank{j}.safetensors / optim-rank{j}.safetensors; ranks with dp_rank > 0 write nothing.
-// The moments of a sharded optimizer (parallel.sharding = OPTIMIZER), or bf16 ones, are gathered
-// whole and in f32 first (trainer_sharding.cc), so the files do not depend on the sharding or the
-// moments' dtype. The manifest's "world_layout" records the layout and the shards, so that a
-// loader on any layout knows which file holds which tensors (its "sharding" is for people):
+// The moments of a sharded optimizer (parallel.sharding = OPTIMIZER or GRADIENTS), or bf16 ones,
+// are gathered whole and in f32 first (trainer_sharding.cc), so the files do not depend on the
+// sharding or the moments' dtype. The manifest's "world_layout" records the layout and the
+// shards, so that a loader on any layout knows which file holds which tensors (its "sharding" is
+// for people):
 //   {"world_size": 4, "data_parallel": 2, "expert_parallel": 2, "sharding": "NONE",
 //    "shards": [{"rank": 0, "model": "model-rank00000.safetensors",
 //                "optim": "optim-rank00000.safetensors", "dense": true, "experts": [0, 4]}, …]}

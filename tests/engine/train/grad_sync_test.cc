@@ -153,6 +153,49 @@ TEST(GradSyncTest, Bf16ReductionRoundsEachRanksGradsAndTheSumOnce) {
   ExpectSums(4, DType::kBF16, Sharding::kGradients);
 }
 
+// Sharded gradients reduce every micro-batch: a rank whose backward stopped early (a non-finite
+// forward) runs the reductions of the micro-batches it skipped in Finish, so that its collectives
+// pair up with those of the ranks that trained on.
+TEST(GradSyncTest, ARankThatStopsEarlyStillRunsTheStepsReductions) {
+  TempDir dir;
+  constexpr int kRanks = 4, kMicroBatches = 3;
+  std::vector<std::unique_ptr<GlooCommunicator>> world = MakeGlooWorld(dir.path(), kRanks);
+  ASSERT_EQ(world.size(), static_cast<size_t>(kRanks));
+  std::vector<absl::Status> statuses(kRanks);
+  RunRanks(kRanks, [&](int rank) {
+    const auto run = [&]() -> absl::Status {
+      const ParallelConfig config = {.expert_parallel = 2,
+                                     .data_parallel = 2,
+                                     .sharding = Sharding::kGradients,
+                                     .grad_bucket_bytes = 4096};
+      MOETRAIN_ASSIGN_OR_RETURN(
+          std::unique_ptr<ParallelGroups> groups,
+          ParallelGroups::Create(config, std::shared_ptr<Communicator>(std::move(world[rank]))));
+      MOETRAIN_ASSIGN_OR_RETURN(
+          Transformer model, Transformer::Create(TinyModel(), DType::kF32, groups->moe_parallel()));
+      GradSync sync(*groups, model, ExecContext::Cpu());
+      const int64_t stages = static_cast<int64_t>(model.grad_stages().size());
+      for (int step = 0; step < 2; ++step) {  // the step after pairs up too
+        MOETRAIN_RETURN_IF_ERROR(sync.ZeroGrads());
+        for (int m = 0; m < kMicroBatches; ++m) {
+          sync.BeginMicroBatch(m, kMicroBatches);
+          // Rank 0 stops in the first micro-batch of the first step, after its first stage.
+          const bool stops = rank == 0 && step == 0 && m == 0;
+          for (int64_t stage = 0; stage < (stops ? 1 : stages); ++stage) {
+            MOETRAIN_RETURN_IF_ERROR(sync.StageDone(stage));
+          }
+          if (stops) break;
+          if (m < kMicroBatches - 1) MOETRAIN_RETURN_IF_ERROR(sync.EndMicroBatch());
+        }
+        MOETRAIN_RETURN_IF_ERROR(sync.Finish());
+      }
+      return absl::OkStatus();
+    };
+    statuses[rank] = run();
+  });
+  for (int rank = 0; rank < kRanks; ++rank) EXPECT_TRUE(statuses[rank].ok()) << statuses[rank];
+}
+
 // Sharded gradients over three micro-batches, as the trainer drives them (each backward adds its
 // grads; each micro-batch's stages reduce): every rank ends with the sum over the ranks and the
 // micro-batches of its blocks, the rest zero, and the pages of what it let go of out of memory.
@@ -184,7 +227,7 @@ TEST(GradSyncTest, ShardedGradientsAddUpMicroBatchesAndLetTheirPagesGo) {
       const int64_t n = model.grad_buffer().numel();
       const int64_t stages = static_cast<int64_t>(model.grad_stages().size());
       for (int m = 0; m < kMicroBatches; ++m) {
-        sync.BeginMicroBatch(m == kMicroBatches - 1);
+        sync.BeginMicroBatch(m, kMicroBatches);
         for (int64_t i = 0; i < n; ++i) grads[i] += Grad(rank, i);
         for (int64_t stage = 0; stage < stages; ++stage) {
           MOETRAIN_RETURN_IF_ERROR(sync.StageDone(stage));
