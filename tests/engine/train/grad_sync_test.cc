@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <utility>
@@ -153,115 +154,108 @@ TEST(GradSyncTest, Bf16ReductionRoundsEachRanksGradsAndTheSumOnce) {
   ExpectSums(4, DType::kBF16, Sharding::kGradients);
 }
 
-// Sharded gradients reduce every micro-batch: a rank whose backward stopped early (a non-finite
-// forward) runs the reductions of the micro-batches it skipped in Finish, so that its collectives
-// pair up with those of the ranks that trained on.
-TEST(GradSyncTest, ARankThatStopsEarlyStillRunsTheStepsReductions) {
+// Runs `body` on dp 2 × ep 2 ranks (threads, Gloo over TCP loopback) grouped with sharded
+// gradients in buckets of `bucket_bytes`, and expects every rank to return OK.
+void OnShardedGradientRanks(
+    int64_t bucket_bytes,
+    const std::function<absl::Status(int rank, const ParallelGroups& groups)>& body) {
   TempDir dir;
-  constexpr int kRanks = 4, kMicroBatches = 3;
+  constexpr int kRanks = 4;
   std::vector<std::unique_ptr<GlooCommunicator>> world = MakeGlooWorld(dir.path(), kRanks);
   ASSERT_EQ(world.size(), static_cast<size_t>(kRanks));
   std::vector<absl::Status> statuses(kRanks);
   RunRanks(kRanks, [&](int rank) {
-    const auto run = [&]() -> absl::Status {
-      const ParallelConfig config = {.expert_parallel = 2,
-                                     .data_parallel = 2,
-                                     .sharding = Sharding::kGradients,
-                                     .grad_bucket_bytes = 4096};
-      MOETRAIN_ASSIGN_OR_RETURN(
-          std::unique_ptr<ParallelGroups> groups,
-          ParallelGroups::Create(config, std::shared_ptr<Communicator>(std::move(world[rank]))));
-      MOETRAIN_ASSIGN_OR_RETURN(
-          Transformer model, Transformer::Create(TinyModel(), DType::kF32, groups->moe_parallel()));
-      GradSync sync(*groups, model, ExecContext::Cpu());
-      const int64_t stages = static_cast<int64_t>(model.grad_stages().size());
-      for (int step = 0; step < 2; ++step) {  // the step after pairs up too
-        MOETRAIN_RETURN_IF_ERROR(sync.ZeroGrads());
-        for (int m = 0; m < kMicroBatches; ++m) {
-          sync.BeginMicroBatch(m, kMicroBatches);
-          // Rank 0 stops in the first micro-batch of the first step, after its first stage.
-          const bool stops = rank == 0 && step == 0 && m == 0;
-          for (int64_t stage = 0; stage < (stops ? 1 : stages); ++stage) {
-            MOETRAIN_RETURN_IF_ERROR(sync.StageDone(stage));
-          }
-          if (stops) break;
-          if (m < kMicroBatches - 1) MOETRAIN_RETURN_IF_ERROR(sync.EndMicroBatch());
-        }
-        MOETRAIN_RETURN_IF_ERROR(sync.Finish());
-      }
-      return absl::OkStatus();
-    };
-    statuses[rank] = run();
+    const ParallelConfig config = {.expert_parallel = 2,
+                                   .data_parallel = 2,
+                                   .sharding = Sharding::kGradients,
+                                   .grad_bucket_bytes = bucket_bytes};
+    absl::StatusOr<std::unique_ptr<ParallelGroups>> groups =
+        ParallelGroups::Create(config, std::shared_ptr<Communicator>(std::move(world[rank])));
+    statuses[rank] = groups.ok() ? body(rank, **groups) : groups.status();
   });
-  for (int rank = 0; rank < kRanks; ++rank) EXPECT_TRUE(statuses[rank].ok()) << statuses[rank];
+  for (int rank = 0; rank < kRanks; ++rank) {
+    EXPECT_TRUE(statuses[rank].ok()) << "rank " << rank << ": " << statuses[rank];
+  }
+}
+
+// Sharded gradients reduce every micro-batch: a rank whose backward stopped early (a non-finite
+// forward) runs the reductions of the micro-batches it skipped in Finish, so that its collectives
+// pair up with those of the ranks that trained on.
+TEST(GradSyncTest, ARankThatStopsEarlyStillRunsTheStepsReductions) {
+  constexpr int kMicroBatches = 3;
+  OnShardedGradientRanks(4096, [&](int rank, const ParallelGroups& groups) -> absl::Status {
+    MOETRAIN_ASSIGN_OR_RETURN(Transformer model,
+                              Transformer::Create(TinyModel(), DType::kF32, groups.moe_parallel()));
+    GradSync sync(groups, model, ExecContext::Cpu());
+    const int64_t stages = static_cast<int64_t>(model.grad_stages().size());
+    for (int step = 0; step < 2; ++step) {  // the step after pairs up too
+      MOETRAIN_RETURN_IF_ERROR(sync.ZeroGrads());
+      for (int m = 0; m < kMicroBatches; ++m) {
+        sync.BeginMicroBatch(m, kMicroBatches);
+        // Rank 0 stops in the first micro-batch of the first step, after its first stage.
+        const bool stops = rank == 0 && step == 0 && m == 0;
+        for (int64_t stage = 0; stage < (stops ? 1 : stages); ++stage) {
+          MOETRAIN_RETURN_IF_ERROR(sync.StageDone(stage));
+        }
+        if (stops) break;
+        if (m < kMicroBatches - 1) MOETRAIN_RETURN_IF_ERROR(sync.EndMicroBatch());
+      }
+      MOETRAIN_RETURN_IF_ERROR(sync.Finish());
+    }
+    return absl::OkStatus();
+  });
 }
 
 // Sharded gradients over three micro-batches, as the trainer drives them (each backward adds its
 // grads; each micro-batch's stages reduce): every rank ends with the sum over the ranks and the
 // micro-batches of its blocks, the rest zero, and the pages of what it let go of out of memory.
 TEST(GradSyncTest, ShardedGradientsAddUpMicroBatchesAndLetTheirPagesGo) {
-  TempDir dir;
-  constexpr int kRanks = 4, kMicroBatches = 3;
-  std::vector<std::unique_ptr<GlooCommunicator>> world = MakeGlooWorld(dir.path(), kRanks);
-  ASSERT_EQ(world.size(), static_cast<size_t>(kRanks));
-  std::vector<absl::Status> statuses(kRanks);
-  RunRanks(kRanks, [&](int rank) {
-    const auto run = [&]() -> absl::Status {
-      const ParallelConfig config = {.expert_parallel = 2,
-                                     .data_parallel = 2,
-                                     .sharding = Sharding::kGradients,
-                                     .grad_bucket_bytes = 64 << 10};
-      MOETRAIN_ASSIGN_OR_RETURN(
-          std::unique_ptr<ParallelGroups> groups,
-          ParallelGroups::Create(config, std::shared_ptr<Communicator>(std::move(world[rank]))));
-      ModelConfig big = TinyModel();  // blocks of several pages
-      big.vocab_size = 2048;
-      big.hidden_size = 128;
-      big.ffn_dim = 512;
-      big.moe.expert_ffn_dim = 256;
-      MOETRAIN_ASSIGN_OR_RETURN(Transformer model,
-                                Transformer::Create(big, DType::kF32, groups->moe_parallel()));
-      GradSync sync(*groups, model, ExecContext::Cpu());
-      MOETRAIN_RETURN_IF_ERROR(sync.ZeroGrads());
-      float* grads = model.grad_buffer().data<float>();
-      const int64_t n = model.grad_buffer().numel();
-      const int64_t stages = static_cast<int64_t>(model.grad_stages().size());
-      for (int m = 0; m < kMicroBatches; ++m) {
-        sync.BeginMicroBatch(m, kMicroBatches);
-        for (int64_t i = 0; i < n; ++i) grads[i] += Grad(rank, i);
-        for (int64_t stage = 0; stage < stages; ++stage) {
-          MOETRAIN_RETURN_IF_ERROR(sync.StageDone(stage));
-        }
-        MOETRAIN_RETURN_IF_ERROR(m == kMicroBatches - 1 ? sync.Finish() : sync.EndMicroBatch());
+  constexpr int kMicroBatches = 3;
+  OnShardedGradientRanks(64 << 10, [&](int rank, const ParallelGroups& groups) -> absl::Status {
+    ModelConfig big = TinyModel();  // blocks of several pages
+    big.vocab_size = 2048;
+    big.hidden_size = 128;
+    big.ffn_dim = 512;
+    big.moe.expert_ffn_dim = 256;
+    MOETRAIN_ASSIGN_OR_RETURN(Transformer model,
+                              Transformer::Create(big, DType::kF32, groups.moe_parallel()));
+    GradSync sync(groups, model, ExecContext::Cpu());
+    MOETRAIN_RETURN_IF_ERROR(sync.ZeroGrads());
+    float* grads = model.grad_buffer().data<float>();
+    const int64_t n = model.grad_buffer().numel();
+    const int64_t stages = static_cast<int64_t>(model.grad_stages().size());
+    for (int m = 0; m < kMicroBatches; ++m) {
+      sync.BeginMicroBatch(m, kMicroBatches);
+      for (int64_t i = 0; i < n; ++i) grads[i] += Grad(rank, i);
+      for (int64_t stage = 0; stage < stages; ++stage) {
+        MOETRAIN_RETURN_IF_ERROR(sync.StageDone(stage));
       }
-      // Measured before the reads below, which map the kernel's zero page where they look.
-      MOETRAIN_ASSIGN_OR_RETURN(const int64_t resident,
-                                ResidentHostBytes(grads, n * sizeof(float)));
-      const int ep_rank = rank % 2;
-      int64_t at = 0, kept = 0;
-      for (const auto& [begin, end] : sync.OwnedRanges()) {
-        for (int64_t i = at; i < begin; ++i) EXPECT_EQ(grads[i], 0.0f) << "element " << i;
-        for (int64_t i = begin; i < end; ++i) {
-          const float once = i < model.dense_size()
-                                 ? Grad(0, i) + Grad(1, i) + Grad(2, i) + Grad(3, i)
-                                 : Grad(ep_rank, i) + Grad(ep_rank + 2, i);
-          EXPECT_EQ(grads[i], kMicroBatches * once) << "element " << i;
-        }
-        kept += end - begin;
-        at = end;
+      MOETRAIN_RETURN_IF_ERROR(m == kMicroBatches - 1 ? sync.Finish() : sync.EndMicroBatch());
+    }
+    // Measured before the reads below, which map the kernel's zero page where they look.
+    MOETRAIN_ASSIGN_OR_RETURN(const int64_t resident, ResidentHostBytes(grads, n * sizeof(float)));
+    const int ep_rank = rank % 2;
+    int64_t at = 0, kept = 0;
+    for (const auto& [begin, end] : sync.OwnedRanges()) {
+      for (int64_t i = at; i < begin; ++i) EXPECT_EQ(grads[i], 0.0f) << "element " << i;
+      for (int64_t i = begin; i < end; ++i) {
+        const float once = i < model.dense_size()
+                               ? Grad(0, i) + Grad(1, i) + Grad(2, i) + Grad(3, i)
+                               : Grad(ep_rank, i) + Grad(ep_rank + 2, i);
+        EXPECT_EQ(grads[i], kMicroBatches * once) << "element " << i;
       }
-      for (int64_t i = at; i < n; ++i) EXPECT_EQ(grads[i], 0.0f) << "element " << i;
-      EXPECT_EQ(sync.accumulator().view().numel(), kept);
-      // What stays in memory: the kept blocks and the pages they share with let-go neighbours.
-      EXPECT_GE(resident, kept * 4);
-      EXPECT_LT(resident, kept * 4 + 3 * sync.num_buckets() * sysconf(_SC_PAGESIZE))
-          << "of " << n * 4 << " bytes";
-      EXPECT_LT(kept, n * 2 / 5);
-      return absl::OkStatus();
-    };
-    statuses[rank] = run();
+      kept += end - begin;
+      at = end;
+    }
+    for (int64_t i = at; i < n; ++i) EXPECT_EQ(grads[i], 0.0f) << "element " << i;
+    EXPECT_EQ(sync.accumulator().view().numel(), kept);
+    // What stays in memory: the kept blocks and the pages they share with let-go neighbours.
+    EXPECT_GE(resident, kept * 4);
+    EXPECT_LT(resident, kept * 4 + 3 * sync.num_buckets() * sysconf(_SC_PAGESIZE))
+        << "of " << n * 4 << " bytes";
+    EXPECT_LT(kept, n * 2 / 5);
+    return absl::OkStatus();
   });
-  for (int rank = 0; rank < kRanks; ++rank) EXPECT_TRUE(statuses[rank].ok()) << statuses[rank];
 }
 
 }  // namespace
